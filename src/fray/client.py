@@ -1,0 +1,188 @@
+"""The :class:`Client` protocol and how code finds its client (:func:`current_client`)."""
+
+from __future__ import annotations
+
+import contextvars
+import importlib
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, Protocol, runtime_checkable
+from urllib.parse import parse_qsl, urlsplit
+
+from fray._runtime import check_terminated
+from fray.actor import ActorGroup, ActorHandle
+from fray.errors import ConfigError
+from fray.job import JobHandle, JobRequest
+from fray.resources import ResourceConfig
+
+__all__ = [
+    "Client",
+    "ClientSpec",
+    "client_from_spec",
+    "current_client",
+    "parse_client_spec",
+    "set_current_client",
+]
+
+
+@runtime_checkable
+class Client(Protocol):
+    """Submits jobs and creates actors on one backend. Use it as a context manager to shut it down."""
+
+    def submit(self, request: JobRequest) -> JobHandle:
+        """Submit a job; returns at once with its handle."""
+        ...
+
+    def create_actor(
+        self,
+        actor_class: type,
+        *args: Any,
+        name: str,
+        resources: ResourceConfig = ResourceConfig(),  # noqa: B008 - frozen, so sharing the default is safe
+        **kwargs: Any,
+    ) -> ActorHandle:
+        """Create the actor ``name`` as ``actor_class(*args, **kwargs)``; returns a deferred handle at once."""
+        ...
+
+    def create_actor_group(
+        self,
+        actor_class: type,
+        *args: Any,
+        name: str,
+        count: int,
+        resources: ResourceConfig = ResourceConfig(),  # noqa: B008
+        **kwargs: Any,
+    ) -> ActorGroup:
+        """Create ``count`` actors named ``{name}-0`` ... ``{name}-{count-1}``, each its own job."""
+        ...
+
+    def shutdown(self, wait: bool = True) -> None:
+        """Stop the client's jobs and actors; ``wait`` for running jobs to finish first."""
+        ...
+
+    def __enter__(self) -> Client: ...
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None: ...
+
+
+VALID_SPECS = (
+    "local",
+    "local?threads=N",
+    "ray",
+    "ray?namespace=NAME",
+    "ray://HOST:PORT[?namespace=NAME]",
+    "fray://HOST:PORT",
+)
+
+
+@dataclass(frozen=True)
+class ClientSpec:
+    """A parsed ``FRAY_CLIENT_SPEC``: scheme, optional ``host:port``, options from the query string."""
+
+    scheme: str
+    address: str | None = None
+    options: dict[str, str] = field(default_factory=dict)
+    text: str = ""
+
+    def invalid(self, problem: str) -> ConfigError:
+        """An error about this spec that lists the valid forms."""
+        return ConfigError(f"client spec {self.text!r}: {problem}; valid forms: {', '.join(VALID_SPECS)}")
+
+
+# scheme -> (module, class); the class has a ``from_spec(ClientSpec)`` constructor.
+# Imported lazily so that optional engines cost nothing unless used.
+_BACKENDS: dict[str, tuple[str, str, str]] = {
+    "local": ("fray.local", "LocalClient", ""),
+    "ray": ("fray.ray", "RayClient", 'pip install "fray[ray]"'),
+    "fray": ("fray.cluster", "ClusterClient", ""),
+}
+
+
+def parse_client_spec(text: str) -> ClientSpec:
+    """Parse a client spec such as ``"local?threads=4"`` or ``"fray://host:7100"``; raise ConfigError if malformed."""
+    if not isinstance(text, str) or not text.strip():
+        raise ConfigError(f"client spec {text!r} is empty; valid forms: {', '.join(VALID_SPECS)}")
+    text = text.strip()
+    parts = urlsplit(text)
+    if parts.scheme:
+        scheme, address = parts.scheme, parts.netloc or None
+        if parts.path not in ("", "/"):
+            raise ClientSpec(scheme, text=text).invalid(f"unexpected path {parts.path!r}")
+    else:
+        scheme, address = parts.path, None
+    try:
+        options = dict(parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query)))
+    except ValueError:
+        raise ClientSpec(scheme, text=text).invalid(f"malformed options {parts.query!r}") from None
+    spec = ClientSpec(scheme, address, options, text)
+    if scheme not in _BACKENDS:
+        raise spec.invalid(f"unknown backend {scheme!r}")
+    if address is not None:
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise spec.invalid(f"address {address!r} must be HOST:PORT")
+    return spec
+
+
+def client_from_spec(text: str) -> Client:
+    """Build a new client for a spec string (see :data:`VALID_SPECS`)."""
+    spec = parse_client_spec(text)
+    module_name, class_name, install = _BACKENDS[spec.scheme]
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        hint = f" ({install})" if install else ""
+        raise ConfigError(f"client spec {text!r}: the {spec.scheme!r} backend is not installed{hint}: {exc}") from exc
+    backend = getattr(module, class_name, None)
+    if backend is None:
+        raise ConfigError(f"client spec {text!r}: the {spec.scheme!r} backend is not available in this version of fray")
+    client: Client = backend.from_spec(spec)
+    return client
+
+
+_current: contextvars.ContextVar[Client | None] = contextvars.ContextVar("fray_current_client", default=None)
+_defaults: dict[str, Client] = {}
+_defaults_lock = threading.Lock()
+
+
+def current_client() -> Client:
+    """The client for the calling code.
+
+    In order: the client set with :func:`set_current_client` (or the one running the
+    current job or actor), else one built from ``FRAY_CLIENT_SPEC``, else the embedded
+    local backend. Clients built from the environment are made once per process and spec.
+    """
+    check_terminated()
+    client = _current.get()
+    if client is not None:
+        return client
+    spec = os.environ.get("FRAY_CLIENT_SPEC", "").strip() or "local"
+    with _defaults_lock:
+        client = _defaults.get(spec)
+        if client is None:
+            client = client_from_spec(spec)
+            _defaults[spec] = client
+        return client
+
+
+@contextmanager
+def set_current_client(client: Client) -> Iterator[Client]:
+    """Make ``client`` the current client inside the ``with`` block; the previous one is restored on exit."""
+    if not isinstance(client, Client):
+        raise ConfigError(f"set_current_client needs a fray Client, got {type(client).__name__}")
+    token = _current.set(client)
+    try:
+        yield client
+    finally:
+        _current.reset(token)
+
+
+def _bind_client(client: Client) -> contextvars.Token[Client | None]:
+    """Backends call this in a job's context so that ``current_client()`` there returns ``client``."""
+    return _current.set(client)

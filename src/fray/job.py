@@ -1,0 +1,290 @@
+"""Jobs: what to run (:class:`JobRequest`), how to watch it (:class:`JobHandle`), and who am I (:func:`current_job`)."""
+
+from __future__ import annotations
+
+import contextvars
+import os
+import re
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Protocol, runtime_checkable
+
+from fray.errors import ConfigError, JobFailed
+from fray.resources import ResourceConfig
+
+__all__ = [
+    "BinaryEntrypoint",
+    "CallableEntrypoint",
+    "Entrypoint",
+    "EnvironmentConfig",
+    "JobHandle",
+    "JobInfo",
+    "JobRequest",
+    "JobStatus",
+    "current_job",
+    "wait_all",
+]
+
+
+class JobStatus(StrEnum):
+    """Where a job is in its life. PENDING and RUNNING may change; the other three are final."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+    @property
+    def finished(self) -> bool:
+        """True once the job can no longer change state."""
+        return self in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED)
+
+
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class EnvironmentConfig:
+    """Where and with what a job runs: a workspace directory or a docker image, extra pip packages, env vars."""
+
+    workspace: str | None = None
+    docker_image: str | None = None
+    pip_packages: Sequence[str] = ()
+    env_vars: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.pip_packages, str):
+            raise ConfigError(
+                f"EnvironmentConfig(pip_packages={self.pip_packages!r}) must be a list, e.g. [{self.pip_packages!r}]"
+            )
+        packages = tuple(self.pip_packages)
+        for pkg in packages:
+            if not isinstance(pkg, str) or not pkg.strip():
+                raise ConfigError(f"EnvironmentConfig.pip_packages holds {pkg!r}; each entry must be a requirement string")
+        object.__setattr__(self, "pip_packages", packages)
+        if not isinstance(self.env_vars, Mapping):
+            raise ConfigError(f"EnvironmentConfig(env_vars={self.env_vars!r}) must be a mapping of str to str")
+        for key, value in self.env_vars.items():
+            if not isinstance(key, str) or not _ENV_NAME_RE.match(key):
+                raise ConfigError(f"EnvironmentConfig.env_vars: {key!r} is not a valid environment variable name")
+            if not isinstance(value, str):
+                raise ConfigError(
+                    f"EnvironmentConfig.env_vars[{key!r}] = {value!r}: values must be strings (use str({value!r}))"
+                )
+        object.__setattr__(self, "env_vars", dict(self.env_vars))
+        for name in ("workspace", "docker_image"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ConfigError(f"EnvironmentConfig({name}={value!r}) must be a non-empty string or None")
+
+
+@dataclass(frozen=True)
+class CallableEntrypoint:
+    """Run ``callable(*args, **kwargs)`` in Python; the job fails if it raises."""
+
+    callable: Callable[..., Any]
+    args: tuple[Any, ...] = ()
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class BinaryEntrypoint:
+    """Run ``command`` with ``args`` as a process; the job fails if it exits non-zero."""
+
+    command: str
+    args: tuple[str, ...] = ()
+
+    @property
+    def argv(self) -> list[str]:
+        """The full argument vector."""
+        return [self.command, *self.args]
+
+
+class Entrypoint:
+    """Factory for the two kinds of entrypoint."""
+
+    @staticmethod
+    def from_callable(
+        fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None
+    ) -> CallableEntrypoint:
+        """A Python callable and its arguments."""
+        if not callable(fn):
+            raise ConfigError(f"Entrypoint.from_callable needs a callable, got {type(fn).__name__}: {fn!r}")
+        if isinstance(args, str | bytes) or not isinstance(args, Sequence):
+            raise ConfigError(f"Entrypoint.from_callable(args={args!r}) must be a tuple or list of arguments")
+        if kwargs is not None and not isinstance(kwargs, Mapping):
+            raise ConfigError(f"Entrypoint.from_callable(kwargs={kwargs!r}) must be a dict")
+        return CallableEntrypoint(fn, tuple(args), dict(kwargs or {}))
+
+    @staticmethod
+    def from_binary(command: str, args: Sequence[str] = ()) -> BinaryEntrypoint:
+        """A program and its arguments (no shell: pass ``"bash", ["-c", "..."]`` for one)."""
+        if not isinstance(command, str) or not command:
+            raise ConfigError(f"Entrypoint.from_binary(command={command!r}) must be a non-empty program name or path")
+        if isinstance(args, str) or not all(isinstance(a, str) for a in args):
+            raise ConfigError(f"Entrypoint.from_binary(args={args!r}) must be a list of strings")
+        return BinaryEntrypoint(command, tuple(args))
+
+
+EntrypointType = CallableEntrypoint | BinaryEntrypoint
+
+_JOB_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def validate_name(name: object, what: str = "job name") -> str:
+    """Check a job or actor name: 1-128 characters of letters, digits, ``.``, ``_``, ``-``."""
+    if not isinstance(name, str) or not _JOB_NAME_RE.match(name):
+        raise ConfigError(
+            f"{what} {name!r} is invalid: use 1-128 letters, digits, '.', '_' or '-', starting with a "
+            "letter or digit (no '/': ids of child jobs are built from their parents' with '/')"
+        )
+    return name
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """Everything needed to run a job: name, entrypoint, per-replica resources, environment, retries."""
+
+    name: str
+    entrypoint: EntrypointType
+    resources: ResourceConfig = field(default_factory=ResourceConfig)
+    environment: EnvironmentConfig | None = None
+    replicas: int = 1
+    max_retries_failure: int = 0
+    max_retries_preemption: int = 100
+
+    def __post_init__(self) -> None:
+        validate_name(self.name)
+        if not isinstance(self.entrypoint, CallableEntrypoint | BinaryEntrypoint):
+            raise ConfigError(
+                f"JobRequest(entrypoint={self.entrypoint!r}) must come from Entrypoint.from_callable(...) "
+                "or Entrypoint.from_binary(...)"
+            )
+        if not isinstance(self.resources, ResourceConfig):
+            raise ConfigError(f"JobRequest(resources={self.resources!r}) must be a ResourceConfig")
+        if self.environment is not None and not isinstance(self.environment, EnvironmentConfig):
+            raise ConfigError(f"JobRequest(environment={self.environment!r}) must be an EnvironmentConfig or None")
+        for name in ("replicas", "max_retries_failure", "max_retries_preemption"):
+            value = getattr(self, name)
+            least = 1 if name == "replicas" else 0
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ConfigError(f"JobRequest({name}={value!r}) must be a whole number >= {least}")
+
+
+@runtime_checkable
+class JobHandle(Protocol):
+    """A submitted job. Every backend's handle is picklable."""
+
+    @property
+    def job_id(self) -> str:
+        """The backend's id for the job; contains the request's name."""
+        ...
+
+    def wait(self, timeout: float | None = None, *, raise_on_failure: bool = True) -> JobStatus:
+        """Block until the job finishes; raise :class:`JobFailed` if it failed (unless told not to).
+
+        Raises ``TimeoutError`` if ``timeout`` seconds pass first.
+        """
+        ...
+
+    def status(self) -> JobStatus:
+        """The job's current status."""
+        ...
+
+    def terminate(self) -> None:
+        """Stop the job (all replicas). A no-op for a finished job."""
+        ...
+
+    def logs(self, max_lines: int | None = None) -> list[str]:
+        """The job's stdout and stderr lines so far (the last ``max_lines`` if given)."""
+        ...
+
+
+def wait_all(
+    jobs: Sequence[JobHandle], *, timeout: float | None = None, raise_on_failure: bool = True
+) -> list[JobStatus]:
+    """Wait for all ``jobs`` to finish, watching them all at once.
+
+    Raises :class:`JobFailed` as soon as any job fails (not after the earlier ones
+    finish) when ``raise_on_failure``, and ``TimeoutError`` when ``timeout`` seconds
+    pass first. Returns the final statuses in input order.
+    """
+    jobs = list(jobs)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    final: dict[int, JobStatus] = {}
+    delay = 0.001
+    while True:
+        for index, job in enumerate(jobs):
+            if index in final:
+                continue
+            status = job.status()
+            if status == JobStatus.FAILED and raise_on_failure:
+                job.wait(timeout=0, raise_on_failure=True)  # raises JobFailed with the job's own details
+                raise JobFailed(job.job_id, "failed")  # pragma: no cover - a backend that did not raise above
+            if status.finished:
+                final[index] = status
+        if len(final) == len(jobs):
+            return [final[i] for i in range(len(jobs))]
+        if deadline is not None and time.monotonic() >= deadline:
+            waiting = [jobs[i].job_id for i in range(len(jobs)) if i not in final]
+            raise TimeoutError(f"wait_all: {len(waiting)} of {len(jobs)} jobs still running after {timeout}s: {waiting}")
+        pause = delay if deadline is None else min(delay, max(0.0, deadline - time.monotonic()))
+        time.sleep(pause)
+        delay = min(delay * 2, 0.05)
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """Who the running code is: returned by :func:`current_job` inside a job or actor."""
+
+    job_id: str
+    name: str
+    replica_index: int = 0
+    replica_count: int = 1
+    namespace: str = ""
+    attempt: int = 0
+
+
+_current_job: contextvars.ContextVar[JobInfo | None] = contextvars.ContextVar("fray_current_job", default=None)
+
+
+def current_job() -> JobInfo | None:
+    """The job this code runs in, or None outside any job.
+
+    Backends that run jobs in threads set it in the job's context; process-based
+    backends pass it through the ``FRAY_JOB_ID``, ``FRAY_JOB_NAME``,
+    ``FRAY_REPLICA_INDEX``, ``FRAY_REPLICA_COUNT``, ``FRAY_NAMESPACE`` and
+    ``FRAY_ATTEMPT`` environment variables.
+    """
+    from fray._runtime import check_terminated
+
+    check_terminated()
+    info = _current_job.get()
+    if info is not None:
+        return info
+    job_id = os.environ.get("FRAY_JOB_ID")
+    if not job_id:
+        return None
+    return JobInfo(
+        job_id=job_id,
+        name=os.environ.get("FRAY_JOB_NAME", job_id.rsplit("/", 1)[-1]),
+        replica_index=int(os.environ.get("FRAY_REPLICA_INDEX", "0")),
+        replica_count=int(os.environ.get("FRAY_REPLICA_COUNT", "1")),
+        namespace=os.environ.get("FRAY_NAMESPACE", ""),
+        attempt=int(os.environ.get("FRAY_ATTEMPT", "0")),
+    )
+
+
+def job_env(info: JobInfo) -> dict[str, str]:
+    """The environment variables that carry ``info`` into a child process (see :func:`current_job`)."""
+    return {
+        "FRAY_JOB_ID": info.job_id,
+        "FRAY_JOB_NAME": info.name,
+        "FRAY_REPLICA_INDEX": str(info.replica_index),
+        "FRAY_REPLICA_COUNT": str(info.replica_count),
+        "FRAY_NAMESPACE": info.namespace,
+        "FRAY_ATTEMPT": str(info.attempt),
+    }

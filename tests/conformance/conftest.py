@@ -1,0 +1,26 @@
+"""The conformance suite runs every test against every backend listed here.
+
+A backend adds itself by naming the fixture (defined in ``tests/backends/``) that
+yields a ready client. Backends with an expensive start (Ray, the Fray cluster)
+share one session-scoped cluster; tests use unique names so they never collide.
+"""
+
+import uuid
+
+import pytest
+
+BACKEND_FIXTURES = {
+    "local": "local_client",
+}
+
+
+@pytest.fixture(params=sorted(BACKEND_FIXTURES))
+def client(request: pytest.FixtureRequest):
+    """A client of each backend in turn."""
+    return request.getfixturevalue(BACKEND_FIXTURES[request.param])
+
+
+@pytest.fixture
+def uid() -> str:
+    """A short unique suffix for job and actor names."""
+    return uuid.uuid4().hex[:6]
