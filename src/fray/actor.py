@@ -57,9 +57,7 @@ class ActorHandle(Protocol):
 
 def public_methods(cls: type) -> list[str]:
     """The names of ``cls``'s methods that may be called remotely (no leading underscore)."""
-    return sorted(
-        name for name, value in inspect.getmembers(cls) if not name.startswith("_") and callable(value)
-    )
+    return sorted(name for name, value in inspect.getmembers(cls) if not name.startswith("_") and callable(value))
 
 
 def check_actor_method(cls: type, name: str) -> None:
@@ -67,7 +65,9 @@ def check_actor_method(cls: type, name: str) -> None:
     if name.startswith("_") or not callable(getattr(cls, name, None)):
         methods = ", ".join(public_methods(cls)) or "(none)"
         reason = "private methods cannot be called remotely" if name.startswith("_") else "no such method"
-        raise AttributeError(f"actor class {cls.__name__!r} has no remote method {name!r} ({reason}); methods: {methods}")
+        raise AttributeError(
+            f"actor class {cls.__name__!r} has no remote method {name!r} ({reason}); methods: {methods}"
+        )
 
 
 class ActorGroup:

@@ -63,7 +63,9 @@ class EnvironmentConfig:
         packages = tuple(self.pip_packages)
         for pkg in packages:
             if not isinstance(pkg, str) or not pkg.strip():
-                raise ConfigError(f"EnvironmentConfig.pip_packages holds {pkg!r}; each entry must be a requirement string")
+                raise ConfigError(
+                    f"EnvironmentConfig.pip_packages holds {pkg!r}; each entry must be a requirement string"
+                )
         object.__setattr__(self, "pip_packages", packages)
         if not isinstance(self.env_vars, Mapping):
             raise ConfigError(f"EnvironmentConfig(env_vars={self.env_vars!r}) must be a mapping of str to str")
@@ -230,7 +232,9 @@ def wait_all(
             return [final[i] for i in range(len(jobs))]
         if deadline is not None and time.monotonic() >= deadline:
             waiting = [jobs[i].job_id for i in range(len(jobs)) if i not in final]
-            raise TimeoutError(f"wait_all: {len(waiting)} of {len(jobs)} jobs still running after {timeout}s: {waiting}")
+            raise TimeoutError(
+                f"wait_all: {len(waiting)} of {len(jobs)} jobs still running after {timeout}s: {waiting}"
+            )
         pause = delay if deadline is None else min(delay, max(0.0, deadline - time.monotonic()))
         time.sleep(pause)
         delay = min(delay * 2, 0.05)

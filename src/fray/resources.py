@@ -73,7 +73,19 @@ class CpuConfig:
 # Accelerator types Fray knows how to map onto each engine. Typos are the common
 # failure, so unknown names are rejected rather than passed through.
 GPU_TYPES: tuple[str, ...] = (
-    "auto", "A10", "A10G", "A100", "A100-40G", "A100-80G", "B200", "H100", "H200", "L4", "L40S", "T4", "V100",
+    "auto",
+    "A10",
+    "A10G",
+    "A100",
+    "A100-40G",
+    "A100-80G",
+    "B200",
+    "H100",
+    "H200",
+    "L4",
+    "L40S",
+    "T4",
+    "V100",
 )
 
 
@@ -89,7 +101,9 @@ class GpuConfig:
         if self.type not in GPU_TYPES:
             close = [t for t in GPU_TYPES if t.lower() == str(self.type).lower()]
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(f"GpuConfig(type={self.type!r}) is not a known GPU type{hint}; known: {', '.join(GPU_TYPES)}")
+            raise ConfigError(
+                f"GpuConfig(type={self.type!r}) is not a known GPU type{hint}; known: {', '.join(GPU_TYPES)}"
+            )
         if isinstance(self.count, bool) or not isinstance(self.count, int) or self.count < 1:
             raise ConfigError(f"GpuConfig(count={self.count!r}) must be a whole number >= 1")
 

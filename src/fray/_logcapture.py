@@ -1,0 +1,129 @@
+"""Route ``print`` output of in-process jobs to each job's own log.
+
+Jobs that run as threads share one ``sys.stdout``; to keep a log per job, the
+process streams are wrapped once by a router that looks up the writing thread's
+job in a context variable, appends to that job's :class:`LogBuffer`, and still
+passes the text through to the real stream.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextvars
+import io
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TextIO
+
+MAX_LINES = 100_000
+
+
+class LogBuffer:
+    """The last :data:`MAX_LINES` lines written by one job; thread-safe.
+
+    Each writer (one per replica thread or process) keeps its own unfinished line, so
+    replicas printing at the same time never splice their lines together.
+    """
+
+    def __init__(self, *, echo: bool = True, max_lines: int = MAX_LINES) -> None:
+        self.echo = echo
+        self._lines: collections.deque[str] = collections.deque(maxlen=max_lines)
+        self._lock = threading.Lock()
+        self._writers: list[LogWriter] = []
+
+    def writer(self) -> LogWriter:
+        """A new writer whose complete lines land in this buffer."""
+        writer = LogWriter(self)
+        with self._lock:
+            self._writers.append(writer)
+        return writer
+
+    def write(self, text: str) -> None:
+        """Append text that ends its own lines (a trailing partial line is kept as a line)."""
+        with self._lock:
+            self._lines.extend(text.rstrip("\n").split("\n"))
+
+    def _extend(self, lines: list[str]) -> None:
+        with self._lock:
+            self._lines.extend(lines)
+
+    def lines(self, max_lines: int | None = None) -> list[str]:
+        """All lines so far (including unfinished ones), or only the last ``max_lines``."""
+        with self._lock:
+            lines = list(self._lines) + [w.partial for w in self._writers if w.partial]
+        if max_lines is not None:
+            lines = lines[-max_lines:] if max_lines > 0 else []
+        return lines
+
+
+class LogWriter:
+    """One stream of text into a :class:`LogBuffer`, split into lines."""
+
+    def __init__(self, buffer: LogBuffer) -> None:
+        self.buffer = buffer
+        self.echo = buffer.echo
+        self.partial = ""
+
+    def write(self, text: str) -> None:
+        """Append text; complete lines go to the buffer, the rest waits for its newline."""
+        pieces = (self.partial + text).split("\n")
+        self.partial = pieces.pop()
+        if pieces:
+            self.buffer._extend(pieces)
+
+
+_sink: contextvars.ContextVar[LogWriter | None] = contextvars.ContextVar("fray_log_sink", default=None)
+
+
+class _Router(io.TextIOBase):
+    """Stands in for sys.stdout / sys.stderr: tees a job thread's writes into its LogBuffer."""
+
+    def __init__(self, target: TextIO) -> None:
+        self.target = target
+
+    def write(self, text: str) -> int:
+        sink = _sink.get()
+        if sink is not None:
+            sink.write(text)
+            if not sink.echo:
+                return len(text)
+        return self.target.write(text)
+
+    def flush(self) -> None:
+        self.target.flush()
+
+    def isatty(self) -> bool:
+        return self.target.isatty()
+
+    def fileno(self) -> int:
+        return self.target.fileno()
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return getattr(self.target, "encoding", "utf-8")
+
+
+_install_lock = threading.Lock()
+
+
+def _install() -> None:
+    # Checked on every job start, not once: test runners and notebooks swap sys.stdout
+    # for their own capture objects, and the router must sit on top of whichever is current.
+    with _install_lock:
+        for name in ("stdout", "stderr"):
+            stream = getattr(sys, name)
+            if not isinstance(stream, _Router):
+                setattr(sys, name, _Router(stream))
+
+
+@contextmanager
+def capture_to(buffer: LogBuffer) -> Iterator[None]:
+    """Within the block, this thread's prints go to ``buffer`` (and, if ``buffer.echo``, to the real stream)."""
+    _install()
+    token = _sink.set(buffer.writer())
+    try:
+        yield
+    finally:
+        _sink.reset(token)

@@ -1,0 +1,301 @@
+"""Job behaviour every backend must show."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import fray
+from fray import (
+    Entrypoint,
+    EnvironmentConfig,
+    JobFailed,
+    JobRequest,
+    JobStatus,
+    SerializationError,
+    current_client,
+    current_job,
+    wait_all,
+)
+
+
+def wait_until(predicate, timeout: float = 30.0, what: str = "condition"):
+    """Poll ``predicate`` until it returns a truthy value; fail the test after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.01)
+    pytest.fail(f"timed out after {timeout}s waiting for {what}")
+
+
+class Recorder:
+    """An actor that jobs report to, so tests can observe what ran in other processes."""
+
+    def __init__(self) -> None:
+        self.items: list = []
+
+    def add(self, item) -> int:
+        self.items.append(item)
+        return len(self.items)
+
+    def get(self) -> list:
+        return list(self.items)
+
+
+def add_numbers(a: int, b: int = 0) -> int:
+    return a + b
+
+
+def fail_with_value_error(message: str) -> None:
+    raise ValueError(message)
+
+
+def report_identity(recorder) -> None:
+    info = current_job()
+    assert info is not None
+    recorder.add((info.job_id, info.name, info.replica_index, info.replica_count, info.attempt))
+
+
+def fail_until_attempt(recorder, succeed_on: int) -> None:
+    info = current_job()
+    assert info is not None
+    recorder.add(info.attempt)
+    if info.attempt < succeed_on:
+        raise RuntimeError(f"attempt {info.attempt} fails on purpose")
+
+
+def replica_one_fails() -> None:
+    info = current_job()
+    assert info is not None
+    if info.replica_index == 1:
+        raise RuntimeError("replica 1 fails on purpose")
+
+
+def print_lines(count: int) -> None:
+    for i in range(count):
+        print(f"line {i}")
+    sys.stdout.flush()
+
+
+def submit_child_and_wait(recorder) -> None:
+    client = current_client()
+    child = client.submit(
+        JobRequest(name="child", entrypoint=Entrypoint.from_callable(report_identity, args=(recorder,)))
+    )
+    assert child.wait(timeout=60) == JobStatus.SUCCEEDED
+    parent = current_job()
+    assert parent is not None
+    recorder.add(("parent", parent.job_id, child.job_id))
+
+
+def read_env(recorder, name: str) -> None:
+    recorder.add(os.environ.get(name))
+
+
+def callable_job(name: str, fn, *args, **kwargs) -> JobRequest:
+    return JobRequest(name=name, entrypoint=Entrypoint.from_callable(fn, args=args, kwargs=kwargs))
+
+
+def shell_job(name: str, script: str, **request_kwargs) -> JobRequest:
+    return JobRequest(name=name, entrypoint=Entrypoint.from_binary("bash", ["-c", script]), **request_kwargs)
+
+
+def test_callable_job_succeeds_and_its_id_names_it(client, uid):
+    job = client.submit(callable_job(f"add-{uid}", add_numbers, 1, b=2))
+    assert f"add-{uid}" in job.job_id
+    assert job.wait(timeout=60) == JobStatus.SUCCEEDED
+    assert job.status() == JobStatus.SUCCEEDED
+    assert job.status().finished
+
+
+def test_failing_callable_raises_job_failed_with_original_exception(client, uid):
+    job = client.submit(callable_job(f"fail-{uid}", fail_with_value_error, "the widget broke"))
+    with pytest.raises(JobFailed) as info:
+        job.wait(timeout=60)
+    err = info.value
+    assert isinstance(err.cause, ValueError)
+    assert "the widget broke" in str(err.cause)
+    assert "fail_with_value_error" in err.traceback_text
+    assert job.wait(timeout=60, raise_on_failure=False) == JobStatus.FAILED
+
+
+def test_binary_job_output_is_in_its_logs(client, uid):
+    job = client.submit(shell_job(f"echo-{uid}", "echo hello-from-binary; echo second line >&2"))
+    assert job.wait(timeout=60) == JobStatus.SUCCEEDED
+    lines = wait_until(lambda: job.logs() if "second line" in job.logs() else None, what="logs")
+    assert "hello-from-binary" in lines
+    assert job.logs(max_lines=1) == lines[-1:]
+
+
+def test_binary_job_nonzero_exit_fails_with_exit_code(client, uid):
+    job = client.submit(shell_job(f"exit3-{uid}", "echo about to fail; exit 3"))
+    with pytest.raises(JobFailed) as info:
+        job.wait(timeout=60)
+    assert info.value.exit_code == 3
+
+
+def test_callable_job_prints_are_captured_in_logs(client, uid):
+    job = client.submit(callable_job(f"print-{uid}", print_lines, 5))
+    job.wait(timeout=60)
+    logs = wait_until(lambda: job.logs() if "line 4" in job.logs() else None, what="logs")
+    assert [line for line in logs if line.startswith("line ")] == [f"line {i}" for i in range(5)]
+    assert job.logs(max_lines=2)[-1] == "line 4"
+
+
+def test_replicas_each_see_their_own_index(client, uid):
+    recorder = client.create_actor(Recorder, name=f"rec-{uid}")
+    job = client.submit(
+        JobRequest(
+            name=f"rep-{uid}", entrypoint=Entrypoint.from_callable(report_identity, args=(recorder,)), replicas=3
+        )
+    )
+    assert job.wait(timeout=60) == JobStatus.SUCCEEDED
+    seen = recorder.get()
+    assert sorted(item[2] for item in seen) == [0, 1, 2]
+    assert {item[3] for item in seen} == {3}
+    assert {item[0] for item in seen} == {job.job_id}
+    assert {item[1] for item in seen} == {f"rep-{uid}"}
+
+
+def test_job_fails_if_any_replica_fails(client, uid):
+    job = client.submit(
+        JobRequest(name=f"rep-fail-{uid}", entrypoint=Entrypoint.from_callable(replica_one_fails), replicas=2)
+    )
+    with pytest.raises(JobFailed) as info:
+        job.wait(timeout=60)
+    assert "replica 1 fails on purpose" in str(info.value)
+
+
+def test_retries_rerun_a_failing_job_until_it_succeeds(client, uid):
+    recorder = client.create_actor(Recorder, name=f"rec-{uid}")
+    job = client.submit(
+        JobRequest(
+            name=f"retry-{uid}",
+            entrypoint=Entrypoint.from_callable(fail_until_attempt, args=(recorder, 2)),
+            max_retries_failure=2,
+        )
+    )
+    assert job.wait(timeout=60) == JobStatus.SUCCEEDED
+    assert recorder.get() == [0, 1, 2]
+
+
+def test_retry_budget_is_respected(client, uid):
+    recorder = client.create_actor(Recorder, name=f"rec-{uid}")
+    job = client.submit(
+        JobRequest(
+            name=f"retry-out-{uid}",
+            entrypoint=Entrypoint.from_callable(fail_until_attempt, args=(recorder, 5)),
+            max_retries_failure=1,
+        )
+    )
+    with pytest.raises(JobFailed):
+        job.wait(timeout=60)
+    assert recorder.get() == [0, 1]
+
+
+def test_terminate_kills_a_binary_job_and_its_process(client, uid, tmp_path: Path):
+    pidfile = tmp_path / "pid"
+    job = client.submit(shell_job(f"sleeper-{uid}", f"echo $$ > {pidfile}.tmp && mv {pidfile}.tmp {pidfile}; exec sleep 300"))
+    pid = int(wait_until(lambda: pidfile.exists() and pidfile.read_text().strip(), what="the job's pid file"))
+    assert job.status() == JobStatus.RUNNING
+    job.terminate()
+    assert job.wait(timeout=30) == JobStatus.STOPPED
+    wait_until(lambda: not _alive(pid), what=f"process {pid} to die")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie has exited already; only its parent has not collected it yet.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_wait_with_timeout_raises_timeout_error(client, uid):
+    job = client.submit(shell_job(f"slow-{uid}", "exec sleep 300"))
+    try:
+        with pytest.raises(TimeoutError):
+            job.wait(timeout=0.2)
+        assert not job.status().finished
+    finally:
+        job.terminate()
+
+
+def test_wait_all_returns_statuses_in_input_order(client, uid):
+    jobs = [client.submit(callable_job(f"all-{i}-{uid}", add_numbers, i)) for i in range(4)]
+    assert wait_all(jobs, timeout=60) == [JobStatus.SUCCEEDED] * 4
+    assert wait_all([]) == []
+
+
+def test_wait_all_raises_as_soon_as_any_job_fails(client, uid):
+    slow = client.submit(shell_job(f"slow-{uid}", "exec sleep 300"))
+    failing = client.submit(callable_job(f"fails-{uid}", fail_with_value_error, "early failure"))
+    try:
+        with pytest.raises(JobFailed) as info:
+            wait_all([slow, failing], timeout=60)
+        assert "early failure" in str(info.value)
+        assert slow.status() == JobStatus.RUNNING
+        statuses = wait_all([failing], raise_on_failure=False, timeout=60)
+        assert statuses == [JobStatus.FAILED]
+    finally:
+        slow.terminate()
+
+
+def test_wait_all_times_out(client, uid):
+    slow = client.submit(shell_job(f"slow-{uid}", "exec sleep 300"))
+    try:
+        with pytest.raises(TimeoutError):
+            wait_all([slow], timeout=0.2)
+    finally:
+        slow.terminate()
+
+
+def test_job_can_submit_child_jobs_through_current_client(client, uid):
+    recorder = client.create_actor(Recorder, name=f"rec-{uid}")
+    job = client.submit(callable_job(f"parent-{uid}", submit_child_and_wait, recorder))
+    assert job.wait(timeout=120) == JobStatus.SUCCEEDED
+    items = recorder.get()
+    child_identity = next(i for i in items if i[0] != "parent")
+    _, parent_id, child_id = next(i for i in items if i[0] == "parent")
+    assert parent_id == job.job_id
+    assert child_identity[0] == child_id
+    assert child_identity[1] == "child"
+
+
+def test_environment_variables_reach_the_job(client, uid):
+    env = EnvironmentConfig(env_vars={"FRAY_TEST_COLOUR": f"blue-{uid}"})
+    binary = client.submit(shell_job(f"env-bin-{uid}", 'echo "colour=$FRAY_TEST_COLOUR"', environment=env))
+    binary.wait(timeout=60)
+    wait_until(lambda: f"colour=blue-{uid}" in binary.logs(), what="env var in logs")
+    recorder = client.create_actor(Recorder, name=f"rec-{uid}")
+    job = client.submit(
+        JobRequest(
+            name=f"env-py-{uid}",
+            entrypoint=Entrypoint.from_callable(read_env, args=(recorder, "FRAY_TEST_COLOUR")),
+            environment=env,
+        )
+    )
+    job.wait(timeout=60)
+    assert recorder.get() == [f"blue-{uid}"]
+
+
+def test_unpicklable_argument_is_rejected_at_submit(client, uid):
+    with pytest.raises(SerializationError) as info:
+        client.submit(callable_job(f"bad-{uid}", add_numbers, threading.Lock()))
+    assert "argument 0" in str(info.value)
+
+
+def test_current_job_is_none_outside_jobs():
+    assert fray.current_job() is None
