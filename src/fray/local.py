@@ -8,6 +8,7 @@ cannot be isolated inside one process is documented on :class:`LocalClient`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import atexit
 import concurrent.futures
 import contextlib
@@ -181,6 +182,7 @@ class _LocalActor:
         self.ready: concurrent.futures.Future[None] = concurrent.futures.Future()
         self.calls: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.death: ActorDiedError | None = None
+        self.running: ActorFuture | None = None
         self._lock = threading.Lock()
 
     def start(self, args: tuple[Any, ...], kwargs: dict[str, Any], context: contextvars.Context) -> None:
@@ -201,9 +203,17 @@ class _LocalActor:
 
     def stop(self, reason: str) -> None:
         with self._lock:
-            if self.death is None:
-                self.death = ActorDiedError(f"actor {self.record.name!r} {reason}")
-                self.calls.put(self._STOP)
+            if self.death is not None:
+                return
+            self.death = ActorDiedError(f"actor {self.record.name!r} {reason}")
+            running = self.running
+        # The thread cannot be interrupted, but callers must not wait on it: the call in
+        # progress and every queued call fail now, as they would if a process had died.
+        if running is not None and not running.done():
+            with contextlib.suppress(concurrent.futures.InvalidStateError):
+                running.set_exception(_died_copy(self.death))
+        self._fail_queued()
+        self.calls.put(self._STOP)
         if not self.ready.done():
             self.ready.set_exception(_died_copy(self.death))
 
@@ -227,6 +237,8 @@ class _LocalActor:
                 future, method, call_args, call_kwargs = item
                 if not future.set_running_or_notify_cancel():
                     continue
+                with self._lock:
+                    self.running = future
                 try:
                     result = getattr(instance, method)(*call_args, **call_kwargs)
                     if inspect.isawaitable(result):
@@ -235,9 +247,11 @@ class _LocalActor:
                         loop = loop or asyncio.new_event_loop()
                         result = loop.run_until_complete(result)
                 except BaseException as exc:
-                    future.set_exception(exc)
+                    with contextlib.suppress(concurrent.futures.InvalidStateError):
+                        future.set_exception(exc)
                 else:
-                    future.set_result(result)
+                    with contextlib.suppress(concurrent.futures.InvalidStateError):
+                        future.set_result(result)
             if loop is not None:
                 loop.close()
         self._fail_queued()
@@ -262,7 +276,7 @@ class _LocalActor:
                 item = self.calls.get_nowait()
             except queue.Empty:
                 return
-            if item is not self._STOP:
+            if item is not self._STOP and not item[0].done():
                 item[0].set_exception(_died_copy(self.death))
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -22,17 +21,7 @@ from fray import (
     current_job,
     wait_all,
 )
-
-
-def wait_until(predicate, timeout: float = 30.0, what: str = "condition"):
-    """Poll ``predicate`` until it returns a truthy value; fail the test after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.01)
-    pytest.fail(f"timed out after {timeout}s waiting for {what}")
+from support import alive, wait_until
 
 
 class Recorder:
@@ -202,25 +191,14 @@ def test_retry_budget_is_respected(client, uid):
 
 def test_terminate_kills_a_binary_job_and_its_process(client, uid, tmp_path: Path):
     pidfile = tmp_path / "pid"
-    job = client.submit(shell_job(f"sleeper-{uid}", f"echo $$ > {pidfile}.tmp && mv {pidfile}.tmp {pidfile}; exec sleep 300"))
+    job = client.submit(
+        shell_job(f"sleeper-{uid}", f"echo $$ > {pidfile}.tmp && mv {pidfile}.tmp {pidfile}; exec sleep 300")
+    )
     pid = int(wait_until(lambda: pidfile.exists() and pidfile.read_text().strip(), what="the job's pid file"))
     assert job.status() == JobStatus.RUNNING
     job.terminate()
     assert job.wait(timeout=30) == JobStatus.STOPPED
-    wait_until(lambda: not _alive(pid), what=f"process {pid} to die")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie has exited already; only its parent has not collected it yet.
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
+    wait_until(lambda: not alive(pid), what=f"process {pid} to die")
 
 
 def test_wait_with_timeout_raises_timeout_error(client, uid):

@@ -1,0 +1,248 @@
+"""What is specific to the embedded local backend: threads, in-process limits, process cleanup."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+
+import fray
+from fray import (
+    ActorDiedError,
+    ActorUnavailableError,
+    ConfigError,
+    Entrypoint,
+    EnvironmentConfig,
+    FrayError,
+    JobFailed,
+    JobRequest,
+    JobStatus,
+    JobTerminated,
+)
+from fray.local import LocalClient
+from support import alive, wait_until
+
+
+def job(name: str, fn, *args, **request_kwargs) -> JobRequest:
+    return JobRequest(name=name, entrypoint=Entrypoint.from_callable(fn, args=args), **request_kwargs)
+
+
+class Gate:
+    """Test-only events shared with in-process jobs (a local-backend privilege)."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.barrier = threading.Barrier(2)
+
+    def __reduce__(self):
+        # Jobs on the local backend get the very object; submit() only checks that it pickles.
+        return (Gate, ())
+
+    def pass_through(self) -> None:
+        self.entered.set()
+        assert self.release.wait(30)
+
+
+def test_thread_limit_keeps_extra_jobs_pending():
+    client = LocalClient(max_threads=1)
+    gate = Gate()
+    first = client.submit(job("first", gate.pass_through))
+    assert gate.entered.wait(10)
+    second = client.submit(job("second", lambda: None))
+    assert second.status() == JobStatus.PENDING
+    gate.release.set()
+    assert fray.wait_all([first, second], timeout=30) == [JobStatus.SUCCEEDED] * 2
+    client.shutdown()
+
+
+def test_replicas_beyond_the_thread_limit_are_rejected_at_submit():
+    client = LocalClient(max_threads=2)
+    with pytest.raises(ConfigError, match="at most 2 threads"):
+        client.submit(job("big", lambda: None, replicas=3))
+    client.shutdown()
+
+
+def test_terminated_callable_job_stops_at_its_next_fray_call(local_client):
+    gate = Gate()
+
+    def loop() -> None:
+        gate.entered.set()
+        try:
+            while True:
+                fray.current_job()
+                gate.release.wait(0.005)  # the job's own pacing, not test synchronisation
+        except JobTerminated:
+            gate.release.set()
+            raise
+
+    handle = local_client.submit(job("looper", loop))
+    assert gate.entered.wait(10)
+    handle.terminate()
+    assert handle.status() == JobStatus.STOPPED
+    assert gate.release.wait(10)
+    assert handle.wait(timeout=1) == JobStatus.STOPPED
+
+
+def test_concurrent_jobs_keep_separate_logs(local_client):
+    gate = Gate()
+
+    def chatter(tag: str) -> None:
+        gate.barrier.wait(10)
+        for i in range(50):
+            print(f"{tag} {i}")
+
+    a = local_client.submit(job("a", chatter, "alpha"))
+    b = local_client.submit(job("b", chatter, "beta"))
+    fray.wait_all([a, b], timeout=30)
+    assert a.logs() == [f"alpha {i}" for i in range(50)]
+    assert b.logs() == [f"beta {i}" for i in range(50)]
+
+
+def test_docker_image_is_noted_as_ignored(local_client):
+    env = EnvironmentConfig(docker_image="ghcr.io/acme/train:1")
+    handle = local_client.submit(job("dock", lambda: None, environment=env))
+    handle.wait(timeout=10)
+    assert any("ignores docker_image" in line for line in handle.logs())
+
+
+def test_missing_pip_package_is_reported_at_submit(local_client):
+    env = EnvironmentConfig(pip_packages=["numpy", "surely-not-installed-pkg>=1"])
+    with pytest.raises(ConfigError, match="surely-not-installed-pkg"):
+        local_client.submit(job("pkgs", lambda: None, environment=env))
+
+
+def test_conflicting_env_vars_of_concurrent_jobs_fail_loudly(local_client):
+    gate = Gate()
+    first = local_client.submit(job("one", gate.pass_through, environment=EnvironmentConfig(env_vars={"FRAY_X": "1"})))
+    assert gate.entered.wait(10)
+    second = local_client.submit(job("two", lambda: None, environment=EnvironmentConfig(env_vars={"FRAY_X": "2"})))
+    with pytest.raises(JobFailed) as info:
+        second.wait(timeout=10)
+    assert isinstance(info.value.cause, ConfigError)
+    assert os.environ["FRAY_X"] == "1"
+    gate.release.set()
+    first.wait(timeout=10)
+    assert "FRAY_X" not in os.environ
+
+
+def test_terminate_kills_children_of_a_binary_job(local_client, tmp_path: Path):
+    pidfile = tmp_path / "child.pid"
+    script = f"sleep 300 & echo $! > {pidfile}.tmp && mv {pidfile}.tmp {pidfile}; wait"
+    handle = local_client.submit(JobRequest(name="tree", entrypoint=Entrypoint.from_binary("bash", ["-c", script])))
+    child = int(wait_until(lambda: pidfile.exists() and pidfile.read_text().strip(), what="child pid"))
+    handle.terminate()
+    wait_until(lambda: not alive(child), what="the grandchild to die")
+
+
+def test_binary_jobs_know_who_they_are(local_client):
+    code = "import fray, os; i = fray.current_job(); print(i.name, i.replica_index, i.replica_count, os.environ['FRAY_CLIENT_SPEC'])"
+    handle = local_client.submit(
+        JobRequest(name="whoami", entrypoint=Entrypoint.from_binary(sys.executable, ["-c", code]), replicas=2)
+    )
+    handle.wait(timeout=60)
+    assert sorted(handle.logs()) == ["whoami 0 2 local", "whoami 1 2 local"]
+
+
+class Slow:
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.entered = threading.Event()
+
+    def block(self) -> str:
+        self.entered.set()
+        self.gate.wait(30)
+        return "done"
+
+    def quick(self) -> str:
+        return "quick"
+
+    def unblock(self) -> None:
+        self.gate.set()
+
+
+def test_queued_calls_fail_when_the_actor_is_terminated(local_client):
+    group = local_client.create_actor_group(Slow, name="slow", count=1)
+    actor = group.wait_ready(timeout=10)[0]
+    running = actor.block.remote()
+    queued = actor.quick.remote()
+    assert wait_until(lambda: not queued.done() and running.running(), what="the first call to start")
+    group.shutdown()
+    with pytest.raises(ActorDiedError):
+        running.result(timeout=10)
+    with pytest.raises(ActorDiedError):
+        queued.result(timeout=10)
+
+
+def test_handles_pickle_within_the_process(local_client):
+    counter = local_client.create_actor(Slow, name="pickled")
+    copy = pickle.loads(pickle.dumps(counter))
+    assert copy.quick() == "quick"
+
+
+def test_handles_unpickled_in_another_process_say_why_they_cannot_work(local_client, tmp_path: Path):
+    counter = local_client.create_actor(Slow, name="elsewhere")
+    blob = tmp_path / "handle.pkl"
+    blob.write_bytes(pickle.dumps(counter))
+    code = textwrap.dedent(
+        f"""
+        import pickle, sys
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        from fray import ActorUnavailableError
+        handle = pickle.loads(open({str(blob)!r}, 'rb').read())
+        try:
+            handle.quick()
+        except ActorUnavailableError as exc:
+            print("unavailable:", exc)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert "unavailable:" in out.stdout, out.stderr
+    assert "only work in the process that created them" in out.stdout
+    assert issubclass(ActorUnavailableError, FrayError)
+
+
+def test_shutdown_waits_for_running_jobs_then_refuses_work():
+    client = LocalClient()
+    gate = Gate()
+    handle = client.submit(job("busy", gate.pass_through))
+    assert gate.entered.wait(10)
+    threading.Timer(0.05, gate.release.set).start()
+    client.shutdown(wait=True)
+    assert handle.status() == JobStatus.SUCCEEDED
+    with pytest.raises(FrayError, match="shut down"):
+        client.submit(job("late", lambda: None))
+
+
+def test_leaving_the_with_block_on_error_stops_running_work(tmp_path: Path):
+    with pytest.raises(RuntimeError), LocalClient() as client:
+        handle = client.submit(JobRequest(name="s", entrypoint=Entrypoint.from_binary("sleep", ["300"])))
+        wait_until(lambda: handle.status() == JobStatus.RUNNING, what="the job to start")
+        raise RuntimeError("user code failed")
+    assert handle.wait(timeout=10) == JobStatus.STOPPED
+
+
+def test_no_subprocess_outlives_the_interpreter(tmp_path: Path):
+    pidfile = tmp_path / "pid"
+    script = textwrap.dedent(
+        f"""
+        import pathlib, time
+        from fray import Entrypoint, JobRequest
+        from fray.local import LocalClient
+        client = LocalClient()
+        client.submit(JobRequest(name="orphan", entrypoint=Entrypoint.from_binary(
+            "bash", ["-c", "echo $$ > {pidfile}.tmp && mv {pidfile}.tmp {pidfile}; exec sleep 300"])))
+        deadline = time.monotonic() + 30
+        while not pathlib.Path({str(pidfile)!r}).exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        """
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
+    pid = int(pidfile.read_text())
+    wait_until(lambda: not alive(pid), what="the orphaned job process to be killed")
