@@ -1,0 +1,24 @@
+"""The README's demo command keeps working."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_quickstart_runs_on_the_local_backend():
+    env = {k: v for k, v in os.environ.items() if k != "FRAY_CLIENT_SPEC"}
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "quickstart.py")], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert out.returncode == 0, out.stderr
+    assert "backend: LocalClient" in out.stdout
+    assert "tokenize" in out.stdout and "=succeeded" in out.stdout
+    assert "replica 3/4" in out.stdout
+    assert "from 3 scorers" in out.stdout
+    assert "scorer statuses after shutdown: ['stopped', 'stopped', 'stopped']" in out.stdout
+    assert "cause: ValueError('shard 17 has a corrupt header')" in out.stdout
