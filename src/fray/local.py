@@ -8,7 +8,6 @@ cannot be isolated inside one process is documented on :class:`LocalClient`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import atexit
 import concurrent.futures
 import contextlib
