@@ -18,6 +18,15 @@ def test_default_client_is_local_and_stable(monkeypatch):
     assert current_client() is client
 
 
+def test_a_shut_down_default_client_is_replaced(monkeypatch):
+    monkeypatch.delenv("FRAY_CLIENT_SPEC", raising=False)
+    first = current_client()
+    first.shutdown()
+    second = current_client()
+    assert second is not first
+    assert second.submit(JobRequest(name="after", entrypoint=Entrypoint.from_callable(print))).wait(timeout=30)
+
+
 def test_spec_from_environment(monkeypatch):
     monkeypatch.setenv("FRAY_CLIENT_SPEC", "local?threads=3")
     client = current_client()

@@ -165,7 +165,8 @@ def current_client() -> Client:
     spec = os.environ.get("FRAY_CLIENT_SPEC", "").strip() or "local"
     with _defaults_lock:
         client = _defaults.get(spec)
-        if client is None:
+        # A default client someone shut down is replaced rather than handed out dead.
+        if client is None or getattr(client, "closed", False):
             client = client_from_spec(spec)
             _defaults[spec] = client
         return client

@@ -487,6 +487,11 @@ class LocalClient:
     def __repr__(self) -> str:
         return f"LocalClient(namespace={self.namespace!r}, max_threads={self.max_threads})"
 
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`shutdown` was called; a closed client accepts no more work."""
+        return self._closed
+
     def __enter__(self) -> LocalClient:
         return self
 
