@@ -33,5 +33,5 @@ def alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
-    except FileNotFoundError:
+    except OSError:  # it vanished between the two looks (ENOENT, or ESRCH on read)
         return False

@@ -14,6 +14,7 @@ from fray import (
     JobAlreadyExists,
     JobRequest,
     JobStatus,
+    ResourceConfig,
     SerializationError,
     current_client,
     current_job,
@@ -78,6 +79,20 @@ def test_calls_run_one_at_a_time_in_order(client, uid):
         total += i
         expected.append(total)
     assert results == expected
+
+
+def test_constructor_keyword_arguments_and_non_preemptible_placement(client, uid):
+    counter = client.create_actor(
+        Counter, name=f"pinned-{uid}", start=41, resources=ResourceConfig(cpu=0, preemptible=False)
+    )
+    assert counter.add(1) == 42
+
+
+def test_future_reports_done(client, uid):
+    counter = client.create_actor(Counter, name=f"done-{uid}")
+    future = counter.add.remote(2)
+    assert future.result(timeout=60) == 2
+    assert future.done()
 
 
 def test_unknown_method_raises_attribute_error_at_once(client, uid):

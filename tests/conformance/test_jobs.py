@@ -84,6 +84,12 @@ def submit_child_and_wait(recorder) -> None:
     recorder.add(("parent", parent.job_id, child.job_id))
 
 
+def loop_forever() -> None:
+    while True:
+        fray.current_job()  # the local backend stops a terminated thread at its next Fray call
+        threading.Event().wait(0.01)
+
+
 def read_env(recorder, name: str) -> None:
     recorder.add(os.environ.get(name))
 
@@ -199,6 +205,31 @@ def test_terminate_kills_a_binary_job_and_its_process(client, uid, tmp_path: Pat
     job.terminate()
     assert job.wait(timeout=30) == JobStatus.STOPPED
     wait_until(lambda: not alive(pid), what=f"process {pid} to die")
+
+
+def test_terminate_stops_a_running_callable_job(client, uid):
+    job = client.submit(callable_job(f"loop-{uid}", loop_forever))
+    wait_until(lambda: job.status() == JobStatus.RUNNING, what="the job to start")
+    job.terminate()
+    assert job.wait(timeout=60) == JobStatus.STOPPED
+    assert job.status() == JobStatus.STOPPED
+
+
+def test_terminate_after_success_changes_nothing(client, uid):
+    job = client.submit(callable_job(f"done-{uid}", add_numbers, 1))
+    assert job.wait(timeout=60) == JobStatus.SUCCEEDED
+    job.terminate()
+    assert job.status() == JobStatus.SUCCEEDED
+    assert job.wait(timeout=0) == JobStatus.SUCCEEDED
+
+
+def test_jobs_accept_fractional_cpu_and_small_memory(client, uid):
+    request = JobRequest(
+        name=f"small-{uid}",
+        entrypoint=Entrypoint.from_callable(add_numbers, args=(1,)),
+        resources=fray.ResourceConfig(cpu=0.5, ram="64m"),
+    )
+    assert client.submit(request).wait(timeout=60) == JobStatus.SUCCEEDED
 
 
 def test_wait_with_timeout_raises_timeout_error(client, uid):
