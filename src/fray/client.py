@@ -100,7 +100,7 @@ class ClientSpec:
 _BACKENDS: dict[str, tuple[str, str, str]] = {
     "local": ("fray.local", "LocalClient", ""),
     "ray": ("fray.ray", "RayClient", 'pip install "fray[ray]"'),
-    "fray": ("fray.cluster", "ClusterClient", ""),
+    "fray": ("fray.cluster.client", "ClusterClient", ""),
 }
 
 

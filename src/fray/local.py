@@ -31,6 +31,7 @@ from typing import Any
 import cloudpickle
 
 from fray._logcapture import LogBuffer, capture_to
+from fray._process import describe_exit, kill_process_group
 from fray._runtime import check_terminated, terminating_on
 from fray.actor import ActorFuture, ActorGroup, check_actor_method
 from fray.client import ClientSpec, _bind_client
@@ -57,9 +58,6 @@ from fray.job import (
 from fray.resources import ResourceConfig
 
 __all__ = ["LocalActorHandle", "LocalClient", "LocalJobHandle"]
-
-# Seconds a terminated binary job gets to exit after SIGTERM before SIGKILL.
-_KILL_GRACE = 3.0
 
 # Every live LocalClient, so that pickled handles can find their client again in this
 # process and so that no subprocess outlives the interpreter.
@@ -685,7 +683,7 @@ class LocalClient:
                 record.processes.append(proc)
                 cancelled = record.cancel.is_set()
             if cancelled:
-                _kill_group(proc)
+                kill_process_group(proc)
             assert proc.stdout is not None
             writer = record.logs.writer()
             for raw in proc.stdout:
@@ -696,9 +694,7 @@ class LocalClient:
             code = proc.wait()
             if code == 0:
                 return None
-            reason = f"exit code {code}"
-            if code < 0:
-                reason = f"killed by signal {signal.Signals(-code).name}"
+            reason = describe_exit(code)
             tail = "\n".join(record.logs.lines(5))
             return _Failure(f"{entry.command!r} {reason}; last output:\n{tail}", exit_code=code)
 
@@ -708,7 +704,7 @@ class LocalClient:
         with record.lock:
             processes = list(record.processes)
         for proc in processes:
-            _kill_group(proc)
+            kill_process_group(proc)
 
     def _terminate(self, record: _JobRecord) -> None:
         record.cancel.set()
@@ -803,25 +799,6 @@ class LocalClient:
         for record in records:
             if not record.status.finished:
                 self._terminate(record)
-
-
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM the process group now, SIGKILL it after a grace period if it is still there."""
-    if proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-
-    def escalate() -> None:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=_KILL_GRACE)
-        # The leader may be gone while children it started still hold the group.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-
-    threading.Thread(target=escalate, name=f"fray-kill-{proc.pid}", daemon=True).start()
 
 
 @atexit.register

@@ -363,12 +363,14 @@ CREATE TABLE jobs (
     attempt INTEGER NOT NULL DEFAULT 0,
     pending_reason TEXT NOT NULL DEFAULT '',
     error TEXT NOT NULL DEFAULT '',
+    label TEXT NOT NULL DEFAULT '',
     submitted_at REAL NOT NULL,
     started_at REAL,
     finished_at REAL
 );
 CREATE INDEX jobs_by_state ON jobs (state, seq);
 CREATE INDEX jobs_by_parent ON jobs (parent_id);
+CREATE INDEX jobs_by_label ON jobs (namespace, label, state);
 CREATE TABLE tasks (
     job_id TEXT NOT NULL,
     attempt INTEGER NOT NULL,
@@ -385,6 +387,7 @@ CREATE TABLE tasks (
     finished_at REAL,
     charged_until REAL,
     log_lines INTEGER NOT NULL DEFAULT 0,
+    failure BLOB,
     PRIMARY KEY (job_id, attempt, task_index)
 ) WITHOUT ROWID;
 CREATE INDEX tasks_by_state ON tasks (state);
@@ -855,13 +858,15 @@ class ClusterStore:
         max_retries_preemption: int = 100,
         parent_id: str | None = None,
         namespace: str | None = None,
+        label: str = "",
     ) -> JobRecord:
         """Record a new PENDING job with its first attempt's PENDING tasks; return it.
 
         The id is ``name-xxxx`` (``xxxx`` random hex), or ``<parent_id>/name-xxxx`` for
         a job submitted from inside job ``parent_id``. The namespace defaults to the
         parent's, and for a top-level job to its own id. ``request`` is stored as opaque
-        bytes (the pickled :class:`~fray.job.JobRequest`).
+        bytes (the pickled :class:`~fray.job.JobRequest`). ``label`` is a free tag (the
+        controller puts an actor's name there, see :meth:`live_job_with_label`).
         """
         validate_name(name)
         if not user:
@@ -891,8 +896,8 @@ class ClusterStore:
             self._ensure_user(cur, user, now)
             cur.execute(
                 f"INSERT INTO jobs (id, parent_id, name, user_name, namespace, request, state, replicas, {_RES_COLS}, "
-                "max_retries_failure, max_retries_preemption, submitted_at) "
-                "VALUES (?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "max_retries_failure, max_retries_preemption, submitted_at, label) "
+                "VALUES (?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     job_id,
                     parent_id,
@@ -905,6 +910,7 @@ class ClusterStore:
                     max_retries_failure,
                     max_retries_preemption,
                     now,
+                    label,
                 ),
             )
             job = self._job(cur, job_id)
@@ -1095,8 +1101,10 @@ class ClusterStore:
             )
             return True
 
-    def mark_task_exited(self, key: TaskKey, exit_code: int, now: float, error: str = "") -> Effects:
-        """The task's process exited with ``exit_code``.
+    def mark_task_exited(
+        self, key: TaskKey, exit_code: int, now: float, error: str = "", failure: bytes | None = None
+    ) -> Effects:
+        """The task's process exited with ``exit_code``; ``failure`` is an opaque report of why (kept for clients).
 
         0: the task SUCCEEDED, and the job too once all its tasks have. Anything else:
         the task FAILED and the gang is retried under the failure budget (or the job
@@ -1119,7 +1127,31 @@ class ClusterStore:
             else:
                 message = error or f"task {key.task_index} exited with code {exit_code}"
                 self._gang_fail(cur, job, task, TaskState.FAILED, now, fx, error=message, exit_code=exit_code)
+                if failure is not None:
+                    cur.execute(
+                        "UPDATE tasks SET failure = ? WHERE job_id = ? AND attempt = ? AND task_index = ?",
+                        (sqlite3.Binary(failure), key.job_id, key.attempt, key.task_index),
+                    )
             return fx.freeze()
+
+    def job_failure(self, job_id: str) -> bytes | None:
+        """The failure report of the job's most recently failed task, if any was given."""
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT failure FROM tasks WHERE job_id = ? AND failure IS NOT NULL "
+                "ORDER BY finished_at DESC, attempt DESC LIMIT 1",
+                (job_id,),
+            ).fetchone()
+        return None if row is None else bytes(row[0])
+
+    def live_job_with_label(self, namespace: str, label: str) -> str | None:
+        """The id of an unfinished job in ``namespace`` whose label is ``label``, if there is one."""
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT id FROM jobs WHERE namespace = ? AND label = ? AND state IN ('pending', 'running') LIMIT 1",
+                (namespace, label),
+            ).fetchone()
+        return None if row is None else str(row[0])
 
     def mark_task_lost(self, key: TaskKey, now: float, reason: str = "preempted") -> Effects:
         """The task was preempted or vanished: retry the gang under the preemption budget."""

@@ -1,0 +1,45 @@
+"""Stopping process trees: shared by every backend that runs jobs as processes."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+
+#: Seconds a process group gets to exit after SIGTERM before it is sent SIGKILL.
+KILL_GRACE = 3.0
+
+
+def kill_process_group(proc: subprocess.Popen[bytes], grace: float = KILL_GRACE) -> None:
+    """SIGTERM the process group led by ``proc`` now, SIGKILL it after ``grace`` seconds.
+
+    ``proc`` must have been started with ``start_new_session=True``. Returns at once;
+    the escalation runs on a daemon thread.
+    """
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+
+    def escalate() -> None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=grace)
+        # The leader may be gone while children it started still hold the group.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+    threading.Thread(target=escalate, name=f"fray-kill-{proc.pid}", daemon=True).start()
+
+
+def describe_exit(code: int) -> str:
+    """``exit code 3`` or ``killed by signal SIGKILL``."""
+    if code < 0:
+        try:
+            return f"killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"

@@ -1,0 +1,420 @@
+"""The ``fray://host:port`` backend: a :class:`~fray.client.Client` on a Fray cluster.
+
+Jobs are submitted to the controller; actors are jobs that serve an
+:class:`~fray.rpc.ActorServer` and register an endpoint, and handles reach them
+over the actor RPC layer directly (the controller is only asked where they are).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import getpass
+import os
+import threading
+import time
+import uuid
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from fray._runtime import check_terminated
+from fray.actor import ActorFuture, ActorGroup, check_actor_method
+from fray.client import ClientSpec
+from fray.cluster.controller import ControllerService
+from fray.cluster.messages import JobSpec, JobView, decode_failure
+from fray.cluster.worker import controller_client
+from fray.errors import ActorDiedError, ActorUnavailableError, ConfigError, FrayError, JobFailed
+from fray.job import Entrypoint, JobRequest, JobStatus, current_job, validate_name
+from fray.resources import ResourceConfig
+from fray.rpc import ActorClient, ActorServer, RpcOptions
+from fray.rpc.resolver import FixedResolver
+
+__all__ = ["ClusterActorHandle", "ClusterClient", "ClusterJobHandle", "load_token"]
+
+_TOKEN_FILE = Path.home() / ".config" / "fray" / "token"
+
+
+def load_token(token: str | bytes | None = None) -> bytes | None:
+    """The cluster token: the argument, else ``FRAY_TOKEN``, else ``~/.config/fray/token``."""
+    if token is not None:
+        return token.encode() if isinstance(token, str) else token
+    if os.environ.get("FRAY_TOKEN"):
+        return os.environ["FRAY_TOKEN"].encode()
+    try:
+        return _TOKEN_FILE.read_text().strip().encode() or None
+    except OSError:
+        return None
+
+
+# One controller connection per (address, token) per process, shared by every handle.
+_connections: dict[tuple[str, bytes | None], ActorClient[ControllerService]] = {}
+_connections_lock = threading.Lock()
+
+
+def _controller(address: str, token: bytes | None) -> ActorClient[ControllerService]:
+    with _connections_lock:
+        client = _connections.get((address, token))
+        if client is None:
+            client = controller_client(address, token)
+            _connections[(address, token)] = client
+        return client
+
+
+def _raise_for(view: JobView) -> None:
+    if view.state != JobStatus.FAILED:
+        return
+    if view.failure is not None:
+        cause, text = decode_failure(view.failure)
+        raise JobFailed(
+            view.job_id, f"{type(cause).__name__}: {cause} ({view.error})", cause=cause, traceback_text=text
+        )
+    exit_code = None
+    marker = "exit code "
+    if marker in view.error:
+        digits = view.error.split(marker, 1)[1].split()[0].strip("():;,")
+        exit_code = int(digits) if digits.lstrip("-").isdigit() else None
+    raise JobFailed(view.job_id, view.error or "failed", exit_code=exit_code)
+
+
+class ClusterJobHandle:
+    """A job on a Fray cluster. Picklable: it keeps the controller address and job id."""
+
+    def __init__(self, address: str, job_id: str, token: bytes | None = None) -> None:
+        self._address = address
+        self._job_id = job_id
+        self._token = token if token is not None else load_token()
+        self._controller = _controller(address, self._token)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (ClusterJobHandle, (self._address, self._job_id))
+
+    def __repr__(self) -> str:
+        return f"ClusterJobHandle({self._job_id!r} at {self._address})"
+
+    @property
+    def job_id(self) -> str:
+        """The job's id: ``{name}-{hex}``, prefixed by the parent's id for child jobs."""
+        return self._job_id
+
+    def view(self) -> JobView:
+        """Everything the controller knows about the job."""
+        view: JobView = self._controller.job(self._job_id)
+        return view
+
+    def status(self) -> JobStatus:
+        """The job's current status."""
+        return self.view().state
+
+    def wait(self, timeout: float | None = None, *, raise_on_failure: bool = True) -> JobStatus:
+        """Block until the job finished (and its killed processes are gone); raise JobFailed on failure."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            remaining = 10.0 if deadline is None else max(0.0, deadline - time.monotonic())
+            view: JobView = self._controller.wait([self._job_id], min(remaining, 10.0))[0]
+            if view.state.finished and view.settled:
+                if raise_on_failure:
+                    _raise_for(view)
+                return view.state
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"job {self._job_id!r} still {view.state.value} after {timeout}s")
+
+    def terminate(self) -> None:
+        """Stop the job's tasks (and its child jobs) on every worker."""
+        self._controller.terminate(self._job_id)
+
+    def logs(self, max_lines: int | None = None) -> list[str]:
+        """The job's output lines, all replicas and attempts, in arrival order."""
+        return [line for _, line in self._controller.logs(self._job_id, max_lines)]
+
+    def pending_reason(self) -> str:
+        """Why the job is not running yet ("" once it runs)."""
+        return self.view().pending_reason
+
+
+def _host_actor(actor_class: type, args: tuple[Any, ...], kwargs: dict[str, Any], name: str) -> None:
+    """The entrypoint of an actor's job: build the actor, serve it, register the endpoint, serve forever."""
+    from fray.cluster.store import TaskKey
+
+    info = current_job()
+    assert info is not None, "actor jobs run inside a Fray cluster task"
+    instance = actor_class(*args, **kwargs)  # raising here fails the job: callers see ActorDiedError
+    host = os.environ.get("FRAY_ADVERTISE_HOST", "127.0.0.1")
+    server = ActorServer(host=os.environ.get("FRAY_BIND_HOST", host), port=0, namespace=info.namespace)
+    server.register(name, instance)
+    server.start()
+    address = os.environ["FRAY_CLIENT_SPEC"].removeprefix("fray://")
+    key = TaskKey(info.job_id, int(os.environ.get("FRAY_TASK_INDEX", "0")), info.attempt)
+    _controller(address, load_token()).register_endpoint(info.namespace, name, server.url(name), key)
+    threading.Event().wait()  # until the job is terminated
+
+
+class _ClusterActorMethod:
+    def __init__(self, handle: ClusterActorHandle, name: str) -> None:
+        self._handle = handle
+        self._name = name
+
+    def remote(self, *args: Any, **kwargs: Any) -> ActorFuture:
+        """Start the call; the future fails with ActorDiedError if the actor is gone."""
+        check_terminated()
+        return self._handle._call(self._name, args, kwargs)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Make the call and wait for its result."""
+        return self.remote(*args, **kwargs).result()
+
+
+class ClusterActorHandle:
+    """A deferred handle on an actor hosted by a cluster job.
+
+    Calls made before the actor serves are queued and sent, in order, once it does.
+    Picklable: it keeps the controller address, namespace, name, job id and class.
+    """
+
+    def __init__(
+        self, address: str, namespace: str, name: str, job_id: str, cls: type, token: bytes | None = None
+    ) -> None:
+        self._address = address
+        self._namespace = namespace
+        self._name = name
+        self._job_id = job_id
+        self._cls = cls
+        self._token = token if token is not None else load_token()
+        self._lock = threading.Lock()
+        self._ready: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._rpc: ActorClient[Any] | None = None
+        self._queued: list[tuple[ActorFuture, str, tuple[Any, ...], dict[str, Any]]] = []
+        self._watching = False
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (ClusterActorHandle, (self._address, self._namespace, self._name, self._job_id, self._cls))
+
+    def __repr__(self) -> str:
+        return f"ClusterActorHandle({self._name!r}, {self._cls.__name__}, namespace={self._namespace!r})"
+
+    def __getattr__(self, method_name: str) -> _ClusterActorMethod:
+        check_actor_method(self._cls, method_name)
+        return _ClusterActorMethod(self, method_name)
+
+    def _fray_ready(self) -> concurrent.futures.Future[None]:
+        self._watch()
+        return self._ready
+
+    def _watch(self) -> None:
+        with self._lock:
+            if self._watching:
+                return
+            self._watching = True
+        threading.Thread(target=self._wait_until_served, name=f"fray-actor-wait-{self._name}", daemon=True).start()
+
+    def _wait_until_served(self) -> None:
+        controller = _controller(self._address, self._token)
+        while True:
+            try:
+                state, detail, view = controller.wait_actor(self._namespace, self._name, self._job_id, 10.0)
+            except FrayError as exc:
+                self._settle(
+                    None, ActorUnavailableError(f"cannot reach the controller for actor {self._name!r}: {exc}")
+                )
+                return
+            if state == "ready":
+                resolver = FixedResolver({self._name: detail}, namespace=self._namespace)
+                self._settle(ActorClient(resolver, self._name, RpcOptions(), token=self._token), None)
+                return
+            if state == "dead":
+                self._settle(None, self._death(view))
+                return
+
+    def _death(self, view: JobView) -> ActorDiedError:
+        death = ActorDiedError(
+            f"actor {self._name!r} is dead: its job {view.job_id!r} {view.state.value}: {view.error}"
+        )
+        if view.failure is not None:
+            death.__cause__ = decode_failure(view.failure)[0]
+        return death
+
+    def _settle(self, rpc: ActorClient[Any] | None, error: BaseException | None) -> None:
+        with self._lock:
+            self._rpc = rpc
+            queued, self._queued = self._queued, []
+        if error is not None:
+            self._ready.set_exception(error)
+            for future, *_ in queued:
+                future.set_exception(_copy_died(error))
+            return
+        self._ready.set_result(None)
+        for future, method, args, kwargs in queued:
+            self._send(future, method, args, kwargs)
+
+    def _call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ActorFuture:
+        future = ActorFuture()
+        with self._lock:
+            if not self._ready.done():
+                self._queued.append((future, method, args, kwargs))
+                queue_it = True
+            else:
+                queue_it = False
+        if queue_it:
+            self._watch()
+            return future
+        if self._ready.exception() is not None:
+            future.set_exception(_copy_died(self._ready.exception()))
+            return future
+        self._send(future, method, args, kwargs)
+        return future
+
+    def _send(self, future: ActorFuture, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        assert self._rpc is not None
+        inner = getattr(self._rpc, method).remote(*args, **kwargs)
+
+        def relay(done: concurrent.futures.Future[Any]) -> None:
+            error = done.exception()
+            if error is None:
+                future.set_result(done.result())
+            elif isinstance(error, ActorUnavailableError):
+                future.set_exception(self._explain_unavailable(error))
+            else:
+                future.set_exception(error)
+
+        inner.add_done_callback(relay)
+
+    def _explain_unavailable(self, error: ActorUnavailableError) -> BaseException:
+        # The connection broke: if the actor's job has ended, say the actor died.
+        try:
+            view: JobView = _controller(self._address, self._token).job(self._job_id)
+        except FrayError:
+            return error
+        if view.state.finished:
+            death = self._death(view)
+            death.__context__ = error
+            return death
+        return error
+
+
+def _copy_died(error: BaseException | None) -> BaseException:
+    if isinstance(error, ActorDiedError):
+        copy = ActorDiedError(*error.args)
+        copy.__cause__ = error.__cause__
+        return copy
+    return error if error is not None else ActorDiedError("actor is dead")
+
+
+class ClusterClient:
+    """A client of the Fray cluster whose controller is at ``address`` (``host:port``).
+
+    The token comes from ``token``, ``FRAY_TOKEN`` or ``~/.config/fray/token``. Inside a
+    cluster job the client submits child jobs of that job, in its namespace.
+    """
+
+    def __init__(
+        self, address: str, *, token: str | bytes | None = None, namespace: str | None = None, user: str | None = None
+    ) -> None:
+        self.address = address
+        self._token = load_token(token)
+        self._controller = _controller(address, self._token)
+        self.user = user or os.environ.get("FRAY_USER") or getpass.getuser()
+        inside = os.environ.get("FRAY_CLIENT_SPEC", "") == f"fray://{address}" and bool(os.environ.get("FRAY_JOB_ID"))
+        self._parent = os.environ["FRAY_JOB_ID"] if inside else None
+        self.namespace = (
+            namespace or (os.environ.get("FRAY_NAMESPACE") if inside else None) or f"{self.user}-{uuid.uuid4().hex[:8]}"
+        )
+        self._owned: list[tuple[str, bool]] = []  # (job id, is actor)
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @classmethod
+    def from_spec(cls, spec: ClientSpec) -> ClusterClient:
+        """Build from ``fray://host:port[?namespace=NAME&user=NAME]``."""
+        if spec.address is None:
+            raise spec.invalid("fray:// needs the controller's HOST:PORT")
+        unknown = set(spec.options) - {"namespace", "user"}
+        if unknown:
+            raise spec.invalid(f"unknown option(s) {sorted(unknown)} for fray://")
+        return cls(spec.address, namespace=spec.options.get("namespace"), user=spec.options.get("user"))
+
+    def __repr__(self) -> str:
+        return f"ClusterClient({self.address!r}, namespace={self.namespace!r})"
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`shutdown` was called."""
+        return self._closed
+
+    def __enter__(self) -> ClusterClient:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.shutdown(wait=exc_type is None)
+
+    def _submit(self, spec: JobSpec, is_actor: bool) -> ClusterJobHandle:
+        if self._closed:
+            raise FrayError("this ClusterClient is shut down; create a new one")
+        view: JobView = self._controller.submit(spec, user=self.user, parent_id=self._parent, namespace=self.namespace)
+        with self._lock:
+            self._owned.append((view.job_id, is_actor))
+        return ClusterJobHandle(self.address, view.job_id, self._token)
+
+    def submit(self, request: JobRequest) -> ClusterJobHandle:
+        """Submit a job to the cluster; returns at once."""
+        check_terminated()
+        if not isinstance(request, JobRequest):
+            raise ConfigError(f"submit() takes a JobRequest, got {type(request).__name__}")
+        return self._submit(JobSpec.from_request(request), is_actor=False)
+
+    def create_actor(
+        self,
+        actor_class: type,
+        *args: Any,
+        name: str,
+        resources: ResourceConfig = ResourceConfig(),  # noqa: B008 - frozen, so sharing the default is safe
+        **kwargs: Any,
+    ) -> ClusterActorHandle:
+        """Start the actor as a job on the cluster; the handle works at once (calls wait until it serves)."""
+        check_terminated()
+        validate_name(name, "actor name")
+        if not isinstance(actor_class, type):
+            raise ConfigError(f"create_actor needs a class, got {type(actor_class).__name__}: {actor_class!r}")
+        request = JobRequest(
+            name=name,
+            entrypoint=Entrypoint.from_callable(_host_actor, args=(actor_class, args, kwargs, name)),
+            resources=resources,
+        )
+        job = self._submit(JobSpec.from_request(request, actor_name=name), is_actor=True)
+        handle = ClusterActorHandle(self.address, self.namespace, name, job.job_id, actor_class, self._token)
+        handle._watch()
+        return handle
+
+    def create_actor_group(
+        self,
+        actor_class: type,
+        *args: Any,
+        name: str,
+        count: int,
+        resources: ResourceConfig = ResourceConfig(),  # noqa: B008
+        **kwargs: Any,
+    ) -> ActorGroup:
+        """Start ``count`` actors ``{name}-0`` ... ``{name}-{count-1}``, each its own job."""
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise ConfigError(f"create_actor_group(count={count!r}) must be a whole number >= 1")
+        handles = [
+            self.create_actor(actor_class, *args, name=f"{name}-{i}", resources=resources, **kwargs)
+            for i in range(count)
+        ]
+        jobs = [ClusterJobHandle(self.address, h._job_id, self._token) for h in handles]
+        return ActorGroup(handles, jobs)
+
+    def shutdown(self, wait: bool = True) -> None:
+        """Stop this client's actors (and, unless ``wait``, its running jobs); refuse new work."""
+        self._closed = True
+        with self._lock:
+            owned = list(self._owned)
+        for job_id, is_actor in owned:
+            handle = ClusterJobHandle(self.address, job_id, self._token)
+            try:
+                if wait and not is_actor:
+                    handle.wait(raise_on_failure=False)
+                else:
+                    handle.terminate()
+            except FrayError:
+                pass  # a controller that went away has nothing left to stop for us

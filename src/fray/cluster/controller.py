@@ -1,0 +1,441 @@
+"""The cluster controller: durable state, scheduling, and the API workers and clients call.
+
+:class:`ControllerService` is a plain object served by the actor RPC layer (one
+transport, one authentication path for workers, clients and resolvers).
+:class:`Controller` wires it to an :class:`~fray.rpc.ActorServer` and a
+:class:`~fray.cluster.store.ClusterStore`.
+
+Workers *pull*: a long-poll (:meth:`ControllerService.poll`) returns as soon as
+there is something for the worker to do, and reports travel on their own calls,
+so a task starts and ends within milliseconds without any periodic tick.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from fray.cluster.messages import JobSpec, JobView, TaskAssignment, WorkerCommands, WorkerReport
+from fray.cluster.scheduler import TaskResources, WorkerInfo, schedule
+from fray.cluster.store import (
+    ClusterStore,
+    Effects,
+    Endpoint,
+    JobRecord,
+    NotFound,
+    TaskKey,
+    TaskRecord,
+    TaskState,
+    WorkerRecord,
+)
+from fray.errors import FrayError, JobAlreadyExists
+from fray.job import JobStatus
+from fray.rpc import ActorServer
+from fray.rpc.registry import REGISTRY_ACTOR_NAME, SYSTEM_NAMESPACE, EndpointRegistry
+
+__all__ = ["CONTROLLER_ACTOR", "Controller", "ControllerService"]
+
+logger = logging.getLogger(__name__)
+
+#: The actor name (in the system namespace) under which the controller serves its API.
+CONTROLLER_ACTOR = "fray-controller"
+
+# Calls that may block (worker long-polls, client waits) each hold a server thread.
+_MAX_CONCURRENCY = 512
+
+
+@dataclass
+class _Outbox:
+    """Commands waiting for one worker's next poll."""
+
+    start: list[TaskAssignment] = field(default_factory=list)
+    kill: list[TaskKey] = field(default_factory=list)
+
+
+class ControllerService:
+    """Everything the controller does, as methods: served over RPC as :data:`CONTROLLER_ACTOR`."""
+
+    def __init__(
+        self,
+        store: ClusterStore,
+        *,
+        worker_timeout: float = 10.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._store = store
+        self._worker_timeout = worker_timeout
+        self._clock = clock
+        self._lock = threading.Lock()
+        # Notified whenever a job or endpoint changes, for clients' long-polls.
+        self._changed = threading.Condition(self._lock)
+        self._outboxes: dict[str, _Outbox] = {}
+        self._outbox_ready = threading.Condition(self._lock)
+        # Kill orders sent but not yet confirmed by the worker: a terminated job is not
+        # "settled" (its processes may still run) until they are.
+        self._unconfirmed_kills: dict[TaskKey, str] = {}
+        self._specs: dict[str, JobSpec] = {}
+        self._kick = threading.Event()
+        self._stopping = threading.Event()
+        self._scheduler: threading.Thread | None = None
+        # Endpoints of servers that are not Fray tasks (registered through the registry API).
+        self._external = EndpointRegistry()
+
+    # ----- lifecycle ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the scheduling loop (after a restart, workers get a full timeout to reconnect)."""
+        self._store.refresh_heartbeats(self._clock())
+        self._scheduler = threading.Thread(target=self._schedule_loop, name="fray-scheduler", daemon=True)
+        self._scheduler.start()
+
+    def stop(self) -> None:
+        """Stop the scheduling loop and wake every waiter."""
+        self._stopping.set()
+        self._kick.set()
+        with self._lock:
+            self._changed.notify_all()
+            self._outbox_ready.notify_all()
+        if self._scheduler is not None:
+            self._scheduler.join(timeout=5)
+
+    # ----- scheduling ---------------------------------------------------------------------------
+
+    def _schedule_loop(self) -> None:
+        last_accrual = 0.0
+        while not self._stopping.is_set():
+            self._kick.wait(timeout=min(1.0, self._worker_timeout / 4))
+            self._kick.clear()
+            if self._stopping.is_set():
+                return
+            try:
+                now = self._clock()
+                self._apply(self._store.expire_workers(now, self._worker_timeout))
+                if now - last_accrual >= 5.0:
+                    self._store.accrue_credits(now)
+                    last_accrual = now
+                self.schedule_once(now)
+            except Exception:  # the loop must survive anything one pass hits
+                logger.exception("scheduling pass failed")
+
+    def schedule_once(self, now: float | None = None) -> list[TaskRecord]:
+        """Run one scheduling pass and send the assigned tasks to their workers."""
+        now = self._clock() if now is None else now
+        snapshot = self._store.scheduler_input()
+        if not snapshot.pending:
+            return []
+        decision = schedule(snapshot.pending, snapshot.workers, snapshot.running, snapshot.credits, now=now)
+        assigned = self._store.apply_decision(decision, now)
+        if assigned:
+            assignments = [self._assignment(task) for task in assigned]
+            with self._lock:
+                for task, assignment in zip(assigned, assignments, strict=True):
+                    assert task.worker_id is not None
+                    self._outboxes.setdefault(task.worker_id, _Outbox()).start.append(assignment)
+                self._outbox_ready.notify_all()
+                self._changed.notify_all()
+        return assigned
+
+    def _spec(self, job_id: str) -> JobSpec:
+        spec = self._specs.get(job_id)
+        if spec is None:
+            spec = pickle.loads(self._store.job_request(job_id))
+            self._specs[job_id] = spec
+        return spec
+
+    def _assignment(self, task: TaskRecord) -> TaskAssignment:
+        job = self._store.get_job(task.job_id)
+        return TaskAssignment(
+            key=task.key,
+            job_name=job.name,
+            namespace=job.namespace,
+            replica_index=task.replica_index,
+            replica_count=job.replicas,
+            host_index=task.host_index,
+            spec=self._spec(task.job_id),
+        )
+
+    def _apply(self, effects: Effects) -> None:
+        """Act on what a state change caused: send kills, wake waiters and the scheduler."""
+        if not effects.applied:
+            return
+        with self._lock:
+            for order in effects.kill:
+                self._outboxes.setdefault(order.worker_id, _Outbox()).kill.append(order.task)
+                self._unconfirmed_kills[order.task] = order.worker_id
+            for worker_id in effects.lost_workers:
+                # Nothing can be confirmed by a worker that is gone.
+                self._outboxes.pop(worker_id, None)
+                for key in [k for k, w in self._unconfirmed_kills.items() if w == worker_id]:
+                    del self._unconfirmed_kills[key]
+            if effects.kill:
+                self._outbox_ready.notify_all()
+            if effects.finished or effects.retried or effects.kill:
+                self._changed.notify_all()
+        if effects.finished or effects.retried or effects.lost_workers or effects.kill:
+            self._kick.set()
+
+    # ----- workers ------------------------------------------------------------------------------
+
+    def register_worker(self, info: WorkerInfo, address: str, running: list[TaskKey]) -> WorkerCommands:
+        """A worker (re)joins with the tasks it runs; returns what it must start and kill now."""
+        now = self._clock()
+        effects = self._store.register_worker(info, address, now, running)
+        self._apply(effects)
+        reported = set(running)
+        # Assignments made before a controller restart (or lost with a broken poll) are resent.
+        start = [
+            self._assignment(task)
+            for task in self._store.tasks_on_worker(info.worker_id)
+            if task.state == TaskState.ASSIGNED and task.key not in reported
+        ]
+        with self._lock:
+            outbox = self._outboxes.pop(info.worker_id, _Outbox())
+        kill = [o.task for o in effects.kill if o.worker_id == info.worker_id] + outbox.kill
+        self._kick.set()
+        return WorkerCommands(start=tuple(start), kill=tuple(dict.fromkeys(kill)))
+
+    def poll(self, worker_id: str, wait: float = 1.0) -> WorkerCommands:
+        """Long-poll: return the worker's next commands as soon as there are any (or after ``wait`` s)."""
+        if not self._store.heartbeat(worker_id, self._clock()):
+            return WorkerCommands(reregister=True)
+        deadline = time.monotonic() + min(max(wait, 0.0), 30.0)
+        with self._lock:
+            while True:
+                outbox = self._outboxes.get(worker_id)
+                if outbox is not None and (outbox.start or outbox.kill):
+                    del self._outboxes[worker_id]
+                    return WorkerCommands(start=tuple(outbox.start), kill=tuple(outbox.kill))
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self._stopping.is_set():
+                    return WorkerCommands()
+                self._outbox_ready.wait(remaining)
+
+    def report(self, worker_id: str, report: WorkerReport) -> bool:
+        """Apply a worker's report; False tells the worker to register again."""
+        now = self._clock()
+        effects: list[Effects] = []
+        with self._store.batch():
+            alive = self._store.heartbeat(worker_id, now)
+            for key in report.started:
+                self._store.mark_task_running(key, now)
+            for key, lines in report.logs:
+                self._store.append_logs(key, lines)
+            for exit_ in report.exited:
+                effects.append(
+                    self._store.mark_task_exited(exit_.key, exit_.exit_code, now, exit_.error, exit_.failure)
+                )
+        for effect in effects:
+            self._apply(effect)
+        if report.exited:
+            with self._lock:
+                for exit_ in report.exited:
+                    self._unconfirmed_kills.pop(exit_.key, None)
+                self._changed.notify_all()
+        if report.started:
+            with self._lock:
+                self._changed.notify_all()
+        return alive
+
+    # ----- clients: jobs ------------------------------------------------------------------------
+
+    def submit(
+        self, spec: JobSpec, *, user: str, parent_id: str | None = None, namespace: str | None = None
+    ) -> JobView:
+        """Record a new job; it is scheduled at once if it fits."""
+        if not isinstance(spec, JobSpec):
+            raise FrayError(f"submit() takes a JobSpec, got {type(spec).__name__}")
+        now = self._clock()
+        if parent_id is not None:
+            try:
+                parent = self._store.get_job(parent_id)
+            except NotFound:
+                raise FrayError(f"parent job {parent_id!r} is not known to this controller") from None
+            namespace = namespace or parent.namespace
+        with self._lock:  # makes the unique-actor-name check and the insert one step
+            if spec.actor_name and namespace is not None:
+                holder = self._store.live_job_with_label(namespace, spec.actor_name)
+                if holder is not None:
+                    raise JobAlreadyExists(
+                        f"an actor named {spec.actor_name!r} is already live in namespace {namespace!r} "
+                        f"(job {holder!r}); terminate it first or pick another name"
+                    )
+            record = self._store.submit_job(
+                name=spec.name,
+                user=user,
+                request=pickle.dumps(spec),
+                resources=TaskResources.from_config(spec.resources),
+                now=now,
+                replicas=spec.replicas,
+                max_retries_failure=spec.max_retries_failure,
+                max_retries_preemption=spec.max_retries_preemption,
+                parent_id=parent_id,
+                namespace=namespace,
+                label=spec.actor_name,
+            )
+            self._specs[record.job_id] = spec
+        self._kick.set()
+        return self._view(record)
+
+    def _view(self, job: JobRecord) -> JobView:
+        failure = self._store.job_failure(job.job_id) if job.state == JobStatus.FAILED else None
+        with self._lock:
+            settled = not any(key.job_id == job.job_id for key in self._unconfirmed_kills)
+        return JobView(
+            job_id=job.job_id,
+            name=job.name,
+            namespace=job.namespace,
+            state=job.state,
+            attempt=job.attempt,
+            pending_reason=job.pending_reason,
+            error=job.error,
+            failure=failure,
+            settled=settled,
+            parent_id=job.parent_id,
+            user=job.user,
+            submitted_at=job.submitted_at,
+            finished_at=job.finished_at,
+            replicas=job.replicas,
+        )
+
+    def job(self, job_id: str) -> JobView:
+        """The job's current state; raises NotFound."""
+        return self._view(self._store.get_job(job_id))
+
+    def wait(self, job_ids: list[str], timeout: float = 10.0, *, any_finished: bool = True) -> list[JobView]:
+        """Block until one (``any_finished``) or all of ``job_ids`` are finished and settled, or ``timeout``."""
+        deadline = time.monotonic() + min(max(timeout, 0.0), 60.0)
+        while True:
+            views = [self.job(job_id) for job_id in job_ids]
+            done = [v.state.finished and v.settled for v in views]
+            if (any(done) if any_finished else all(done)) or not views:
+                return views
+            with self._lock:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self._stopping.is_set():
+                    return views
+                # Re-check under the lock would need the store lock too; a bounded wait keeps it simple.
+                self._changed.wait(min(remaining, 0.5))
+
+    def terminate(self, job_id: str, reason: str = "terminated") -> JobView:
+        """Stop the job, its tasks and its descendants."""
+        self._apply(self._store.terminate_job(job_id, self._clock(), reason))
+        return self.job(job_id)
+
+    def logs(self, job_id: str, last: int | None = None, after_id: int = 0) -> list[tuple[int, str]]:
+        """The job's output lines as ``(line_id, text)``; ``after_id`` to follow new output."""
+        return [(line.line_id, line.line) for line in self._store.read_logs(job_id, after_id=after_id, last=last)]
+
+    def list_jobs(self, states: list[str] | None = None) -> list[JobView]:
+        """All jobs (optionally only those in ``states``), oldest first."""
+        wanted = None if states is None else [JobStatus(s) for s in states]
+        return [self._view(job) for job in self._store.list_jobs(states=wanted)]
+
+    def tasks(self, job_id: str) -> list[TaskRecord]:
+        """The tasks of the job's current attempt, with pending reasons."""
+        return self._store.get_tasks(job_id)
+
+    def list_workers(self) -> list[WorkerRecord]:
+        """Every worker the controller knows, alive or lost."""
+        return self._store.list_workers()
+
+    # ----- endpoints ----------------------------------------------------------------------------
+
+    def register_endpoint(self, namespace: str, name: str, url: str, task: TaskKey) -> bool:
+        """A running task serves ``name`` at ``url``; it disappears when the task ends."""
+        ok = self._store.register_endpoint(namespace, name, url, task, self._clock())
+        with self._lock:
+            self._changed.notify_all()
+        return ok
+
+    def list_endpoints(self, namespace: str | None = None) -> list[Endpoint]:
+        """Endpoints of ``namespace`` (every namespace if None)."""
+        if namespace is not None:
+            return self._store.list_endpoints(namespace)
+        namespaces = {job.namespace for job in self._store.list_jobs(states=[JobStatus.RUNNING])}
+        return [e for ns in sorted(namespaces) for e in self._store.list_endpoints(ns)]
+
+    def wait_actor(self, namespace: str, name: str, job_id: str, timeout: float = 10.0) -> tuple[str, str, JobView]:
+        """Wait until actor ``name`` (hosted by ``job_id``) is served or its job ended.
+
+        Returns ``("ready", url, view)``, ``("dead", reason, view)`` or ``("pending", reason, view)``
+        when ``timeout`` passed first.
+        """
+        deadline = time.monotonic() + min(max(timeout, 0.0), 60.0)
+        while True:
+            view = self.job(job_id)
+            if view.state.finished:
+                return "dead", view.error or view.state.value, view
+            for endpoint in self._store.list_endpoints(namespace, prefix=name):
+                if endpoint.name == name and endpoint.task.job_id == job_id:
+                    return "ready", endpoint.address, view
+            with self._lock:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self._stopping.is_set():
+                    return "pending", view.pending_reason or view.state.value, view
+                self._changed.wait(min(remaining, 0.5))
+
+    # The endpoint-registry API, so that a plain ClusterResolver can find task-hosted actors too.
+
+    def resolve(self, namespace: str, name: str) -> list[str]:
+        """URLs serving ``name`` in ``namespace`` (task endpoints first, then external servers)."""
+        urls = [e.address for e in self._store.list_endpoints(namespace, prefix=name) if e.name == name]
+        return urls or self._external.resolve(namespace, name)
+
+    def register(self, namespace: str, name: str, url: str) -> None:
+        """Register a server that is not a Fray task (it is forgotten when the controller restarts)."""
+        self._external.register(namespace, name, url)
+
+    def unregister(self, namespace: str, name: str, url: str) -> None:
+        """Forget an external server's endpoint."""
+        self._external.unregister(namespace, name, url)
+
+    def list(self, namespace: str) -> dict[str, str]:
+        """``name -> url`` of every endpoint in ``namespace``."""
+        found = self._external.list(namespace)
+        found.update({e.name: e.address for e in self._store.list_endpoints(namespace)})
+        return found
+
+
+class Controller:
+    """A running controller: the store at ``db_path`` served on ``host:port``.
+
+    The token (default ``FRAY_TOKEN``) is required of every worker, client and
+    resolver before any request is decoded.
+    """
+
+    def __init__(
+        self,
+        db_path: str,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        token: str | bytes | None = None,
+        worker_timeout: float = 10.0,
+        advertise_host: str | None = None,
+    ) -> None:
+        self.store = ClusterStore(db_path)
+        self.service = ControllerService(self.store, worker_timeout=worker_timeout)
+        self.server = ActorServer(host, port, token, namespace=SYSTEM_NAMESPACE, advertise_host=advertise_host)
+        self.server.register(CONTROLLER_ACTOR, self.service, max_concurrency=_MAX_CONCURRENCY)
+        self.server.register(REGISTRY_ACTOR_NAME, self.service, max_concurrency=64)
+
+    @property
+    def address(self) -> str:
+        """``host:port`` of the controller."""
+        return self.server.address
+
+    def start(self) -> Controller:
+        """Serve in background threads."""
+        self.service.start()
+        self.server.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving and close the store."""
+        self.service.stop()
+        self.server.stop()
+        self.store.close()

@@ -1,0 +1,148 @@
+"""Start a controller and workers on this machine as real processes (``fray cluster up``, tests)."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from fray.cluster.worker import controller_client
+from fray.errors import FrayError
+
+__all__ = ["LocalCluster"]
+
+
+class LocalCluster:
+    """A controller plus workers, each its own process, state and logs under ``directory``.
+
+    The controller binds 127.0.0.1 and requires ``token`` (a fresh random one by
+    default); ``env`` is added to every process's environment (and so to its tasks'). Processes are started detached (own session) so that tests can kill
+    them with SIGKILL one by one, as a machine failure would.
+    """
+
+    def __init__(
+        self,
+        directory: str | Path,
+        *,
+        token: str | None = None,
+        port: int = 0,
+        worker_timeout: float = 10.0,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.extra_env = dict(env or {})
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.token = token or secrets.token_hex(16)
+        self.port = port
+        self.worker_timeout = worker_timeout
+        self.controller: subprocess.Popen[bytes] | None = None
+        self.workers: dict[str, subprocess.Popen[bytes]] = {}
+        self.address = ""
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The environment a client needs: the token and the client spec."""
+        return {"FRAY_TOKEN": self.token, "FRAY_CLIENT_SPEC": f"fray://{self.address}"}
+
+    def _spawn(self, args: list[str], log_name: str) -> subprocess.Popen[bytes]:
+        env = {**os.environ, **self.extra_env, "FRAY_TOKEN": self.token, "PYTHONUNBUFFERED": "1"}
+        env.pop("FRAY_CLIENT_SPEC", None)
+        log = open(self.directory / log_name, "ab")  # noqa: SIM115 - handed to the child
+        try:
+            return subprocess.Popen(
+                [sys.executable, "-m", "fray.cli", *args],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+            )
+        finally:
+            log.close()
+
+    def start_controller(self, timeout: float = 30.0) -> str:
+        """Start (or restart, on the same port) the controller; return its address."""
+        address_file = self.directory / "controller.address"
+        address_file.unlink(missing_ok=True)
+        args = [
+            "controller", "--port", str(self.port), "--db", str(self.directory / "controller.db"),
+            "--address-file", str(address_file), "--worker-timeout", str(self.worker_timeout),
+        ]
+        self.controller = self._spawn(args, "controller.log")
+        deadline = time.monotonic() + timeout
+        while not address_file.exists():
+            if self.controller.poll() is not None:
+                raise FrayError(f"the controller exited with {self.controller.returncode}; see {self.directory / 'controller.log'}")
+            if time.monotonic() > deadline:
+                raise FrayError(f"the controller did not start within {timeout}s; see {self.directory / 'controller.log'}")
+            time.sleep(0.005)
+        self.address = address_file.read_text().strip()
+        self.port = int(self.address.rsplit(":", 1)[1])
+        return self.address
+
+    def add_worker(self, worker_id: str, *extra: str) -> subprocess.Popen[bytes]:
+        """Start a worker process (``extra``: more ``fray worker`` options such as ``--cpu 2``)."""
+        args = ["worker", "--controller", self.address, "--id", worker_id, "--workdir", str(self.directory / worker_id), *extra]
+        proc = self._spawn(args, f"{worker_id}.log")
+        self.workers[worker_id] = proc
+        return proc
+
+    def wait_for_workers(self, count: int, timeout: float = 30.0) -> None:
+        """Block until ``count`` workers are registered and alive."""
+        client = controller_client(self.address, self.token)
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                alive = [w for w in client.list_workers() if w.info.alive]
+                if len(alive) >= count:
+                    return
+                if time.monotonic() > deadline:
+                    raise FrayError(f"only {len(alive)} of {count} workers registered after {timeout}s")
+                time.sleep(0.01)
+        finally:
+            client.close()
+
+    def start(self, workers: int = 2, *worker_args: str, timeout: float = 30.0) -> LocalCluster:
+        """Start the controller and ``workers`` workers and wait until they are all registered."""
+        self.start_controller(timeout)
+        for i in range(workers):
+            self.add_worker(f"worker-{i}", *worker_args)
+        self.wait_for_workers(workers, timeout)
+        return self
+
+    def kill_controller(self) -> None:
+        """SIGKILL the controller, as a crash would."""
+        if self.controller is not None and self.controller.poll() is None:
+            self.controller.kill()
+            self.controller.wait()
+
+    def kill_worker(self, worker_id: str) -> None:
+        """SIGKILL one worker, as a machine failure would (its tasks die with it)."""
+        proc = self.workers[worker_id]
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+    def stop(self) -> None:
+        """Stop every process: workers first (they kill their tasks), then the controller."""
+        procs = [*self.workers.values(), *([self.controller] if self.controller else [])]
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for proc in procs:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    def __enter__(self) -> LocalCluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,335 @@
+"""The worker daemon: registers with the controller, runs tasks as processes, reports back.
+
+Three loops: the *command* loop long-polls the controller and starts or kills
+tasks; the *report* loop sends task starts, exits and log lines as soon as there
+are any (and a heartbeat when there are none); one thread per task reads its
+output and waits for it to exit. When the controller goes away, tasks keep
+running and the worker reconnects, re-registers with the tasks it still runs, and
+obeys the controller's verdict on each (kill the ones it no longer wants).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fray._process import describe_exit, kill_process_group
+from fray.cluster.controller import CONTROLLER_ACTOR, ControllerService
+from fray.cluster.messages import TaskAssignment, TaskExit, WorkerCommands, WorkerReport
+from fray.cluster.scheduler import Device, WorkerInfo
+from fray.cluster.store import TaskKey
+from fray.errors import FrayError
+from fray.job import JobInfo, job_env
+from fray.rpc import ActorClient, FixedResolver, RpcOptions
+from fray.rpc.namespace import default_token
+from fray.rpc.registry import SYSTEM_NAMESPACE
+
+__all__ = ["Worker", "controller_client"]
+
+logger = logging.getLogger(__name__)
+
+_PR_SET_PDEATHSIG = 1
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True) if sys.platform == "linux" else None
+
+
+def _die_with_worker() -> None:
+    # Runs in the child between fork and exec: if the worker is killed (even with
+    # SIGKILL), its tasks die too instead of running on as orphans the controller
+    # has already rescheduled elsewhere.
+    if _libc is not None:
+        _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def controller_client(
+    address: str, token: str | bytes | None = None, timeout: float = 30.0
+) -> ActorClient[ControllerService]:
+    """An RPC handle on the controller at ``address`` (``host:port``)."""
+    resolver = FixedResolver({CONTROLLER_ACTOR: f"actor://{address}/{CONTROLLER_ACTOR}"}, namespace=SYSTEM_NAMESPACE)
+    return ActorClient(resolver, CONTROLLER_ACTOR, RpcOptions(timeout=timeout), cls=ControllerService, token=token)
+
+
+def _total_memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 8 << 30
+
+
+@dataclass
+class _Task:
+    assignment: TaskAssignment
+    proc: subprocess.Popen[bytes] | None
+    failure_path: Path
+    killed: bool = False
+
+
+@dataclass
+class _Pending:
+    """Reports not yet delivered to the controller."""
+
+    started: list[TaskKey] = field(default_factory=list)
+    exited: list[TaskExit] = field(default_factory=list)
+    logs: dict[TaskKey, list[str]] = field(default_factory=dict)
+
+    def take(self) -> WorkerReport:
+        report = WorkerReport(list(self.started), list(self.exited), list(self.logs.items()))
+        self.started.clear()
+        self.exited.clear()
+        self.logs.clear()
+        return report
+
+    def put_back(self, report: WorkerReport) -> None:
+        self.started[:0] = report.started
+        self.exited[:0] = report.exited
+        for key, lines in report.logs:
+            self.logs.setdefault(key, [])[:0] = lines
+
+
+class Worker:
+    """Runs the controller's tasks on this machine.
+
+    Resources default to the machine's (cpu count, physical memory, free disk in
+    ``workdir``); ``devices`` and ``attributes`` (``preemptible``, ``region``,
+    ``zone``, ``tpu-name``, ``tpu-worker-id``, ...) describe what the scheduler may
+    rely on.
+    """
+
+    def __init__(
+        self,
+        controller: str,
+        *,
+        token: str | bytes | None = None,
+        worker_id: str | None = None,
+        cpu: float | None = None,
+        ram_bytes: int | None = None,
+        disk_bytes: int | None = None,
+        devices: tuple[Device, ...] = (),
+        attributes: dict[str, str] | None = None,
+        workdir: str | None = None,
+        poll_wait: float = 2.0,
+        heartbeat: float = 1.0,
+    ) -> None:
+        self.controller = controller
+        self._token = default_token(token)
+        self.worker_id = worker_id or f"worker-{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
+        self.workdir = Path(workdir or Path.home() / ".cache" / "fray" / "workers" / self.worker_id)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.info = WorkerInfo(
+            worker_id=self.worker_id,
+            cpu_millis=int((cpu if cpu is not None else os.cpu_count() or 1) * 1000),
+            ram_bytes=ram_bytes if ram_bytes is not None else _total_memory(),
+            disk_bytes=disk_bytes if disk_bytes is not None else shutil.disk_usage(self.workdir).free,
+            devices=tuple(devices),
+            attributes=dict(attributes or {}),
+        )
+        self._poll_wait = poll_wait
+        self._heartbeat = heartbeat
+        self._client = controller_client(controller, token)
+        self._lock = threading.Lock()
+        self._tasks: dict[TaskKey, _Task] = {}
+        self._pending = _Pending()
+        self._report_ready = threading.Event()
+        self._stopping = threading.Event()
+        self._registered = False
+        self._threads: list[threading.Thread] = []
+
+    # ----- lifecycle ----------------------------------------------------------------------------
+
+    def start(self) -> Worker:
+        """Run the worker in background threads."""
+        for target, name in ((self._command_loop, "commands"), (self._report_loop, "reports")):
+            thread = threading.Thread(target=target, name=f"fray-worker-{name}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        return self
+
+    def run(self) -> None:
+        """Run until :meth:`stop` is called or the process gets SIGTERM/SIGINT."""
+        self.start()
+        self._stopping.wait()
+
+    def stop(self, *, kill_tasks: bool = True) -> None:
+        """Stop polling; kill running tasks unless told otherwise."""
+        self._stopping.set()
+        self._report_ready.set()
+        if kill_tasks:
+            with self._lock:
+                tasks = list(self._tasks.values())
+            for task in tasks:
+                if task.proc is not None:
+                    kill_process_group(task.proc, grace=1.0)
+        for thread in self._threads:
+            thread.join(timeout=5)
+        self._client.close()
+
+    @property
+    def running(self) -> list[TaskKey]:
+        """Tasks whose processes are running here."""
+        with self._lock:
+            return [key for key, task in self._tasks.items() if task.proc is not None and task.proc.poll() is None]
+
+    # ----- commands -----------------------------------------------------------------------------
+
+    def _command_loop(self) -> None:
+        # Task processes are started from this one long-lived thread: the kernel's
+        # parent-death signal follows the thread that forked them.
+        backoff = 0.05
+        poller = self._client.with_options(timeout=self._poll_wait + 30.0)
+        while not self._stopping.is_set():
+            try:
+                if not self._registered:
+                    commands = self._client.register_worker(self.info, self._address(), self.running)
+                    self._registered = True
+                    logger.info("worker %s registered with %s", self.worker_id, self.controller)
+                else:
+                    commands = poller.poll(self.worker_id, self._poll_wait)
+                backoff = 0.05
+            except (FrayError, OSError) as exc:
+                self._registered = False
+                logger.warning("controller %s unreachable (%s); retrying in %.2fs", self.controller, exc, backoff)
+                self._stopping.wait(backoff)
+                backoff = min(backoff * 2, 2.0)
+                continue
+            self._obey(commands)
+
+    def _address(self) -> str:
+        return f"{socket.gethostname()}:{os.getpid()}"
+
+    def _obey(self, commands: WorkerCommands) -> None:
+        if commands.reregister:
+            self._registered = False
+            return
+        for key in commands.kill:
+            self._kill(key)
+        for assignment in commands.start:
+            with self._lock:
+                known = assignment.key in self._tasks
+            if not known:
+                self._launch(assignment)
+
+    def _kill(self, key: TaskKey) -> None:
+        with self._lock:
+            task = self._tasks.get(key)
+            if task is not None:
+                task.killed = True
+        if task is None:
+            # Not running here (any more): confirm, so the controller stops waiting for it.
+            self._queue_exit(TaskExit(key, -int(signal.SIGKILL), "not running on this worker"))
+        elif task.proc is not None:
+            kill_process_group(task.proc)
+
+    def _launch(self, assignment: TaskAssignment) -> None:
+        key, spec = assignment.key, assignment.spec
+        task_dir = self.workdir / "tasks" / f"{key.job_id.replace('/', '__')}-{key.task_index}-{key.attempt}"
+        task_dir.mkdir(parents=True, exist_ok=True)
+        failure_path = task_dir / "failure.pkl"
+        info = JobInfo(
+            key.job_id,
+            assignment.job_name,
+            assignment.replica_index,
+            assignment.replica_count,
+            assignment.namespace,
+            key.attempt,
+        )
+        env = {**os.environ, **job_env(info)}
+        env.update(
+            FRAY_CLIENT_SPEC=f"fray://{self.controller}",
+            FRAY_TASK_INDEX=str(key.task_index),
+            FRAY_HOST_INDEX=str(assignment.host_index),
+            FRAY_WORKER_ID=self.worker_id,
+            PYTHONUNBUFFERED="1",
+        )
+        if self._token is not None:
+            env["FRAY_TOKEN"] = self._token.decode()
+        env.update(spec.environment.env_vars)
+        if spec.argv is not None:
+            argv = list(spec.argv)
+        else:
+            assert spec.payload is not None
+            payload = task_dir / "payload.pkl"
+            payload.write_bytes(spec.payload)
+            argv = [sys.executable, "-m", "fray.cluster._task", str(payload), str(failure_path)]
+        task = _Task(assignment, None, failure_path)
+        with self._lock:
+            self._tasks[key] = task
+        try:
+            proc = subprocess.Popen(
+                argv,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                cwd=spec.environment.workspace or str(task_dir),
+                start_new_session=True,
+                preexec_fn=_die_with_worker,
+            )
+        except OSError as exc:
+            with self._lock:
+                del self._tasks[key]
+            self._queue_logs(key, [f"[fray] cannot start {argv[0]!r}: {exc}"])
+            self._queue_exit(TaskExit(key, 127, f"cannot start {argv[0]!r}: {exc}"))
+            return
+        task.proc = proc
+        with self._lock:
+            self._pending.started.append(key)
+        self._report_ready.set()
+        threading.Thread(target=self._watch, args=(task,), name=f"fray-task-{key}", daemon=True).start()
+
+    def _watch(self, task: _Task) -> None:
+        proc, key = task.proc, task.assignment.key
+        assert proc is not None and proc.stdout is not None
+        for raw in proc.stdout:
+            self._queue_logs(key, [raw.decode(errors="replace").rstrip("\n")])
+        code = proc.wait()
+        failure = None
+        with contextlib.suppress(OSError):
+            failure = task.failure_path.read_bytes()
+        error = ""
+        if code != 0:
+            error = f"task {key.task_index} {describe_exit(code)}" + (" (killed by request)" if task.killed else "")
+        with self._lock:
+            self._tasks.pop(key, None)
+        self._queue_exit(TaskExit(key, code, error, failure))
+
+    # ----- reports ------------------------------------------------------------------------------
+
+    def _queue_logs(self, key: TaskKey, lines: list[str]) -> None:
+        with self._lock:
+            self._pending.logs.setdefault(key, []).extend(lines)
+        self._report_ready.set()
+
+    def _queue_exit(self, exit_: TaskExit) -> None:
+        with self._lock:
+            self._pending.exited.append(exit_)
+        self._report_ready.set()
+
+    def _report_loop(self) -> None:
+        backoff = 0.05
+        while not self._stopping.is_set():
+            self._report_ready.wait(self._heartbeat)
+            self._report_ready.clear()
+            with self._lock:
+                report = self._pending.take()
+            try:
+                if not self._client.report(self.worker_id, report):
+                    self._registered = False
+                backoff = 0.05
+            except (FrayError, OSError) as exc:
+                with self._lock:
+                    self._pending.put_back(report)
+                logger.debug("report failed (%s); retrying", exc)
+                self._stopping.wait(backoff)
+                backoff = min(backoff * 2, 2.0)
+                self._report_ready.set()
