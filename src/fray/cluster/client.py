@@ -20,7 +20,6 @@ from typing import Any
 from fray._runtime import check_terminated
 from fray.actor import ActorFuture, ActorGroup, check_actor_method
 from fray.client import ClientSpec
-from fray.cluster.controller import ControllerService
 from fray.cluster.messages import JobSpec, JobView, decode_failure
 from fray.cluster.worker import controller_client
 from fray.errors import ActorDiedError, ActorUnavailableError, ConfigError, FrayError, JobFailed
@@ -46,16 +45,52 @@ def load_token(token: str | bytes | None = None) -> bytes | None:
         return None
 
 
+#: How long client calls keep retrying while the controller is unreachable (e.g. restarting).
+CONTROLLER_RETRY_SECONDS = 60.0
+
+# Only submit() creates something; every other controller call can safely be repeated.
+_NOT_IDEMPOTENT = frozenset({"submit"})
+
+
+class _Controller:
+    """Calls the controller, riding out its restarts.
+
+    A call that provably was not sent is retried until :data:`CONTROLLER_RETRY_SECONDS`
+    pass; one that may have run is retried only if repeating it is harmless.
+    """
+
+    def __init__(self, address: str, token: bytes | None) -> None:
+        self._rpc = controller_client(address, token)
+
+    def __getattr__(self, method: str) -> Any:
+        call = getattr(self._rpc, method)
+
+        def retrying(*args: Any, **kwargs: Any) -> Any:
+            deadline = time.monotonic() + CONTROLLER_RETRY_SECONDS
+            delay = 0.02
+            while True:
+                try:
+                    return call(*args, **kwargs)
+                except ActorUnavailableError as exc:
+                    sent = "was not sent" not in str(exc) and "replaced" not in str(exc)
+                    if (sent and method in _NOT_IDEMPOTENT) or time.monotonic() > deadline:
+                        raise
+                time.sleep(delay)
+                delay = min(delay * 2, 0.5)
+
+        return retrying
+
+
 # One controller connection per (address, token) per process, shared by every handle.
-_connections: dict[tuple[str, bytes | None], ActorClient[ControllerService]] = {}
+_connections: dict[tuple[str, bytes | None], _Controller] = {}
 _connections_lock = threading.Lock()
 
 
-def _controller(address: str, token: bytes | None) -> ActorClient[ControllerService]:
+def _controller(address: str, token: bytes | None) -> _Controller:
     with _connections_lock:
         client = _connections.get((address, token))
         if client is None:
-            client = controller_client(address, token)
+            client = _Controller(address, token)
             _connections[(address, token)] = client
         return client
 
