@@ -28,7 +28,7 @@ from fray.resources import ResourceConfig
 from fray.rpc import ActorClient, ActorServer, RpcOptions
 from fray.rpc.resolver import FixedResolver
 
-__all__ = ["ClusterActorHandle", "ClusterClient", "ClusterJobHandle", "load_token"]
+__all__ = ["ClusterActorHandle", "ClusterClient", "ClusterJobHandle", "connect_controller", "load_token"]
 
 _TOKEN_FILE = Path.home() / ".config" / "fray" / "token"
 
@@ -84,6 +84,11 @@ class _Controller:
 # One controller connection per (address, token) per process, shared by every handle.
 _connections: dict[tuple[str, bytes | None], _Controller] = {}
 _connections_lock = threading.Lock()
+
+
+def connect_controller(address: str, token: str | bytes | None = None) -> Any:
+    """A handle on the controller's full API (listing jobs, workers, endpoints; used by the CLI)."""
+    return _controller(address, load_token(token))
 
 
 def _controller(address: str, token: bytes | None) -> _Controller:

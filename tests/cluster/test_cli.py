@@ -1,0 +1,62 @@
+"""The cluster command line, end to end: `fray cluster up`, jobs, workers, endpoints, `fray cluster down`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture
+def fray_cli(tmp_path: Path) -> Iterator:
+    env = {k: v for k, v in os.environ.items() if k not in ("FRAY_TOKEN", "FRAY_CLIENT_SPEC")}
+    env["HOME"] = str(tmp_path)  # the token and the cluster's state file go under ~/.config/fray
+
+    def run(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        out = subprocess.run(
+            [sys.executable, "-m", "fray.cli", *args], env=env, capture_output=True, text=True, timeout=120
+        )
+        if check and out.returncode != 0:
+            raise AssertionError(f"fray {' '.join(args)} exited {out.returncode}: {out.stdout}{out.stderr}")
+        return out
+
+    yield run
+    run("cluster", "down", check=False)
+
+
+def test_cluster_up_jobs_and_down(fray_cli, tmp_path: Path):
+    up = json.loads(fray_cli("cluster", "up", "--workers", "2", "--port", "0", "--json").stdout)
+    assert up["address"].startswith("127.0.0.1:")
+    token_file = tmp_path / ".config" / "fray" / "token"
+    assert token_file.stat().st_mode & 0o777 == 0o600
+
+    workers = json.loads(fray_cli("worker", "list", "--json").stdout)
+    assert sorted(w["worker_id"] for w in workers) == ["worker-0", "worker-1"]
+    assert {w["state"] for w in workers} == {"alive"}
+
+    job_id = json.loads(
+        fray_cli("job", "submit", "--json", "--name", "hi", "--", "bash", "-c", "echo hello $FRAY_JOB_NAME").stdout
+    )["job_id"]
+    assert fray_cli("job", "logs", "-f", job_id).stdout.splitlines() == ["hello hi"]
+    status = json.loads(fray_cli("job", "status", "--json", job_id).stdout)
+    assert status["state"] == "succeeded" and status["tasks"][0]["state"] == "succeeded"
+
+    failing = fray_cli("job", "submit", "--wait", "--", "bash", "-c", "echo oops; exit 4", check=False)
+    assert failing.returncode != 0 and "exit code 4" in failing.stderr and "oops" in failing.stdout
+
+    stuck = json.loads(fray_cli("job", "submit", "--json", "--cpu", "999", "--", "true").stdout)["job_id"]
+    status = json.loads(fray_cli("job", "status", "--json", stuck).stdout)
+    assert status["state"] == "pending" and "can never be scheduled" in status["pending_reason"]
+    assert "stopped" in fray_cli("job", "stop", stuck).stdout
+
+    listed = {j["job_id"]: j["state"] for j in json.loads(fray_cli("job", "list", "--json").stdout)}
+    assert listed[job_id] == "succeeded" and listed[stuck] == "stopped"
+    assert json.loads(fray_cli("endpoint", "list", "--json").stdout) == []
+
+    assert "stopped" in fray_cli("cluster", "down").stdout
+    assert fray_cli("worker", "list", check=False).returncode != 0
