@@ -7,12 +7,24 @@ import os
 import signal
 import subprocess
 import threading
+from typing import Protocol
 
 #: Seconds a process group gets to exit after SIGTERM before it is sent SIGKILL.
 KILL_GRACE = 3.0
 
 
-def kill_process_group(proc: subprocess.Popen[bytes], grace: float = KILL_GRACE) -> None:
+class Process(Protocol):
+    """What :func:`kill_process_group` needs of a process: a ``subprocess.Popen`` has it."""
+
+    @property
+    def pid(self) -> int: ...
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
+def kill_process_group(proc: Process, grace: float = KILL_GRACE) -> None:
     """SIGTERM the process group led by ``proc`` now, SIGKILL it after ``grace`` seconds.
 
     ``proc`` must have been started with ``start_new_session=True``. Returns at once;

@@ -221,3 +221,19 @@ def test_wrong_token_is_refused(cluster: LocalCluster):
         ClusterClient(cluster.address, token="not-the-token").submit(
             JobRequest(name="intruder", entrypoint=Entrypoint.from_binary("true"))
         )
+
+
+def test_short_tasks_finish_while_a_long_one_runs_beside_them(cluster: LocalCluster, tmp_path: Path):
+    # Regression: tasks forked together must not hold each other's output pipes open.
+    cluster.add_worker("w-a", "--cpu", "64")
+    cluster.wait_for_workers(1)
+    client = client_of(cluster)
+    long_job = client.submit(JobRequest(name="long", entrypoint=Entrypoint.from_callable(gated, args=(str(tmp_path),))))
+    short = [
+        client.submit(JobRequest(name=f"short-{i}", entrypoint=Entrypoint.from_callable(print, args=(i,))))
+        for i in range(20)
+    ]
+    assert [job.wait(timeout=60) for job in short] == [JobStatus.SUCCEEDED] * 20
+    assert long_job.status() == JobStatus.RUNNING
+    (tmp_path / "go").touch()
+    assert long_job.wait(timeout=60) == JobStatus.SUCCEEDED

@@ -164,7 +164,12 @@ class ControllerService:
             return
         with self._lock:
             for order in effects.kill:
-                self._outboxes.setdefault(order.worker_id, _Outbox()).kill.append(order.task)
+                outbox = self._outboxes.setdefault(order.worker_id, _Outbox())
+                unsent = [a for a in outbox.start if a.key == order.task]
+                if unsent:  # the worker never heard of it: withdraw the start instead of killing
+                    outbox.start.remove(unsent[0])
+                    continue
+                outbox.kill.append(order.task)
                 self._unconfirmed_kills[order.task] = order.worker_id
             for worker_id in effects.lost_workers:
                 # Nothing can be confirmed by a worker that is gone.

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import json
 import logging
 import os
 import shutil
@@ -67,10 +68,117 @@ def _total_memory() -> int:
         return 8 << 30
 
 
+class _ForkedProcess:
+    """A task forked by the fork server: the parts of ``Popen`` the worker uses."""
+
+    def __init__(self, pid: int, output: int) -> None:
+        self.pid = pid
+        self.stdout = os.fdopen(output, "rb")
+        self._exited = threading.Event()
+        self.returncode: int | None = None
+
+    def _set_exit(self, code: int) -> None:
+        self.returncode = code
+        self._exited.set()
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self._exited.wait(timeout):
+            raise subprocess.TimeoutExpired(f"task {self.pid}", timeout or 0.0)
+        assert self.returncode is not None
+        return self.returncode
+
+
+class _ForkServer:
+    """The worker's end of :mod:`fray.cluster._forkserver`: asks it to fork tasks, hears of their exits."""
+
+    def __init__(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "fray.cluster._forkserver", str(theirs.fileno())],
+            pass_fds=(theirs.fileno(),),
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=_die_with_worker,
+        )
+        theirs.close()
+        self._sock = ours
+        self._lock = threading.Lock()
+        self._ids = iter(range(1, 1 << 62))
+        # Launches waiting for their fork: id -> (fork done, output read end, the process once forked).
+        self._waiting: dict[str, tuple[threading.Event, int, list[_ForkedProcess]]] = {}
+        self._children: dict[str, _ForkedProcess] = {}
+        self.alive = True
+        threading.Thread(target=self._read, name="fray-forkserver", daemon=True).start()
+
+    def launch(self, payload: str, failure: str, env: dict[str, str], cwd: str) -> _ForkedProcess:
+        """Fork a task process; raises OSError if the fork server is gone."""
+        read_end, write_end = os.pipe()
+        forked: list[_ForkedProcess] = []
+        done = threading.Event()
+        with self._lock:
+            task = str(next(self._ids))
+            self._waiting[task] = (done, read_end, forked)
+        line = json.dumps({"id": task, "payload": payload, "failure": failure, "env": env, "cwd": cwd}) + "\n"
+        try:
+            with self._lock:
+                socket.send_fds(self._sock, [line.encode()], [write_end])
+        except OSError:
+            self.alive = False
+            with self._lock:
+                self._waiting.pop(task, None)
+            os.close(read_end)
+            raise
+        finally:
+            os.close(write_end)
+        if not done.wait(10.0) or not forked:
+            self.alive = False
+            with self._lock:
+                if self._waiting.pop(task, None) is not None:
+                    os.close(read_end)
+            raise OSError("the fork server did not fork the task")
+        return forked[0]
+
+    def _read(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            for raw in self._sock.makefile("rb"):
+                message = json.loads(raw)
+                if "started" in message:
+                    with self._lock:
+                        done, output, forked = self._waiting.pop(message["started"])
+                        child = _ForkedProcess(int(message["pid"]), output)
+                        self._children[message["started"]] = child
+                    forked.append(child)
+                    done.set()
+                else:
+                    with self._lock:
+                        exited = self._children.pop(message["exited"], None)
+                    if exited is not None:
+                        exited._set_exit(int(message["code"]))
+        self.alive = False
+        with self._lock:
+            waiting, self._waiting = self._waiting, {}
+            children, self._children = self._children, {}
+        for done, _, _ in waiting.values():
+            done.set()
+        for child in children.values():  # the fork server died, and its children with it
+            child._set_exit(-int(signal.SIGKILL))
+
+    def close(self) -> None:
+        """Stop the fork server (its children die with it)."""
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+        self._sock.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._proc.wait(timeout=5)
+
+
 @dataclass
 class _Task:
     assignment: TaskAssignment
-    proc: subprocess.Popen[bytes] | None
+    proc: subprocess.Popen[bytes] | _ForkedProcess | None
     failure_path: Path
     killed: bool = False
 
@@ -144,6 +252,8 @@ class Worker:
         self._stopping = threading.Event()
         self._registered = False
         self._threads: list[threading.Thread] = []
+        self._forkserver: _ForkServer | None = None
+        self._refused: set[TaskKey] = set()
 
     # ----- lifecycle ----------------------------------------------------------------------------
 
@@ -172,6 +282,8 @@ class Worker:
                     kill_process_group(task.proc, grace=1.0)
         for thread in self._threads:
             thread.join(timeout=5)
+        if self._forkserver is not None:
+            self._forkserver.close()
         self._client.close()
 
     @property
@@ -211,13 +323,14 @@ class Worker:
         if commands.reregister:
             self._registered = False
             return
-        for key in commands.kill:
-            self._kill(key)
+        # Starts first: a kill in the same batch may be for a task started just now.
         for assignment in commands.start:
             with self._lock:
-                known = assignment.key in self._tasks
-            if not known:
+                skip = assignment.key in self._tasks or assignment.key in self._refused
+            if not skip:
                 self._launch(assignment)
+        for key in commands.kill:
+            self._kill(key)
 
     def _kill(self, key: TaskKey) -> None:
         with self._lock:
@@ -225,7 +338,10 @@ class Worker:
             if task is not None:
                 task.killed = True
         if task is None:
-            # Not running here (any more): confirm, so the controller stops waiting for it.
+            # Not running here (any more): never start it later (a resent assignment), and
+            # confirm, so the controller stops waiting for it.
+            with self._lock:
+                self._refused.add(key)
             self._queue_exit(TaskExit(key, -int(signal.SIGKILL), "not running on this worker"))
         elif task.proc is not None:
             kill_process_group(task.proc)
@@ -264,8 +380,16 @@ class Worker:
         task = _Task(assignment, None, failure_path)
         with self._lock:
             self._tasks[key] = task
+        cwd = spec.environment.workspace or str(task_dir)
+        if spec.argv is None and not any(
+            k.startswith("PYTHON") and k != "PYTHONUNBUFFERED" for k in spec.environment.env_vars
+        ):
+            forked = self._fork(argv[-2], argv[-1], env, cwd)
+            if forked is not None:
+                self._started(task, forked)
+                return
         try:
-            proc = subprocess.Popen(
+            proc: subprocess.Popen[bytes] | _ForkedProcess = subprocess.Popen(
                 argv,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
@@ -281,11 +405,27 @@ class Worker:
             self._queue_logs(key, [f"[fray] cannot start {argv[0]!r}: {exc}"])
             self._queue_exit(TaskExit(key, 127, f"cannot start {argv[0]!r}: {exc}"))
             return
+        self._started(task, proc)
+
+    def _fork(self, payload: str, failure: str, env: dict[str, str], cwd: str) -> _ForkedProcess | None:
+        """Fork the task from the warm fork server; None (start it the slow way) if that fails."""
+        try:
+            if self._forkserver is None or not self._forkserver.alive:
+                if self._forkserver is not None:
+                    self._forkserver.close()
+                self._forkserver = _ForkServer()
+            return self._forkserver.launch(payload, failure, env, cwd)
+        except OSError as exc:
+            logger.warning("fork server failed (%s); starting the task as a new process", exc)
+            return None
+
+    def _started(self, task: _Task, proc: subprocess.Popen[bytes] | _ForkedProcess) -> None:
         task.proc = proc
         with self._lock:
-            self._pending.started.append(key)
+            self._pending.started.append(task.assignment.key)
         self._report_ready.set()
-        threading.Thread(target=self._watch, args=(task,), name=f"fray-task-{key}", daemon=True).start()
+        name = f"fray-task-{task.assignment.key}"
+        threading.Thread(target=self._watch, args=(task,), name=name, daemon=True).start()
 
     def _watch(self, task: _Task) -> None:
         proc, key = task.proc, task.assignment.key
