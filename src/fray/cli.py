@@ -192,6 +192,10 @@ def cluster_up(workers: int, port: int, directory: str, worker_options: tuple[st
     started = time.monotonic()
     launcher = LocalCluster(directory, token=token, port=port)
     extra = [part for option in worker_options for part in option.split()]
+    if not any(part.startswith("preemptible=") for part in extra):
+        # Workers on this one machine are never preempted; saying so lets
+        # ResourceConfig(preemptible=False) actors (curriculum, coordinators) run here.
+        extra += ["--attr", "preemptible=false"]
     launcher.start(workers, *extra)
     elapsed = time.monotonic() - started
     state = {

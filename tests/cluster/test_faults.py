@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -237,3 +238,26 @@ def test_short_tasks_finish_while_a_long_one_runs_beside_them(cluster: LocalClus
     assert long_job.status() == JobStatus.RUNNING
     (tmp_path / "go").touch()
     assert long_job.wait(timeout=60) == JobStatus.SUCCEEDED
+
+
+def test_a_drivers_actors_stop_when_it_exits_but_its_jobs_run_on(cluster: LocalCluster, tmp_path: Path):
+    cluster.add_worker("w-a", "--cpu", "4")
+    cluster.wait_for_workers(1)
+    script = f"""
+import os
+from fray import Entrypoint, JobRequest
+from fray.cluster.client import ClusterClient
+class Pid:
+    def pid(self):
+        return os.getpid()
+client = ClusterClient({cluster.address!r}, token={cluster.token!r})
+actor = client.create_actor(Pid, name="driver-actor")
+actor.pid()
+job = client.submit(JobRequest(name="keeps-running", entrypoint=Entrypoint.from_binary("sleep", ["300"])))
+print(job.job_id)
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
+    views = {v.name: v for v in client_of(cluster)._controller.list_jobs()}
+    assert views["driver-actor"].state == JobStatus.STOPPED
+    assert views["keeps-running"].state == JobStatus.RUNNING
+    assert views["keeps-running"].job_id == out.stdout.strip()

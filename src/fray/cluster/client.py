@@ -7,12 +7,15 @@ over the actor RPC layer directly (the controller is only asked where they are).
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
+import contextlib
 import getpass
 import os
 import threading
 import time
 import uuid
+import weakref
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -61,6 +64,10 @@ class _Controller:
 
     def __init__(self, address: str, token: bytes | None) -> None:
         self._rpc = controller_client(address, token)
+
+    def bounded(self, timeout: float) -> Any:
+        """The raw controller handle with a call timeout and no retries (for shutdown paths)."""
+        return self._rpc.with_options(timeout=timeout)
 
     def __getattr__(self, method: str) -> Any:
         call = getattr(self._rpc, method)
@@ -338,11 +345,23 @@ def _copy_died(error: BaseException | None) -> BaseException:
     return error if error is not None else ActorDiedError("actor is dead")
 
 
+_live_clients: weakref.WeakSet[ClusterClient] = weakref.WeakSet()
+
+
+@atexit.register
+def _release_actors_at_exit() -> None:
+    # A driver's actors serve only that driver: stop them when it exits, as Ray does
+    # with non-detached actors. Jobs are left running: submitting and leaving is normal.
+    for client in list(_live_clients):
+        client._terminate_owned(actors_only=True, timeout=2.0)
+
+
 class ClusterClient:
     """A client of the Fray cluster whose controller is at ``address`` (``host:port``).
 
     The token comes from ``token``, ``FRAY_TOKEN`` or ``~/.config/fray/token``. Inside a
-    cluster job the client submits child jobs of that job, in its namespace.
+    cluster job the client submits child jobs of that job, in its namespace. Actors it
+    created are stopped when the process exits (or at :meth:`shutdown`); jobs are not.
     """
 
     def __init__(
@@ -360,6 +379,7 @@ class ClusterClient:
         self._owned: list[tuple[str, bool]] = []  # (job id, is actor)
         self._lock = threading.Lock()
         self._closed = False
+        _live_clients.add(self)
 
     @classmethod
     def from_spec(cls, spec: ClientSpec) -> ClusterClient:
@@ -443,6 +463,17 @@ class ClusterClient:
         ]
         jobs = [ClusterJobHandle(self.address, h._job_id, self._token) for h in handles]
         return ActorGroup(handles, jobs)
+
+    def _terminate_owned(self, *, actors_only: bool, timeout: float) -> None:
+        """Best effort, bounded: terminate this client's actors (and jobs unless ``actors_only``)."""
+        with self._lock:
+            owned = [job_id for job_id, is_actor in self._owned if is_actor or not actors_only]
+        if not owned:
+            return
+        rpc = self._controller.bounded(timeout)
+        for job_id in owned:
+            with contextlib.suppress(FrayError, OSError):
+                rpc.terminate(job_id)
 
     def shutdown(self, wait: bool = True) -> None:
         """Stop this client's actors (and, unless ``wait``, its running jobs); refuse new work."""
