@@ -261,3 +261,32 @@ print(job.job_id)
     assert views["driver-actor"].state == JobStatus.STOPPED
     assert views["keeps-running"].state == JobStatus.RUNNING
     assert views["keeps-running"].job_id == out.stdout.strip()
+
+
+def test_a_lost_worker_that_comes_back_has_its_stale_tasks_killed(cluster: LocalCluster, tmp_path: Path):
+    cluster.add_worker("w-a", "--cpu", "1")
+    cluster.add_worker("w-b", "--cpu", "1")
+    cluster.wait_for_workers(2)
+    client = client_of(cluster)
+    job = client.submit(
+        JobRequest(
+            name="partitioned",
+            entrypoint=Entrypoint.from_callable(record_and_block_first_attempt, args=(str(tmp_path),)),
+        )
+    )
+    first = tmp_path / "attempt-0-replica-0"
+    wait_until(first.exists, what="the first attempt to start")
+    worker_id, pid = first.read_text().split()
+    frozen = cluster.workers[worker_id]
+    frozen.send_signal(signal.SIGSTOP)  # a network partition, as the controller sees it
+    try:
+        assert job.wait(timeout=60) == JobStatus.SUCCEEDED  # rescheduled on the other worker
+        assert alive(int(pid))  # the partitioned worker's task still runs, unaware
+    finally:
+        frozen.send_signal(signal.SIGCONT)
+    wait_until(lambda: not alive(int(pid)), what="the returning worker to kill its stale task")
+
+    def rejoined() -> bool:
+        return any(w.info.worker_id == worker_id and w.info.alive for w in client._controller.list_workers())
+
+    wait_until(rejoined, what="the worker to rejoin")
