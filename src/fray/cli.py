@@ -196,7 +196,11 @@ def cluster_up(workers: int, port: int, directory: str, worker_options: tuple[st
         # Workers on this one machine are never preempted; saying so lets
         # ResourceConfig(preemptible=False) actors (curriculum, coordinators) run here.
         extra += ["--attr", "preemptible=false"]
-    launcher.start(workers, *extra)
+    if as_json:
+        launcher.start(workers, *extra)
+    else:
+        with _console.status(f"starting a controller and {workers} workers..."):
+            launcher.start(workers, *extra)
     elapsed = time.monotonic() - started
     state = {
         "address": launcher.address,

@@ -122,7 +122,7 @@ def main() -> None:
     import cloudpickle  # noqa: F401
 
     import fray
-    import fray.cluster.client  # noqa: F401  (actor jobs: the RPC server and client)
+    import fray.cluster.client
     import fray.cluster.messages  # noqa: F401
 
     sock = socket.socket(fileno=int(sys.argv[1]))

@@ -69,16 +69,27 @@ class LocalCluster:
         address_file = self.directory / "controller.address"
         address_file.unlink(missing_ok=True)
         args = [
-            "controller", "--port", str(self.port), "--db", str(self.directory / "controller.db"),
-            "--address-file", str(address_file), "--worker-timeout", str(self.worker_timeout),
+            "controller",
+            "--port",
+            str(self.port),
+            "--db",
+            str(self.directory / "controller.db"),
+            "--address-file",
+            str(address_file),
+            "--worker-timeout",
+            str(self.worker_timeout),
         ]
         self.controller = self._spawn(args, "controller.log")
         deadline = time.monotonic() + timeout
         while not address_file.exists():
             if self.controller.poll() is not None:
-                raise FrayError(f"the controller exited with {self.controller.returncode}; see {self.directory / 'controller.log'}")
+                raise FrayError(
+                    f"the controller exited with {self.controller.returncode}; see {self.directory / 'controller.log'}"
+                )
             if time.monotonic() > deadline:
-                raise FrayError(f"the controller did not start within {timeout}s; see {self.directory / 'controller.log'}")
+                raise FrayError(
+                    f"the controller did not start within {timeout}s; see {self.directory / 'controller.log'}"
+                )
             time.sleep(0.005)
         self.address = address_file.read_text().strip()
         self.port = int(self.address.rsplit(":", 1)[1])
@@ -86,7 +97,16 @@ class LocalCluster:
 
     def add_worker(self, worker_id: str, *extra: str) -> subprocess.Popen[bytes]:
         """Start a worker process (``extra``: more ``fray worker`` options such as ``--cpu 2``)."""
-        args = ["worker", "--controller", self.address, "--id", worker_id, "--workdir", str(self.directory / worker_id), *extra]
+        args = [
+            "worker",
+            "--controller",
+            self.address,
+            "--id",
+            worker_id,
+            "--workdir",
+            str(self.directory / worker_id),
+            *extra,
+        ]
         proc = self._spawn(args, f"{worker_id}.log")
         self.workers[worker_id] = proc
         return proc
