@@ -1,0 +1,59 @@
+"""Fray's actor RPC layer: serve any Python object, call it from other processes and hosts.
+
+* :class:`ActorServer` serves objects registered under names;
+* :class:`ActorClient` is a handle resolving a name through a :class:`Resolver`;
+* :class:`FixedResolver`, :class:`ClusterResolver` (backed by the
+  :class:`EndpointRegistry`) and :class:`GceResolver` find actors;
+* namespaces (``FRAY_NAMESPACE``) keep runs apart; ``FRAY_TOKEN`` authenticates peers.
+
+The wire format is documented in ``docs/protocol.md``.
+"""
+
+from fray.rpc.client import (
+    ActorClient,
+    RpcOptions,
+    RpcTimeoutError,
+    list_actors,
+    list_methods,
+    parse_actor_url,
+)
+from fray.rpc.namespace import DEFAULT_NAMESPACE, GLOBAL_NAMESPACE, default_namespace
+from fray.rpc.registry import (
+    REGISTRY_ACTOR_NAME,
+    SYSTEM_NAMESPACE,
+    EndpointRegistry,
+    RegistryClient,
+    serve_registry,
+)
+from fray.rpc.resolver import GCE_METADATA_KEY, ClusterResolver, FixedResolver, GceResolver, Resolver
+from fray.rpc.server import ActorInfo, ActorServer, MethodInfo, NameMapping
+from fray.rpc.wire import PROTOCOL_VERSION, AuthenticationError, ProtocolError
+
+__all__ = [
+    "DEFAULT_NAMESPACE",
+    "GCE_METADATA_KEY",
+    "GLOBAL_NAMESPACE",
+    "PROTOCOL_VERSION",
+    "REGISTRY_ACTOR_NAME",
+    "SYSTEM_NAMESPACE",
+    "ActorClient",
+    "ActorInfo",
+    "ActorServer",
+    "AuthenticationError",
+    "ClusterResolver",
+    "EndpointRegistry",
+    "FixedResolver",
+    "GceResolver",
+    "MethodInfo",
+    "NameMapping",
+    "ProtocolError",
+    "RegistryClient",
+    "Resolver",
+    "RpcOptions",
+    "RpcTimeoutError",
+    "default_namespace",
+    "list_actors",
+    "list_methods",
+    "parse_actor_url",
+    "serve_registry",
+]
