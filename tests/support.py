@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from typing import TypeVar
 
 import pytest
+
+from fray._process import pid_alive
 
 T = TypeVar("T")
 
@@ -25,13 +26,4 @@ def wait_until(predicate: Callable[[], T], timeout: float = 30.0, what: str = "c
 
 def alive(pid: int) -> bool:
     """True if ``pid`` is a running (not zombie) process."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie has exited already; only its parent has not collected it yet.
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
-    except OSError:  # it vanished between the two looks (ENOENT, or ESRCH on read)
-        return False
+    return pid_alive(pid)

@@ -55,3 +55,18 @@ def describe_exit(code: int) -> str:
         except ValueError:
             return f"killed by signal {-code}"
     return f"exit code {code}"
+
+
+def pid_alive(pid: int) -> bool:
+    """True if ``pid`` is a running process (a zombie, which has exited already, is not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except OSError:  # no /proc here, or it vanished between the two looks
+        return not os.path.exists("/proc")

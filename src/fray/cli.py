@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 import fray
+from fray._process import pid_alive
 from fray.client import VALID_SPECS, parse_client_spec
 
 _console = Console()
@@ -238,25 +239,13 @@ def cluster_down() -> None:
                 os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + 10
     for pid in pids:
-        while pid and time.monotonic() < deadline and _pid_alive(pid):
+        while pid and time.monotonic() < deadline and pid_alive(pid):
             time.sleep(0.02)
-        if pid and _pid_alive(pid):
+        if pid and pid_alive(pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
     _STATE_FILE.unlink()
     _console.print(f"Fray cluster at {state['address']} stopped")
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 # ----- jobs, workers, endpoints --------------------------------------------------------------------

@@ -28,11 +28,10 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
-import cloudpickle
-
 from fray._logcapture import LogBuffer, capture_to
 from fray._process import describe_exit, kill_process_group
 from fray._runtime import check_terminated, terminating_on
+from fray._serialization import call_parts, check_picklable
 from fray.actor import ActorFuture, ActorGroup, check_actor_method
 from fray.client import ClientSpec, _bind_client
 from fray.errors import (
@@ -42,7 +41,6 @@ from fray.errors import (
     FrayError,
     JobAlreadyExists,
     JobFailed,
-    SerializationError,
 )
 from fray.job import (
     BinaryEntrypoint,
@@ -399,23 +397,6 @@ class _EnvOverlay:
 _ENV = _EnvOverlay()
 
 
-def _check_picklable(what: str, values: dict[str, Any]) -> None:
-    """Raise SerializationError naming the first value that cannot be pickled.
-
-    The local backend never ships these values anywhere, but every other backend
-    does; checking here keeps code that passes locally from failing on a cluster.
-    """
-    for label, value in values.items():
-        try:
-            cloudpickle.dumps(value)
-        except Exception as exc:
-            raise SerializationError(
-                f"{what}: {label} cannot be pickled ({type(exc).__name__}: {exc}); Fray ships it to another "
-                "process on every backend but this one. Pass picklable data (create locks, files, sockets and "
-                "clients inside the job instead)"
-            ) from exc
-
-
 _REQ_NAME_RE = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 
 
@@ -509,12 +490,7 @@ class LocalClient:
         entry = request.entrypoint
         environment = request.environment or EnvironmentConfig()
         if isinstance(entry, CallableEntrypoint):
-            _check_picklable(
-                f"job {request.name!r}",
-                {"the callable": entry.callable}
-                | {f"argument {i}": a for i, a in enumerate(entry.args)}
-                | {f"keyword argument {k!r}": v for k, v in entry.kwargs.items()},
-            )
+            check_picklable(f"job {request.name!r}", call_parts(entry.callable, entry.args, entry.kwargs))
             _check_packages(request.name, tuple(environment.pip_packages))
             if self.max_threads is not None and request.replicas > self.max_threads:
                 raise ConfigError(
@@ -735,12 +711,7 @@ class LocalClient:
             raise ConfigError(f"create_actor needs a class, got {type(actor_class).__name__}: {actor_class!r}")
         if not isinstance(resources, ResourceConfig):
             raise ConfigError(f"create_actor(resources={resources!r}) must be a ResourceConfig")
-        _check_picklable(
-            f"actor {name!r}",
-            {"the class": actor_class}
-            | {f"argument {i}": a for i, a in enumerate(args)}
-            | {f"keyword argument {k!r}": v for k, v in kwargs.items()},
-        )
+        check_picklable(f"actor {name!r}", call_parts(actor_class, args, kwargs, "the class"))
         with self._lock:
             if name in self._actors_by_name:
                 raise JobAlreadyExists(

@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 
 import cloudpickle
 
+from fray._serialization import call_parts, check_picklable
 from fray.cluster.store import TaskKey
-from fray.errors import RemoteError, SerializationError
+from fray.errors import RemoteError
 from fray.job import BinaryEntrypoint, CallableEntrypoint, EnvironmentConfig, JobRequest, JobStatus
 from fray.resources import ResourceConfig
 
@@ -64,16 +65,7 @@ def encode_callable(job_name: str, entry: CallableEntrypoint) -> bytes:
     try:
         return cloudpickle.dumps(entry)
     except Exception:
-        parts = {"the callable": entry.callable} | {f"argument {i}": a for i, a in enumerate(entry.args)}
-        parts |= {f"keyword argument {k!r}": v for k, v in entry.kwargs.items()}
-        for label, value in parts.items():
-            try:
-                cloudpickle.dumps(value)
-            except Exception as exc:
-                raise SerializationError(
-                    f"job {job_name!r}: {label} cannot be pickled ({type(exc).__name__}: {exc}); it must travel to "
-                    "a worker process. Pass picklable data (create locks, files, sockets and clients inside the job)"
-                ) from exc
+        check_picklable(f"job {job_name!r}", call_parts(entry.callable, entry.args, entry.kwargs))
         raise
 
 
