@@ -11,6 +11,8 @@ import pytest
 
 BACKEND_FIXTURES = {
     "local": "local_client",
+    "ray": "ray_client",
+    "fray": "cluster_client",
 }
 
 

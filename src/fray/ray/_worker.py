@@ -1,0 +1,265 @@
+"""What runs inside Ray worker processes: the job wrapper and the actor wrapper.
+
+Both give user code the Fray view of where it runs: :func:`fray.current_job` (through
+the ``FRAY_*`` environment variables of :func:`fray.job.job_env`) and
+:func:`fray.current_client` (through ``FRAY_CLIENT_SPEC``, naming the same cluster
+and namespace). A Ray worker runs one task at a time, so a task's variables are set
+for its duration and restored afterwards; an actor owns its process, so its
+variables are set once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import inspect
+import io
+import os
+import pickle
+import sys
+import threading
+import time
+import traceback
+import types
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import cloudpickle
+
+__all__ = ["STARTED_AFTER", "JobOutcome", "actor_class_for", "replica_arguments", "run_job_replica", "started_key"]
+
+STARTED_AFTER = 0.05
+"""Seconds a replica must have been running before it reports itself started.
+
+The report is a write to Ray's GCS key-value store; short jobs finish before it is
+due and never pay for it, so Fray adds nothing to the cost of a quick task.
+"""
+
+KV_NAMESPACE = "fray"
+
+
+def started_key(job_uid: str, attempt: int, replica: int) -> bytes:
+    """The GCS key under which a replica of an attempt reports that it is running."""
+    return f"started/{job_uid}/{attempt}/{replica}".encode()
+
+
+class _StartedReporter:
+    """One daemon thread per worker process that reports long-running replicas as started.
+
+    It checks every :data:`_TICK` seconds while there is work and for a while after,
+    and only then goes to sleep until woken: waking it for every task would cost a
+    thread switch per task, a noticeable part of a quick task's cost.
+    """
+
+    _TICK = 0.02
+    _LINGER = 2.0  # seconds of ticking after the last replica, before sleeping until woken
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._pending: dict[bytes, float] = {}
+        self._thread: threading.Thread | None = None
+        self._asleep = False
+        self._inflight: set[bytes] = set()
+        self._reported: set[bytes] = set()
+
+    def schedule(self, key: bytes) -> None:
+        with self._cond:
+            self._pending[key] = time.monotonic() + STARTED_AFTER
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="fray-started-reporter", daemon=True)
+                self._thread.start()
+            elif self._asleep:
+                self._cond.notify()
+
+    def cancel(self, key: bytes) -> bool:
+        """Forget ``key``; True if it was reported (then the caller deletes it)."""
+        with self._cond:
+            if self._pending.pop(key, None) is not None:
+                return False
+            while key in self._inflight:  # being written right now: wait, or the delete could come first
+                self._cond.wait()
+            if key in self._reported:
+                self._reported.discard(key)
+                return True
+            return False
+
+    def _run(self) -> None:
+        from ray.experimental import internal_kv
+
+        last_work = time.monotonic()
+        while True:
+            with self._cond:
+                now = time.monotonic()
+                if self._pending:
+                    last_work = now
+                elif now - last_work > self._LINGER:
+                    self._asleep = True
+                    self._cond.wait()
+                    self._asleep = False
+                    continue
+                due = [key for key, at in self._pending.items() if at <= now]
+                for key in due:
+                    del self._pending[key]
+                self._inflight.update(due)
+            for key in due:
+                with contextlib.suppress(Exception):  # a status hint must never break the job
+                    internal_kv._internal_kv_put(key, b"1", namespace=KV_NAMESPACE)
+            if due:
+                with self._cond:
+                    self._inflight.difference_update(due)
+                    self._reported.update(due)
+                    self._cond.notify_all()
+            with self._cond:  # a ticking clock; schedule() only wakes a sleeping reporter
+                self._cond.wait(self._TICK)
+
+
+_REPORTER = _StartedReporter()
+
+
+class _Tee(io.TextIOBase):
+    """Stands in for sys.stdout/sys.stderr during a job: keeps the text and still writes it through."""
+
+    def __init__(self, target: Any, sink: list[str]) -> None:
+        self.target = target
+        self.sink = sink
+
+    def write(self, text: str) -> int:
+        self.sink.append(text)
+        self.target.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        self.target.flush()
+
+    def isatty(self) -> bool:
+        return bool(self.target.isatty())
+
+    def fileno(self) -> int:
+        return int(self.target.fileno())
+
+
+@contextlib.contextmanager
+def _environment(env: dict[str, str]) -> Iterator[None]:
+    before = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@contextlib.contextmanager
+def _captured(sink: list[str]) -> Iterator[None]:
+    out, err = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _Tee(out, sink), _Tee(err, sink)
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = out, err
+
+
+# What a replica returns: ("ok", log text) or
+# ("error", log text, pickled exception or None, "Type: message", traceback text).
+JobOutcome = tuple[Any, ...]
+
+
+# Pickled function -> function, so repeated jobs skip unpickling it. Like Ray, which
+# loads a remote function once per worker; callable objects, which may carry state
+# from one job to the next, are unpickled fresh every time.
+_functions: dict[bytes, Any] = {}
+
+
+def _load_callable(pickled: bytes) -> Any:
+    fn = _functions.get(pickled)
+    if fn is None:
+        fn = cloudpickle.loads(pickled)
+        if isinstance(fn, types.FunctionType | types.BuiltinFunctionType):
+            if len(_functions) >= 128:
+                _functions.clear()
+            _functions[pickled] = fn
+    return fn
+
+
+def replica_arguments(pickled_args: bytes, env: dict[str, str], key: bytes) -> bytes:
+    """Pack a replica's own arguments into one blob: Ray handles one bytes argument faster than three."""
+    return pickle.dumps((pickled_args, env, key), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def run_job_replica(pickled_fn: bytes, replica: bytes) -> JobOutcome:
+    """Run one replica of a callable job (the body of the Ray task Fray submits).
+
+    ``replica`` comes from :func:`replica_arguments`. User exceptions are returned, not
+    raised, so the driver can tell them from a lost worker (which Ray reports as an
+    error of the task itself) and apply the right retry budget.
+    """
+    pickled_args, env, key = pickle.loads(replica)
+    sink: list[str] = []
+    _REPORTER.schedule(key)
+    try:
+        with _environment(env), _captured(sink):
+            fn = _load_callable(pickled_fn)
+            args, kwargs = cloudpickle.loads(pickled_args)
+            try:
+                fn(*args, **kwargs)
+            except BaseException as exc:
+                tb = exc.__traceback__.tb_next if exc.__traceback__ is not None else None
+                text = "".join(traceback.format_exception(type(exc), exc, tb))
+                sys.stderr.write(text)
+                try:
+                    pickled: bytes | None = cloudpickle.dumps(exc)
+                except Exception:
+                    pickled = None
+                return ("error", "".join(sink), pickled, f"{type(exc).__name__}: {exc}", text)
+    finally:
+        if _REPORTER.cancel(key):
+            # Only replicas that ran STARTED_AFTER seconds get here, so this costs quick ones nothing.
+            with contextlib.suppress(Exception):
+                from ray.experimental import internal_kv
+
+                internal_kv._internal_kv_del(key, namespace=KV_NAMESPACE)
+    return ("ok", "".join(sink))
+
+
+_actor_loop: asyncio.AbstractEventLoop | None = None
+
+
+def _run_coroutine(coro: Any) -> Any:
+    # One loop per actor process, kept for its life, so state bound to the loop
+    # (queues, locks, tasks) survives between calls.
+    global _actor_loop
+    if _actor_loop is None:
+        _actor_loop = asyncio.new_event_loop()
+    return _actor_loop.run_until_complete(coro)
+
+
+def _sync_method(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return _run_coroutine(fn(self, *args, **kwargs))
+
+    return method
+
+
+def actor_class_for(cls: type) -> type:
+    """A subclass of ``cls`` whose constructor first gives the process its Fray identity.
+
+    The subclass keeps every method of ``cls`` and its name, so Ray's dashboard and
+    error messages show the user's class. ``async def`` methods are run to completion
+    on the actor's own event loop: Ray runs the calls of an async actor concurrently
+    and out of order, while a Fray actor takes its calls one at a time, in order.
+    """
+
+    def __init__(self: Any, fray_env: dict[str, str], /, *args: Any, **kwargs: Any) -> None:
+        os.environ.update(fray_env)
+        cls.__init__(self, *args, **kwargs)  # type: ignore[misc]
+
+    namespace: dict[str, Any] = {"__init__": __init__, "__module__": cls.__module__, "__qualname__": cls.__qualname__}
+    for name, value in inspect.getmembers(cls, inspect.iscoroutinefunction):
+        if not name.startswith("__"):
+            namespace[name] = _sync_method(value)
+    return type(cls.__name__, (cls,), namespace)

@@ -1,0 +1,87 @@
+"""Translate a :class:`~fray.resources.ResourceConfig` into Ray task and actor options.
+
+Ray schedules on logical resources: ``num_cpus``, ``num_gpus``, ``memory`` (bytes) and
+custom resources, plus node labels. The mapping is:
+
+==========================  =====================================================
+Fray                        Ray
+==========================  =====================================================
+``cpu``                     ``num_cpus``
+``ram``                     ``memory`` (bytes)
+``disk``                    not scheduled on (Ray has no disk resource)
+``GpuConfig(type, count)``  ``num_gpus=count`` and ``accelerator_type=type``
+                            unless ``type == "auto"``
+``TpuConfig``               ``{"TPU": chips_per_host}`` per host (see ``tpu.py``)
+``preemptible=False``       ``{"head_node": 0.0001}`` when the cluster advertises
+                            the ``head_node`` resource, else Ray's built-in
+                            ``node:__internal_head__`` marker
+``regions``                 ``label_selector={"ray.io/availability-region": "in(...)"}``
+==========================  =====================================================
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fray.resources import GpuConfig, ResourceConfig, TpuConfig
+
+__all__ = ["HEAD_NODE_RESOURCE", "RAY_HEAD_MARKER", "REGION_LABEL", "head_node_resource", "ray_options"]
+
+HEAD_NODE_RESOURCE = "head_node"
+"""The custom resource operators put on non-preemptible nodes (``ray start --resources='{"head_node": 1}'``)."""
+
+RAY_HEAD_MARKER = "node:__internal_head__"
+"""The resource Ray itself puts on the head node of every cluster."""
+
+REGION_LABEL = "ray.io/availability-region"
+"""The node label Ray sets from the cloud provider's region."""
+
+# A tiny amount, so that any number of pinned tasks and actors fit on the head node:
+# the resource only says *where*, never *how many*.
+_PIN_AMOUNT = 0.0001
+
+
+def head_node_resource(cluster_resources: dict[str, float]) -> str:
+    """The resource name that pins work to non-preemptible nodes on this cluster."""
+    if cluster_resources.get(HEAD_NODE_RESOURCE, 0) > 0:
+        return HEAD_NODE_RESOURCE
+    return RAY_HEAD_MARKER
+
+
+def ray_options(resources: ResourceConfig, *, pin_resource: str = HEAD_NODE_RESOURCE) -> dict[str, Any]:
+    """Ray ``.options(...)`` for one task or actor that needs ``resources``.
+
+    TPU devices are not handled here: a TPU job is one task per host of a slice and
+    is placed by :mod:`fray.ray.tpu`, which adds the ``TPU`` chips itself.
+    """
+    options: dict[str, Any] = {"num_cpus": resources.cpu, "memory": resources.ram_bytes}
+    custom: dict[str, float] = {}
+    device = resources.device
+    if isinstance(device, GpuConfig):
+        options["num_gpus"] = device.count
+        if device.type != "auto":
+            options["accelerator_type"] = device.type
+    elif isinstance(device, TpuConfig):
+        custom["TPU"] = float(device.slice.chips_per_host)
+    if not resources.preemptible:
+        custom[pin_resource] = _PIN_AMOUNT
+    if custom:
+        options["resources"] = custom
+    if resources.regions:
+        options["label_selector"] = {REGION_LABEL: f"in({','.join(resources.regions)})"}
+    return options
+
+
+def bundle(options: dict[str, Any]) -> dict[str, float]:
+    """The placement-group bundle that holds exactly what a task with ``options`` asks for."""
+    out: dict[str, float] = {}
+    if options.get("num_cpus"):
+        out["CPU"] = float(options["num_cpus"])
+    if options.get("num_gpus"):
+        out["GPU"] = float(options["num_gpus"])
+    if options.get("memory"):
+        out["memory"] = float(options["memory"])
+    if options.get("accelerator_type"):
+        out[f"accelerator_type:{options['accelerator_type']}"] = 0.001
+    out.update(options.get("resources", {}))
+    return out
