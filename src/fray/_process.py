@@ -35,7 +35,12 @@ def kill_process_group(proc: Process, grace: float = KILL_GRACE) -> None:
     try:
         os.killpg(proc.pid, signal.SIGTERM)
     except ProcessLookupError:
-        return
+        # No such group yet (a process still setting itself up): signal the process itself,
+        # and escalate all the same.
+        try:
+            os.kill(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
 
     def escalate() -> None:
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -43,6 +48,9 @@ def kill_process_group(proc: Process, grace: float = KILL_GRACE) -> None:
         # The leader may be gone while children it started still hold the group.
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(proc.pid, signal.SIGKILL)
 
     threading.Thread(target=escalate, name=f"fray-kill-{proc.pid}", daemon=True).start()
 

@@ -9,8 +9,8 @@ forking it is safe) and talks to its worker over a Unix socket:
 * server -> worker: ``{"started": id, "pid": N}`` after the fork and
   ``{"exited": id, "code": N}`` when the child ends (negative: killed by that signal).
 
-Each child starts its own session (so the worker can kill its whole process group)
-and dies with the fork server, which dies with the worker.
+Each child leads its own process group (so the worker can kill it with everything it
+starts) and dies with the fork server, which dies with the worker.
 """
 
 from __future__ import annotations
@@ -41,7 +41,11 @@ def _run_child(request: dict[str, Any], output: int) -> None:
     """In the forked child: become the task and never return."""
     code = 1
     try:
-        os.setsid()
+        # Its own process group, so the worker can stop it with everything it starts. The
+        # parent sets the group too, before it reports the pid: whichever runs first wins,
+        # and the group exists by the time anyone may try to kill it.
+        with contextlib.suppress(OSError):
+            os.setpgid(0, 0)
         _set_parent_death_signal()
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -110,6 +114,8 @@ def serve(sock: socket.socket) -> None:
             pid = os.fork()
             if pid == 0:
                 _run_child(request, output)
+            with contextlib.suppress(OSError):  # the child may have done it (or exited) already
+                os.setpgid(pid, pid)
             os.close(output)
             children[pid] = request["id"]
             sock.sendall(json.dumps({"started": request["id"], "pid": pid}).encode() + b"\n")

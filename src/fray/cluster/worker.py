@@ -299,6 +299,10 @@ class Worker:
         # parent-death signal follows the thread that forked them.
         backoff = 0.05
         poller = self._client.with_options(timeout=self._poll_wait + 30.0)
+        try:
+            self._forkserver = _ForkServer()  # warm it up before the first task needs it
+        except OSError as exc:
+            logger.warning("cannot start the fork server (%s); tasks start as new processes", exc)
         while not self._stopping.is_set():
             try:
                 if not self._registered:
@@ -417,6 +421,10 @@ class Worker:
             return self._forkserver.launch(payload, failure, env, cwd)
         except OSError as exc:
             logger.warning("fork server failed (%s); starting the task as a new process", exc)
+            # Stop it now: a fork it finishes late must not run beside the replacement.
+            if self._forkserver is not None:
+                self._forkserver.close()
+                self._forkserver = None
             return None
 
     def _started(self, task: _Task, proc: subprocess.Popen[bytes] | _ForkedProcess) -> None:
