@@ -846,6 +846,12 @@ class _ActorJob(RayJobHandle):
                 raise TimeoutError(f"actor job {self._job_id!r} still {self.status().value} after {timeout}s")
             self._state.done.wait(delay if remaining is None else min(delay, remaining))
             delay = min(delay * 2, 0.2)
+        if self._terminated:
+            # ray.kill only asks; wait (bounded) until Ray says the actor is gone, so that
+            # after wait() no other process can still reach it.
+            gone_by = time.monotonic() + (10.0 if deadline is None else max(0.0, deadline - time.monotonic()))
+            while self._handle._ray_state() not in ("DEAD", None) and time.monotonic() < gone_by:
+                time.sleep(0.01)
         return super().wait(0, raise_on_failure=raise_on_failure)
 
     def terminate(self) -> None:
@@ -998,12 +1004,18 @@ class _RayActorMethod:
 
     def remote(self, *args: Any, **kwargs: Any) -> ActorFuture:
         """Send the call; returns its future at once."""
+        if self._handle._killed:
+            future = ActorFuture()
+            future.set_exception(self._handle._killed_error())
+            return future
         return _bridge(self._submit(args, kwargs), self._handle._name)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Make the call and wait for its result."""
         import ray
 
+        if self._handle._killed:
+            raise self._handle._killed_error()
         ref = self._submit(args, kwargs)
         try:
             return ray.get(ref)
@@ -1026,6 +1038,12 @@ class RayActorHandle:
         self._ray_handle = ray_handle
         self._ready: concurrent.futures.Future[None] | None = None
         self._lock = threading.Lock()
+        # Set when this process terminated the actor: ray.kill is asynchronous, and a call
+        # sent in the meantime could still be answered by the dying actor.
+        self._killed = False
+
+    def _killed_error(self) -> ActorDiedError:
+        return ActorDiedError(f"actor {self._name!r} was terminated")
 
     def __repr__(self) -> str:
         return f"RayActorHandle({self._name!r}, {self._cls.__name__}, namespace={self._namespace!r})"
@@ -1112,6 +1130,7 @@ class RayActorHandle:
     def _kill(self) -> None:
         import ray
 
+        self._killed = True
         with contextlib.suppress(Exception):
             ray.kill(self._resolve(), no_restart=True)
         with self._lock:
