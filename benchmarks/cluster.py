@@ -108,13 +108,15 @@ def bench_fray(jobs: int) -> dict[str, float]:
 
 
 def bench_ray(jobs: int) -> dict[str, float]:
+    # Ray 2.60 clusters require a token, and Ray reads RAY_AUTH_MODE once, at import.
+    os.environ.setdefault("RAY_AUTH_MODE", "token")
     from ray.job_submission import JobStatus as RayJobStatus
     from ray.job_submission import JobSubmissionClient
 
     import ray
 
     results: dict[str, float] = {}
-    env = {**os.environ, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "token")}
+    env = dict(os.environ)
     start = time.perf_counter()
     subprocess.run(
         ["ray", "start", "--head", "--num-cpus", "2", "--include-dashboard", "true", "--disable-usage-stats"],
@@ -131,7 +133,6 @@ def bench_ray(jobs: int) -> dict[str, float]:
             if p.info["cmdline"] and any("ray" in part for part in p.info["cmdline"][:3]) and p.pid != os.getpid()
         ]
         results["rss"] = tree_rss(ray_pids)
-        os.environ["RAY_AUTH_MODE"] = env["RAY_AUTH_MODE"]
         jobs_client = JobSubmissionClient("http://127.0.0.1:8265")
 
         def ray_job() -> None:
