@@ -17,7 +17,16 @@ from typing import Any, Protocol, runtime_checkable
 from fray.errors import ActorDiedError
 from fray.job import JobHandle, JobStatus
 
-__all__ = ["ActorFuture", "ActorGroup", "ActorHandle", "ActorMethod", "check_actor_method", "public_methods"]
+__all__ = [
+    "ActorFuture",
+    "ActorGroup",
+    "ActorHandle",
+    "ActorMethod",
+    "check_actor_method",
+    "check_actor_request",
+    "group_member_names",
+    "public_methods",
+]
 
 
 class ActorFuture(concurrent.futures.Future[Any]):
@@ -68,6 +77,32 @@ def check_actor_method(cls: type, name: str) -> None:
         raise AttributeError(
             f"actor class {cls.__name__!r} has no remote method {name!r} ({reason}); methods: {methods}"
         )
+
+
+def check_actor_request(
+    actor_class: object, name: object, resources: object, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> None:
+    """Validate ``create_actor``'s arguments the same way on every backend; raise ConfigError/SerializationError."""
+    from fray._serialization import call_parts, check_picklable
+    from fray.errors import ConfigError
+    from fray.job import validate_name
+    from fray.resources import ResourceConfig
+
+    validate_name(name, "actor name")
+    if not isinstance(actor_class, type):
+        raise ConfigError(f"create_actor needs a class, got {type(actor_class).__name__}: {actor_class!r}")
+    if not isinstance(resources, ResourceConfig):
+        raise ConfigError(f"create_actor(resources={resources!r}) must be a ResourceConfig")
+    check_picklable(f"actor {name!r}", call_parts(actor_class, args, kwargs, "the class"))
+
+
+def group_member_names(name: str, count: object) -> list[str]:
+    """``{name}-0`` ... ``{name}-{count-1}``, the names of an actor group's members; checks ``count``."""
+    from fray.errors import ConfigError
+
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ConfigError(f"create_actor_group(count={count!r}) must be a whole number >= 1")
+    return [f"{name}-{i}" for i in range(count)]
 
 
 class ActorGroup:

@@ -32,7 +32,7 @@ from fray._logcapture import LogBuffer, capture_to
 from fray._process import describe_exit, kill_process_group
 from fray._runtime import check_terminated, terminating_on
 from fray._serialization import call_parts, check_picklable
-from fray.actor import ActorFuture, ActorGroup, check_actor_method
+from fray.actor import ActorFuture, ActorGroup, check_actor_method, check_actor_request, group_member_names
 from fray.client import ClientSpec, _bind_client
 from fray.errors import (
     ActorDiedError,
@@ -51,7 +51,6 @@ from fray.job import (
     JobStatus,
     _current_job,
     job_env,
-    validate_name,
 )
 from fray.resources import ResourceConfig
 
@@ -706,12 +705,7 @@ class LocalClient:
     ) -> LocalActorHandle:
         """Start the actor ``name`` on its own thread; the handle is usable at once."""
         check_terminated()
-        validate_name(name, "actor name")
-        if not isinstance(actor_class, type):
-            raise ConfigError(f"create_actor needs a class, got {type(actor_class).__name__}: {actor_class!r}")
-        if not isinstance(resources, ResourceConfig):
-            raise ConfigError(f"create_actor(resources={resources!r}) must be a ResourceConfig")
-        check_picklable(f"actor {name!r}", call_parts(actor_class, args, kwargs, "the class"))
+        check_actor_request(actor_class, name, resources, args, kwargs)
         with self._lock:
             if name in self._actors_by_name:
                 raise JobAlreadyExists(
@@ -740,11 +734,10 @@ class LocalClient:
         **kwargs: Any,
     ) -> ActorGroup:
         """Start ``count`` actors ``{name}-0`` ... ``{name}-{count-1}``; returns at once."""
-        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-            raise ConfigError(f"create_actor_group(count={count!r}) must be a whole number >= 1")
-        handles = []
-        for index in range(count):
-            handles.append(self.create_actor(actor_class, *args, name=f"{name}-{index}", resources=resources, **kwargs))
+        handles = [
+            self.create_actor(actor_class, *args, name=member, resources=resources, **kwargs)
+            for member in group_member_names(name, count)
+        ]
         jobs = [LocalJobHandle(self, h._actor_or_raise().record) for h in handles]
         return ActorGroup(handles, jobs)
 

@@ -51,11 +51,18 @@ def wait_for_file(path: Path, timeout: float = 30.0) -> None:
         time.sleep(0.02)
 
 
+def write_atomically(path: Path, text: str) -> None:
+    """Inside a job: write ``path`` so that a reader never sees it half-written."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
 def record_and_block_first_attempt(directory: str) -> None:
     info = current_job()
     assert info is not None
     marker = Path(directory) / f"attempt-{info.attempt}-replica-{info.replica_index}"
-    marker.write_text(f"{os.environ['FRAY_WORKER_ID']} {os.getpid()}")
+    write_atomically(marker, f"{os.environ['FRAY_WORKER_ID']} {os.getpid()}")
     if info.attempt == 0:
         time.sleep(300)
 
@@ -148,7 +155,7 @@ def test_nonzero_exit_with_and_without_retry_budget(cluster: LocalCluster, tmp_p
 def gang_member(directory: str) -> None:
     info = current_job()
     assert info is not None
-    (Path(directory) / f"attempt-{info.attempt}-replica-{info.replica_index}").write_text(str(os.getpid()))
+    write_atomically(Path(directory) / f"attempt-{info.attempt}-replica-{info.replica_index}", str(os.getpid()))
     if info.attempt == 0:
         if info.replica_index == 1:
             wait_for_file(Path(directory) / "attempt-0-replica-0")
@@ -295,7 +302,7 @@ def test_a_lost_worker_that_comes_back_has_its_stale_tasks_killed(cluster: Local
 def pid_then_loop(directory: str) -> None:
     info = current_job()
     assert info is not None
-    (Path(directory) / info.job_id).write_text(str(os.getpid()))
+    write_atomically(Path(directory) / info.job_id, str(os.getpid()))
     while True:
         time.sleep(0.01)
 

@@ -21,12 +21,12 @@ from types import TracebackType
 from typing import Any
 
 from fray._runtime import check_terminated
-from fray.actor import ActorFuture, ActorGroup, check_actor_method
+from fray.actor import ActorFuture, ActorGroup, check_actor_method, check_actor_request, group_member_names
 from fray.client import ClientSpec
 from fray.cluster.messages import JobSpec, JobView, decode_failure
 from fray.cluster.worker import controller_client
 from fray.errors import ActorDiedError, ActorUnavailableError, ConfigError, FrayError, JobFailed
-from fray.job import Entrypoint, JobRequest, JobStatus, current_job, validate_name
+from fray.job import Entrypoint, JobRequest, JobStatus, current_job
 from fray.resources import ResourceConfig
 from fray.rpc import ActorClient, ActorServer, RpcOptions
 from fray.rpc.resolver import FixedResolver
@@ -432,9 +432,7 @@ class ClusterClient:
     ) -> ClusterActorHandle:
         """Start the actor as a job on the cluster; the handle works at once (calls wait until it serves)."""
         check_terminated()
-        validate_name(name, "actor name")
-        if not isinstance(actor_class, type):
-            raise ConfigError(f"create_actor needs a class, got {type(actor_class).__name__}: {actor_class!r}")
+        check_actor_request(actor_class, name, resources, args, kwargs)
         request = JobRequest(
             name=name,
             entrypoint=Entrypoint.from_callable(_host_actor, args=(actor_class, args, kwargs, name)),
@@ -455,11 +453,9 @@ class ClusterClient:
         **kwargs: Any,
     ) -> ActorGroup:
         """Start ``count`` actors ``{name}-0`` ... ``{name}-{count-1}``, each its own job."""
-        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-            raise ConfigError(f"create_actor_group(count={count!r}) must be a whole number >= 1")
         handles = [
-            self.create_actor(actor_class, *args, name=f"{name}-{i}", resources=resources, **kwargs)
-            for i in range(count)
+            self.create_actor(actor_class, *args, name=member, resources=resources, **kwargs)
+            for member in group_member_names(name, count)
         ]
         jobs = [ClusterJobHandle(self.address, h._job_id, self._token) for h in handles]
         return ActorGroup(handles, jobs)

@@ -36,7 +36,7 @@ from urllib.parse import quote
 import cloudpickle
 
 from fray._serialization import call_parts, check_picklable
-from fray.actor import ActorFuture, ActorGroup, check_actor_method
+from fray.actor import ActorFuture, ActorGroup, check_actor_method, check_actor_request, group_member_names
 from fray.client import ClientSpec
 from fray.errors import (
     ActorDiedError,
@@ -1058,9 +1058,7 @@ class RayActorHandle:
         return method
 
     def __eq__(self, other: object) -> bool:
-        return (
-            isinstance(other, RayActorHandle) and (other._name, other._namespace) == (self._name, self._namespace)
-        )
+        return isinstance(other, RayActorHandle) and (other._name, other._namespace) == (self._name, self._namespace)
 
     def __hash__(self) -> int:
         return hash((self._name, self._namespace))
@@ -1447,14 +1445,9 @@ class RayClient:
     ) -> RayActorHandle:
         """Create the named Ray actor ``name`` in this client's namespace; the handle is usable at once."""
         self._check_open()
-        validate_name(name, "actor name")
-        if not isinstance(actor_class, type):
-            raise ConfigError(f"create_actor needs a class, got {type(actor_class).__name__}: {actor_class!r}")
-        if not isinstance(resources, ResourceConfig):
-            raise ConfigError(f"create_actor(resources={resources!r}) must be a ResourceConfig")
+        check_actor_request(actor_class, name, resources, args, kwargs)
         if isinstance(resources.device, TpuConfig):
             raise ConfigError(f"actor {name!r}: actors cannot take a TpuConfig on Ray; submit a TPU job instead")
-        check_picklable(f"actor {name!r}", call_parts(actor_class, args, kwargs, what="the class"))
         job_id = self._new_job_id(name)
         info = JobInfo(job_id, name, 0, 1, self.namespace, 0)
         env = {**job_env(info), "FRAY_CLIENT_SPEC": self.spec}
@@ -1488,11 +1481,9 @@ class RayClient:
         **kwargs: Any,
     ) -> ActorGroup:
         """Create ``count`` actors ``{name}-0`` ... ``{name}-{count-1}``; returns at once."""
-        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-            raise ConfigError(f"create_actor_group(count={count!r}) must be a whole number >= 1")
         handles = [
-            self.create_actor(actor_class, *args, name=f"{name}-{i}", resources=resources, **kwargs)
-            for i in range(count)
+            self.create_actor(actor_class, *args, name=member, resources=resources, **kwargs)
+            for member in group_member_names(name, count)
         ]
         with self._lock:
             jobs = [next(j for j in self._actor_jobs.values() if j._handle is h) for h in handles]

@@ -130,7 +130,11 @@ class TpuJob(_CallableJob):
 
         client = self._client
         env_base = {**client._user_env(request), "FRAY_CLIENT_SPEC": client.spec}
-        options = {"num_cpus": request.resources.cpu, "resources": {"TPU": float(shape.chips_per_host)}, "name": request.name}
+        options = {
+            "num_cpus": request.resources.cpu,
+            "resources": {"TPU": float(shape.chips_per_host)},
+            "name": request.name,
+        }
         remote = client._replica_fn()
         refs = []
         for process, (k, h, i) in enumerate(order):
