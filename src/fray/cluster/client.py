@@ -230,6 +230,8 @@ class ClusterActorHandle:
         self._ready: concurrent.futures.Future[None] = concurrent.futures.Future()
         self._rpc: ActorClient[Any] | None = None
         self._queued: list[tuple[ActorFuture, str, tuple[Any, ...], dict[str, Any]]] = []
+        self._direct = False  # True once queued calls are all sent: later calls go straight out
+        self._error: BaseException | None = None
         self._watching = False
 
     def __reduce__(self) -> tuple[object, ...]:
@@ -280,33 +282,40 @@ class ClusterActorHandle:
         return death
 
     def _settle(self, rpc: ActorClient[Any] | None, error: BaseException | None) -> None:
-        with self._lock:
-            self._rpc = rpc
-            queued, self._queued = self._queued, []
         if error is not None:
+            with self._lock:
+                self._error = error
+                queued, self._queued = self._queued, []
             self._ready.set_exception(error)
             for future, *_ in queued:
                 future.set_exception(_copy_died(error))
             return
+        with self._lock:
+            self._rpc = rpc
+        # Calls made meanwhile keep joining the queue until it is drained, so that none
+        # overtakes a call made before it: the actor sees them all in the order they were made.
+        while True:
+            with self._lock:
+                batch, self._queued = self._queued, []
+                if not batch:
+                    self._direct = True
+                    break
+            for future, method, args, kwargs in batch:
+                self._send(future, method, args, kwargs)
         self._ready.set_result(None)
-        for future, method, args, kwargs in queued:
-            self._send(future, method, args, kwargs)
 
     def _call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ActorFuture:
         future = ActorFuture()
         with self._lock:
-            if not self._ready.done():
+            direct, error = self._direct, self._error
+            if not direct and error is None:
                 self._queued.append((future, method, args, kwargs))
-                queue_it = True
-            else:
-                queue_it = False
-        if queue_it:
+        if error is not None:
+            future.set_exception(_copy_died(error))
+        elif direct:
+            self._send(future, method, args, kwargs)
+        else:
             self._watch()
-            return future
-        if self._ready.exception() is not None:
-            future.set_exception(_copy_died(self._ready.exception()))
-            return future
-        self._send(future, method, args, kwargs)
         return future
 
     def _send(self, future: ActorFuture, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
