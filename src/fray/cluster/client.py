@@ -115,12 +115,7 @@ def _raise_for(view: JobView) -> None:
         raise JobFailed(
             view.job_id, f"{type(cause).__name__}: {cause} ({view.error})", cause=cause, traceback_text=text
         )
-    exit_code = None
-    marker = "exit code "
-    if marker in view.error:
-        digits = view.error.split(marker, 1)[1].split()[0].strip("():;,")
-        exit_code = int(digits) if digits.lstrip("-").isdigit() else None
-    raise JobFailed(view.job_id, view.error or "failed", exit_code=exit_code)
+    raise JobFailed(view.job_id, view.error or "failed", exit_code=view.exit_code)
 
 
 class ClusterJobHandle:

@@ -286,7 +286,7 @@ class ControllerService:
         return self._view(record)
 
     def _view(self, job: JobRecord) -> JobView:
-        failure = self._store.job_failure(job.job_id) if job.state == JobStatus.FAILED else None
+        exit_code, failure = self._store.job_failure(job.job_id) if job.state == JobStatus.FAILED else (None, None)
         with self._lock:
             settled = not any(key.job_id == job.job_id for key in self._unconfirmed_kills)
         return JobView(
@@ -298,6 +298,7 @@ class ControllerService:
             pending_reason=job.pending_reason,
             error=job.error,
             failure=failure,
+            exit_code=exit_code,
             settled=settled,
             parent_id=job.parent_id,
             user=job.user,

@@ -115,7 +115,11 @@ class WorkerCommands:
 
 @dataclass(frozen=True)
 class JobView:
-    """A job as clients see it. ``settled`` is False while killed tasks may still be running."""
+    """A job as clients see it. ``settled`` is False while killed tasks may still be running.
+
+    For a FAILED job, ``failure`` (an :func:`encode_failure` report, from Python tasks) and
+    ``exit_code`` describe its last failed task.
+    """
 
     job_id: str
     name: str
@@ -125,6 +129,7 @@ class JobView:
     pending_reason: str
     error: str
     failure: bytes | None
+    exit_code: int | None
     settled: bool
     parent_id: str | None
     user: str

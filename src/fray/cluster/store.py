@@ -1134,15 +1134,17 @@ class ClusterStore:
                     )
             return fx.freeze()
 
-    def job_failure(self, job_id: str) -> bytes | None:
-        """The failure report of the job's most recently failed task, if any was given."""
+    def job_failure(self, job_id: str) -> tuple[int | None, bytes | None]:
+        """The exit code and failure report of the job's most recently failed task ``(None, None)`` if none."""
         with self._lock:
             row = self._conn.execute(
-                "SELECT failure FROM tasks WHERE job_id = ? AND failure IS NOT NULL "
+                "SELECT exit_code, failure FROM tasks WHERE job_id = ? AND state = 'failed' "
                 "ORDER BY finished_at DESC, attempt DESC LIMIT 1",
                 (job_id,),
             ).fetchone()
-        return None if row is None else bytes(row[0])
+        if row is None:
+            return None, None
+        return row[0], None if row[1] is None else bytes(row[1])
 
     def live_job_with_label(self, namespace: str, label: str) -> str | None:
         """The id of an unfinished job in ``namespace`` whose label is ``label``, if there is one."""
