@@ -72,6 +72,7 @@ class ControllerService:
         self._lock = threading.Lock()
         # Notified whenever a job or endpoint changes, for clients' long-polls.
         self._changed = threading.Condition(self._lock)
+        self._generation = 0  # counts notifications of _changed, so waiters miss none
         self._outboxes: dict[str, _Outbox] = {}
         self._outbox_ready = threading.Condition(self._lock)
         # Kill orders sent but not yet confirmed by the worker: a terminated job is not
@@ -83,6 +84,17 @@ class ControllerService:
         self._scheduler: threading.Thread | None = None
         # Endpoints of servers that are not Fray tasks (registered through the registry API).
         self._external = EndpointRegistry()
+
+    def _notify_changed(self) -> None:
+        """Wake long-polls waiting for a job or endpoint to change (call with ``_lock`` held)."""
+        self._generation += 1
+        self._changed.notify_all()
+
+    def _wait_for_change(self, since: int, timeout: float) -> None:
+        """Wait until something changed after generation ``since`` (or ``timeout``); lock not held."""
+        with self._lock:
+            if self._generation == since and not self._stopping.is_set():
+                self._changed.wait(timeout)
 
     # ----- lifecycle ----------------------------------------------------------------------------
 
@@ -97,7 +109,7 @@ class ControllerService:
         self._stopping.set()
         self._kick.set()
         with self._lock:
-            self._changed.notify_all()
+            self._notify_changed()
             self._outbox_ready.notify_all()
         if self._scheduler is not None:
             self._scheduler.join(timeout=5)
@@ -136,7 +148,7 @@ class ControllerService:
                     assert task.worker_id is not None
                     self._outboxes.setdefault(task.worker_id, _Outbox()).start.append(assignment)
                 self._outbox_ready.notify_all()
-                self._changed.notify_all()
+                self._notify_changed()
         return assigned
 
     def _spec(self, job_id: str) -> JobSpec:
@@ -179,7 +191,7 @@ class ControllerService:
             if effects.kill:
                 self._outbox_ready.notify_all()
             if effects.finished or effects.retried or effects.kill:
-                self._changed.notify_all()
+                self._notify_changed()
         if effects.finished or effects.retried or effects.lost_workers or effects.kill:
             self._kick.set()
 
@@ -239,10 +251,10 @@ class ControllerService:
             with self._lock:
                 for exit_ in report.exited:
                     self._unconfirmed_kills.pop(exit_.key, None)
-                self._changed.notify_all()
+                self._notify_changed()
         if report.started:
             with self._lock:
-                self._changed.notify_all()
+                self._notify_changed()
         return alive
 
     # ----- clients: jobs ------------------------------------------------------------------------
@@ -315,16 +327,15 @@ class ControllerService:
         """Block until one (``any_finished``) or all of ``job_ids`` are finished and settled, or ``timeout``."""
         deadline = time.monotonic() + min(max(timeout, 0.0), 60.0)
         while True:
+            since = self._generation
             views = [self.job(job_id) for job_id in job_ids]
             done = [v.state.finished and v.settled for v in views]
             if (any(done) if any_finished else all(done)) or not views:
                 return views
-            with self._lock:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or self._stopping.is_set():
-                    return views
-                # Re-check under the lock would need the store lock too; a bounded wait keeps it simple.
-                self._changed.wait(min(remaining, 0.5))
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or self._stopping.is_set():
+                return views
+            self._wait_for_change(since, remaining)
 
     def terminate(self, job_id: str, reason: str = "terminated") -> JobView:
         """Stop the job, its tasks and its descendants."""
@@ -354,7 +365,7 @@ class ControllerService:
         """A running task serves ``name`` at ``url``; it disappears when the task ends."""
         ok = self._store.register_endpoint(namespace, name, url, task, self._clock())
         with self._lock:
-            self._changed.notify_all()
+            self._notify_changed()
         return ok
 
     def list_endpoints(self, namespace: str | None = None) -> list[Endpoint]:
@@ -372,17 +383,17 @@ class ControllerService:
         """
         deadline = time.monotonic() + min(max(timeout, 0.0), 60.0)
         while True:
+            since = self._generation
             view = self.job(job_id)
             if view.state.finished:
                 return "dead", view.error or view.state.value, view
             for endpoint in self._store.list_endpoints(namespace, prefix=name):
                 if endpoint.name == name and endpoint.task.job_id == job_id:
                     return "ready", endpoint.address, view
-            with self._lock:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or self._stopping.is_set():
-                    return "pending", view.pending_reason or view.state.value, view
-                self._changed.wait(min(remaining, 0.5))
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or self._stopping.is_set():
+                return "pending", view.pending_reason or view.state.value, view
+            self._wait_for_change(since, remaining)
 
     # The endpoint-registry API, so that a plain ClusterResolver can find task-hosted actors too.
 
