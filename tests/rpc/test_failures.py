@@ -12,6 +12,7 @@ from fray.errors import ActorUnavailableError
 from fray.rpc import (
     ActorClient,
     ActorServer,
+    CallNotSentError,
     ClusterResolver,
     FixedResolver,
     RpcOptions,
@@ -43,6 +44,19 @@ def test_kill_9_mid_call_fails_in_flight_calls_promptly(server_factory) -> None:
                 future.result(timeout=30)
     with pytest.raises(ActorUnavailableError, match="not sent"):
         gate.running()  # nothing listens any more: refused, so provably not sent
+
+
+def test_only_calls_that_never_left_are_typed_as_safe_to_resend(server_factory) -> None:
+    # Callers that must not run a call twice (job submission) resend only on CallNotSentError.
+    server = server_factory({"gate": ("Gate", 4)})
+    gate = ActorClient(FixedResolver({"gate": server.url("gate")}), "gate")
+    in_flight = gate.block_forever.remote()
+    wait_until(lambda: gate.running() == 1)
+    server.kill()
+    sent = in_flight.exception(timeout=30)
+    assert isinstance(sent, ActorUnavailableError) and not isinstance(sent, CallNotSentError)
+    with pytest.raises(CallNotSentError):
+        gate.running()
 
 
 def test_restart_under_same_name_is_detected_then_followed(server_factory) -> None:

@@ -28,7 +28,7 @@ from fray.cluster.worker import controller_client
 from fray.errors import ActorDiedError, ActorUnavailableError, ConfigError, FrayError, JobFailed
 from fray.job import Entrypoint, JobRequest, JobStatus, current_job
 from fray.resources import ResourceConfig
-from fray.rpc import ActorClient, ActorServer, RpcOptions
+from fray.rpc import ActorClient, ActorServer, CallNotSentError, RpcOptions
 from fray.rpc.resolver import FixedResolver
 
 __all__ = ["ClusterActorHandle", "ClusterClient", "ClusterJobHandle", "connect_controller", "load_token"]
@@ -79,8 +79,8 @@ class _Controller:
                 try:
                     return call(*args, **kwargs)
                 except ActorUnavailableError as exc:
-                    sent = "was not sent" not in str(exc) and "replaced" not in str(exc)
-                    if (sent and method in _NOT_IDEMPOTENT) or time.monotonic() > deadline:
+                    may_have_run = not isinstance(exc, CallNotSentError)
+                    if (may_have_run and method in _NOT_IDEMPOTENT) or time.monotonic() > deadline:
                         raise
                 time.sleep(delay)
                 delay = min(delay * 2, 0.5)

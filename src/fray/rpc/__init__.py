@@ -11,6 +11,7 @@ The wire format is documented in ``docs/protocol.md``.
 
 from fray.rpc.client import (
     ActorClient,
+    CallNotSentError,
     RpcOptions,
     RpcTimeoutError,
     list_actors,
@@ -40,6 +41,7 @@ __all__ = [
     "ActorInfo",
     "ActorServer",
     "AuthenticationError",
+    "CallNotSentError",
     "ClusterResolver",
     "EndpointRegistry",
     "FixedResolver",

@@ -89,6 +89,14 @@ class RpcTimeoutError(ActorUnavailableError, TimeoutError):
     """A call did not complete within ``RpcOptions.timeout``; if it was sent, it may or may not have run."""
 
 
+class CallNotSentError(ActorUnavailableError):
+    """The call provably never reached the actor: it did not run, and sending it again is safe.
+
+    Every other :class:`~fray.errors.ActorUnavailableError` about a call means it may or
+    may not have run.
+    """
+
+
 class _NotSent(Exception):
     """Internal: the request provably never reached the actor, so it may be retried."""
 
@@ -667,7 +675,7 @@ class _Channel:
                 self._conn, self._actor_id = conn, actor_id
                 previous, self._known_id = self._known_id, actor_id
                 if previous is not None and previous != actor_id:
-                    raise ActorUnavailableError(
+                    raise CallNotSentError(
                         f"actor {self.name!r} was replaced by a new instance (id {previous} -> {actor_id}); "
                         "this call was not sent, later calls go to the new instance"
                     )
@@ -903,7 +911,7 @@ class ActorClient(Generic[T]):
                 channel.drop()
                 now = time.monotonic()
                 if attempt >= self._options.retries or (deadline is not None and now >= deadline):
-                    raise ActorUnavailableError(
+                    raise CallNotSentError(
                         f"call {self.name}.{method} was not sent (attempt {attempt + 1} of "
                         f"{self._options.retries + 1}): {exc}"
                     ) from None
@@ -1044,7 +1052,7 @@ def list_methods(client: ActorClient[Any]) -> list[MethodInfo]:
         conn, _ = client._channel.bind(deadline)
         return list(_control(conn, CONTROL_LIST_METHODS, (client.namespace, client.name), deadline))
     except _NotSent as exc:
-        raise ActorUnavailableError(str(exc)) from None
+        raise CallNotSentError(str(exc)) from None
 
 
 def list_actors(
@@ -1057,6 +1065,6 @@ def list_actors(
     try:
         return list(_control(conn, CONTROL_LIST_ACTORS, (resolve_namespace(namespace),), deadline))
     except _NotSent as exc:
-        raise ActorUnavailableError(str(exc)) from None
+        raise CallNotSentError(str(exc)) from None
     finally:
         conn.close()
