@@ -42,6 +42,14 @@ def client_of(cluster: LocalCluster) -> ClusterClient:
     return ClusterClient(cluster.address, token=cluster.token)
 
 
+def with_workers(cluster: LocalCluster, *cpus: int | None) -> ClusterClient:
+    """Start workers ``w-a``, ``w-b``, ... offering these many cores (None: the machine's); return a client."""
+    for letter, cpu in zip("abcdefgh", cpus, strict=False):
+        cluster.add_worker(f"w-{letter}", *(("--cpu", str(cpu)) if cpu is not None else ()))
+    cluster.wait_for_workers(len(cpus))
+    return client_of(cluster)
+
+
 def wait_for_file(path: Path, timeout: float = 30.0) -> None:
     """Inside a job: block until ``path`` exists (the test's way to hold a job running)."""
     deadline = time.monotonic() + timeout
@@ -68,10 +76,7 @@ def record_and_block_first_attempt(directory: str) -> None:
 
 
 def test_killed_worker_mid_task_the_job_succeeds_elsewhere(cluster: LocalCluster, tmp_path: Path):
-    cluster.add_worker("w-a", "--cpu", "1")
-    cluster.add_worker("w-b", "--cpu", "1")
-    cluster.wait_for_workers(2)
-    client = client_of(cluster)
+    client = with_workers(cluster, 1, 1)
     job = client.submit(
         JobRequest(
             name="survivor", entrypoint=Entrypoint.from_callable(record_and_block_first_attempt, args=(str(tmp_path),))
@@ -92,9 +97,7 @@ def gated(directory: str) -> None:
 
 
 def test_killed_controller_restarts_and_nothing_is_lost(cluster: LocalCluster, tmp_path: Path):
-    cluster.add_worker("w-a", "--cpu", "1")
-    cluster.wait_for_workers(1)
-    client = client_of(cluster)
+    client = with_workers(cluster, 1)
     running = client.submit(
         JobRequest(name="running", entrypoint=Entrypoint.from_callable(gated, args=(str(tmp_path),)))
     )
@@ -116,9 +119,7 @@ class Pid:
 
 
 def test_killed_actor_process_surfaces_to_callers_and_group(cluster: LocalCluster):
-    cluster.add_worker("w-a")
-    cluster.wait_for_workers(1)
-    client = client_of(cluster)
+    client = with_workers(cluster, None)
     group = client.create_actor_group(Pid, name="victim", count=2)
     handles = group.wait_ready(timeout=60)
     pid = handles[0].pid()
@@ -137,9 +138,7 @@ def exit_with(code: int) -> None:
 
 
 def test_nonzero_exit_with_and_without_retry_budget(cluster: LocalCluster, tmp_path: Path):
-    cluster.add_worker("w-a")
-    cluster.wait_for_workers(1)
-    client = client_of(cluster)
+    client = with_workers(cluster, None)
     no_budget = client.submit(JobRequest(name="once", entrypoint=Entrypoint.from_binary("bash", ["-c", "exit 7"])))
     with pytest.raises(JobFailed) as info:
         no_budget.wait(timeout=60)
@@ -164,9 +163,7 @@ def gang_member(directory: str) -> None:
 
 
 def test_gang_is_retried_together_when_one_replica_dies(cluster: LocalCluster, tmp_path: Path):
-    cluster.add_worker("w-a", "--cpu", "4")
-    cluster.wait_for_workers(1)
-    client = client_of(cluster)
+    client = with_workers(cluster, 4)
     job = client.submit(
         JobRequest(
             name="gang",
@@ -182,9 +179,7 @@ def test_gang_is_retried_together_when_one_replica_dies(cluster: LocalCluster, t
 
 
 def test_unsatisfiable_job_stays_pending_with_its_reason_and_can_be_terminated(cluster: LocalCluster):
-    cluster.add_worker("w-a", "--cpu", "2")
-    cluster.wait_for_workers(1)
-    client = client_of(cluster)
+    client = with_workers(cluster, 2)
     job = client.submit(
         JobRequest(name="huge", entrypoint=Entrypoint.from_binary("true"), resources=ResourceConfig(cpu=64))
     )
@@ -207,9 +202,7 @@ def parent_with_child(directory: str) -> None:
 
 
 def test_child_jobs_stop_when_their_parent_ends(cluster: LocalCluster, tmp_path: Path):
-    cluster.add_worker("w-a", "--cpu", "4")
-    cluster.wait_for_workers(1)
-    client = client_of(cluster)
+    client = with_workers(cluster, 4)
     parent = client.submit(
         JobRequest(name="parent", entrypoint=Entrypoint.from_callable(parent_with_child, args=(str(tmp_path),)))
     )
@@ -233,9 +226,7 @@ def test_wrong_token_is_refused(cluster: LocalCluster):
 
 def test_short_tasks_finish_while_a_long_one_runs_beside_them(cluster: LocalCluster, tmp_path: Path):
     # Regression: tasks forked together must not hold each other's output pipes open.
-    cluster.add_worker("w-a", "--cpu", "64")
-    cluster.wait_for_workers(1)
-    client = client_of(cluster)
+    client = with_workers(cluster, 64)
     long_job = client.submit(JobRequest(name="long", entrypoint=Entrypoint.from_callable(gated, args=(str(tmp_path),))))
     short = [
         client.submit(JobRequest(name=f"short-{i}", entrypoint=Entrypoint.from_callable(print, args=(i,))))
@@ -248,8 +239,7 @@ def test_short_tasks_finish_while_a_long_one_runs_beside_them(cluster: LocalClus
 
 
 def test_a_drivers_actors_stop_when_it_exits_but_its_jobs_run_on(cluster: LocalCluster, tmp_path: Path):
-    cluster.add_worker("w-a", "--cpu", "4")
-    cluster.wait_for_workers(1)
+    with_workers(cluster, 4)
     script = f"""
 import os
 from fray import Entrypoint, JobRequest
@@ -271,10 +261,7 @@ print(job.job_id)
 
 
 def test_a_lost_worker_that_comes_back_has_its_stale_tasks_killed(cluster: LocalCluster, tmp_path: Path):
-    cluster.add_worker("w-a", "--cpu", "1")
-    cluster.add_worker("w-b", "--cpu", "1")
-    cluster.wait_for_workers(2)
-    client = client_of(cluster)
+    client = with_workers(cluster, 1, 1)
     job = client.submit(
         JobRequest(
             name="partitioned",
@@ -311,9 +298,7 @@ def test_terminate_right_after_submit_never_leaves_a_task_running(cluster: Local
     # Terminate at every stage of a task's start (unsent, just forked, running). Seen once
     # under load: a kill reaching a forked task before it had its own process group was
     # lost and the task ran on; the window is too short to hit on purpose.
-    cluster.add_worker("w-a", "--cpu", "8")
-    cluster.wait_for_workers(1)
-    client = client_of(cluster)
+    client = with_workers(cluster, 8)
     pids = tmp_path / "pids"
     pids.mkdir()
     for i in range(15):
