@@ -167,4 +167,4 @@ def test_job_failed_pickles_with_its_cause_and_traceback():
     assert str(copy) == str(err)
     assert isinstance(copy.cause, ValueError)
     assert copy.traceback_text == "Traceback..."
-    assert copy.__cause__ is copy.cause
+    assert type(copy.__cause__).__name__ == "RemoteTraceback"

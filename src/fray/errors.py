@@ -2,11 +2,39 @@
 
 Every error Fray raises on purpose derives from :class:`FrayError`, so callers can
 catch Fray's failures without catching their own bugs. Errors about bad input also
-derive from the matching built-in (``ValueError``, ``TypeError``) so that generic
-code that validates input keeps working.
+derive from the matching built-in (``ValueError``, ``TypeError``, ``KeyError``,
+``TimeoutError``) so that generic code that validates input keeps working.
+
+An exception raised by user code in another job, task or actor call reaches the
+caller in one form on every backend (built by :mod:`fray._remote`): an instance of
+:class:`JobFailed` (for ``job.wait()``) or :class:`RemoteError` (for an actor call)
+that is *also* an instance of the user's own exception class, so both
+``except ValueError:`` and ``except fray.JobFailed:`` work. Its ``traceback_text``
+holds the remote traceback, which is also chained as ``__cause__`` so that an
+uncaught error prints where it happened.
 """
 
 from __future__ import annotations
+
+__all__ = [
+    "ActorDiedError",
+    "ActorUnavailableError",
+    "AuthenticationError",
+    "CallNotSentError",
+    "ConfigError",
+    "FrayError",
+    "IllegalTransition",
+    "JobAlreadyExists",
+    "JobFailed",
+    "JobTerminated",
+    "NotFound",
+    "ProtocolError",
+    "RemoteError",
+    "RemoteTraceback",
+    "RpcTimeoutError",
+    "SerializationError",
+    "StoreError",
+]
 
 
 class FrayError(Exception):
@@ -24,12 +52,45 @@ class SerializationError(FrayError, TypeError):
     """An argument, entrypoint or result cannot be pickled to cross a process boundary."""
 
 
-class JobFailed(FrayError):
-    """A job ended in the FAILED state.
+class _Remote(FrayError):
+    """What :class:`JobFailed` and :class:`RemoteError` share: the remote side of a failure.
 
-    ``cause`` is the job's original exception when the job was a Python callable
-    (it is also chained as ``__cause__``), ``traceback_text`` the remote traceback as
-    text, and ``exit_code`` the process exit code for binary jobs.
+    ``cause`` is the original exception when it could be rebuilt on this side,
+    ``traceback_text`` the remote traceback (user frames only), ``type_name`` the
+    qualified name of the original type (empty when the failure was not an exception,
+    e.g. a binary job's exit code).
+    """
+
+    type_name: str = ""
+    traceback_text: str = ""
+    cause: BaseException | None = None
+
+    def __str__(self) -> str:
+        return str(getattr(self, "_text", "") or (self.args[0] if self.args else ""))
+
+    def __reduce__(self) -> tuple[object, ...]:
+        from fray._remote import reduce_remote
+
+        return reduce_remote(self)
+
+
+class RemoteTraceback(Exception):
+    """The traceback of an exception raised elsewhere, chained as ``__cause__`` so that printing shows it."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+    def __str__(self) -> str:
+        return f'\n"""\n{self.text.rstrip()}\n"""'
+
+
+class JobFailed(_Remote):
+    """A job ended in the FAILED state; raised by ``wait()`` and ``wait_all()``.
+
+    When the job's Python code raised, the instance is also of that exception's class
+    (``except ValueError`` works) and ``cause`` is the original exception. ``exit_code``
+    is the process exit code for binary jobs; ``message`` the reason without the job id.
     """
 
     def __init__(
@@ -40,31 +101,60 @@ class JobFailed(FrayError):
         cause: BaseException | None = None,
         traceback_text: str = "",
         exit_code: int | None = None,
+        type_name: str = "",
     ) -> None:
         super().__init__(f"job {job_id!r} failed: {message}")
+        self._init_job(job_id, message, cause=cause, traceback_text=traceback_text, exit_code=exit_code)
+        self.type_name = type_name or (_qualified(type(cause)) if cause is not None else "")
+
+    def _init_job(
+        self,
+        job_id: str,
+        message: str,
+        *,
+        cause: BaseException | None,
+        traceback_text: str,
+        exit_code: int | None,
+    ) -> None:
         self.job_id = job_id
+        self.message = self._reason = message
         self.cause = cause
         self.traceback_text = traceback_text
         self.exit_code = exit_code
-        if cause is not None:
-            self.__cause__ = cause
-
-    def __reduce__(self) -> tuple[object, ...]:
-        return (_rebuild_job_failed, (self.job_id, self.args[0], self.cause, self.traceback_text, self.exit_code))
-
-    def __str__(self) -> str:
-        text = str(self.args[0])
-        if self.traceback_text:
-            text += "\n\nRemote traceback:\n" + self.traceback_text.rstrip()
-        return text
+        self._text = f"job {job_id!r} failed: {message}"
+        if traceback_text:
+            self.__cause__ = RemoteTraceback(traceback_text)
 
 
-def _rebuild_job_failed(
-    job_id: str, text: str, cause: BaseException | None, traceback_text: str, exit_code: int | None
-) -> JobFailed:
-    err = JobFailed(job_id, "", cause=cause, traceback_text=traceback_text, exit_code=exit_code)
-    err.args = (text,)
-    return err
+class RemoteError(_Remote):
+    """An exception raised by user code on the other side of an actor call (or a task).
+
+    The instance is also of the original exception's class when that class exists here;
+    otherwise it is a plain ``RemoteError`` naming the type, message and traceback.
+    """
+
+    def __init__(
+        self, type_name: str, message: str, traceback_text: str = "", *, cause: BaseException | None = None
+    ) -> None:
+        super().__init__(f"{type_name}: {message}")
+        self._init_remote(type_name, message, traceback_text, cause)
+
+    def _init_remote(self, type_name: str, message: str, traceback_text: str, cause: BaseException | None) -> None:
+        self.type_name = type_name
+        self.message = self._reason = message
+        self.traceback_text = traceback_text
+        self.cause = cause
+        self._text = f"{_short(type_name)}: {message}" if message else _short(type_name)
+        if traceback_text:
+            self.__cause__ = RemoteTraceback(traceback_text)
+
+
+def _qualified(cls: type) -> str:
+    return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _short(type_name: str) -> str:
+    return type_name.rsplit(".", 1)[-1]
 
 
 class JobAlreadyExists(FrayError):
@@ -89,17 +179,39 @@ class ActorUnavailableError(FrayError):
     """
 
 
-class RemoteError(FrayError):
-    """An exception raised remotely whose type cannot be rebuilt on this side.
+class RpcTimeoutError(ActorUnavailableError, TimeoutError):
+    """A call did not complete within ``RpcOptions.timeout``; if it was sent, it may or may not have run."""
 
-    ``type_name`` is the qualified name of the original type, ``traceback_text`` the remote traceback.
+
+class CallNotSentError(ActorUnavailableError):
+    """The call provably never reached the actor: it did not run, and sending it again is safe.
+
+    Every other :class:`ActorUnavailableError` about a call means it may or may not have run.
     """
 
-    def __init__(self, type_name: str, message: str, traceback_text: str = "") -> None:
-        super().__init__(f"{type_name}: {message}")
-        self.type_name = type_name
-        self.message = message
-        self.traceback_text = traceback_text
 
-    def __reduce__(self) -> tuple[object, ...]:
-        return (RemoteError, (self.type_name, self.message, self.traceback_text))
+class AuthenticationError(FrayError):
+    """The peer did not prove it holds the cluster token (or refused ours).
+
+    Raised by a client whose server refused its token (or has none while the client
+    does); the call was not sent. Set the same ``FRAY_TOKEN`` on both sides.
+    """
+
+
+class ProtocolError(FrayError):
+    """The peer sent bytes that are not a valid Fray frame: bad magic, version, or sizes."""
+
+
+class StoreError(FrayError):
+    """The cluster's store refused an operation (see the message for why)."""
+
+
+class IllegalTransition(StoreError):
+    """A state change that the job, task or worker state machine does not allow."""
+
+
+class NotFound(StoreError, KeyError):
+    """No job, task or worker with that id."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""

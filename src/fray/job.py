@@ -213,19 +213,28 @@ def wait_all(
     Raises :class:`JobFailed` as soon as any job fails (not after the earlier ones
     finish) when ``raise_on_failure``, and ``TimeoutError`` when ``timeout`` seconds
     pass first. Returns the final statuses in input order.
+
+    Backends whose handles can wait for many jobs in one go (a class method
+    ``_fray_wait_some(jobs, timeout) -> list[JobStatus]`` that blocks until at least one
+    of ``jobs`` finished or ``timeout`` passed) are waited on that way; others are polled.
     """
     jobs = list(jobs)
     deadline = None if timeout is None else time.monotonic() + timeout
     final: dict[int, JobStatus] = {}
+    kinds = {type(job) for job in jobs}
+    batch = getattr(next(iter(kinds)), "_fray_wait_some", None) if len(kinds) == 1 else None
     delay = 0.001
     while True:
-        for index, job in enumerate(jobs):
-            if index in final:
-                continue
-            status = job.status()
+        pending = [i for i in range(len(jobs)) if i not in final]
+        if batch is not None and pending:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            statuses = batch([jobs[i] for i in pending], remaining)
+        else:
+            statuses = [jobs[i].status() for i in pending]
+        for index, status in zip(pending, statuses, strict=True):
             if status == JobStatus.FAILED and raise_on_failure:
-                job.wait(timeout=0, raise_on_failure=True)  # raises JobFailed with the job's own details
-                raise JobFailed(job.job_id, "failed")  # pragma: no cover - a backend that did not raise above
+                jobs[index].wait(timeout=0, raise_on_failure=True)  # raises JobFailed with the job's own details
+                raise JobFailed(jobs[index].job_id, "failed")  # pragma: no cover - a backend that did not raise above
             if status.finished:
                 final[index] = status
         if len(final) == len(jobs):
@@ -235,9 +244,10 @@ def wait_all(
             raise TimeoutError(
                 f"wait_all: {len(waiting)} of {len(jobs)} jobs still running after {timeout}s: {waiting}"
             )
-        pause = delay if deadline is None else min(delay, max(0.0, deadline - time.monotonic()))
-        time.sleep(pause)
-        delay = min(delay * 2, 0.05)
+        if batch is None:
+            pause = delay if deadline is None else min(delay, max(0.0, deadline - time.monotonic()))
+            time.sleep(pause)
+            delay = min(delay * 2, 0.05)
 
 
 @dataclass(frozen=True)
@@ -292,3 +302,16 @@ def job_env(info: JobInfo) -> dict[str, str]:
         "FRAY_NAMESPACE": info.namespace,
         "FRAY_ATTEMPT": str(info.attempt),
     }
+
+
+def replica_env(info: JobInfo, client_spec: str, user_env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment one replica of a job runs with, on every process-based backend.
+
+    Fray's identity variables (:func:`job_env`), ``FRAY_CLIENT_SPEC`` naming the backend
+    (so ``current_client()`` inside the job reaches the same cluster), unbuffered Python
+    output (so logs arrive as they are written), then the user's own variables, which win.
+    """
+    env = {**job_env(info), "FRAY_CLIENT_SPEC": client_spec, "PYTHONUNBUFFERED": "1"}
+    if user_env:
+        env.update(user_env)
+    return env

@@ -162,7 +162,9 @@ def test_terminate_kills_the_process_running_a_callable_job(ray_client, uid, tmp
 def test_lost_worker_is_retried_under_the_preemption_budget(ray_client, uid) -> None:
     recorder = ray_client.create_actor(Recorder, name=f"rec-{uid}")
     handle = ray_client.submit(
-        job(f"crash-{uid}", crash_worker_on_first_attempts, recorder, 1, max_retries_failure=0, max_retries_preemption=1)
+        job(
+            f"crash-{uid}", crash_worker_on_first_attempts, recorder, 1, max_retries_failure=0, max_retries_preemption=1
+        )
     )
     assert handle.wait(timeout=90) == JobStatus.SUCCEEDED
     assert recorder.get() == [0, 1]
@@ -171,7 +173,14 @@ def test_lost_worker_is_retried_under_the_preemption_budget(ray_client, uid) -> 
 def test_lost_worker_without_preemption_budget_fails(ray_client, uid) -> None:
     recorder = ray_client.create_actor(Recorder, name=f"rec-{uid}")
     handle = ray_client.submit(
-        job(f"crash0-{uid}", crash_worker_on_first_attempts, recorder, 9, max_retries_failure=5, max_retries_preemption=0)
+        job(
+            f"crash0-{uid}",
+            crash_worker_on_first_attempts,
+            recorder,
+            9,
+            max_retries_failure=5,
+            max_retries_preemption=0,
+        )
     )
     with pytest.raises(JobFailed, match="lost its worker"):
         handle.wait(timeout=90)

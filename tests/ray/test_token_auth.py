@@ -70,11 +70,20 @@ def test_ray_start_cluster_with_explicit_address_just_works(tmp_path: Path) -> N
     ray_tmp = tempfile.mkdtemp(prefix="fray-", dir="/tmp")
     head = subprocess.Popen(
         [
-            "ray", "start", "--head", "--block", f"--port={gcs_port}", f"--dashboard-port={dashboard_port}",
-            "--num-cpus=1", f"--temp-dir={ray_tmp}", "--disable-usage-stats",
+            "ray",
+            "start",
+            "--head",
+            "--block",
+            f"--port={gcs_port}",
+            f"--dashboard-port={dashboard_port}",
+            "--num-cpus=1",
+            f"--temp-dir={ray_tmp}",
+            "--disable-usage-stats",
             # Ray's agents have fixed default ports; the test session's own cluster holds them.
-            f"--dashboard-agent-listen-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}",
-            f"--runtime-env-agent-port={free_port()}", f"--metrics-export-port={free_port()}",
+            f"--dashboard-agent-listen-port={free_port()}",
+            f"--dashboard-agent-grpc-port={free_port()}",
+            f"--runtime-env-agent-port={free_port()}",
+            f"--metrics-export-port={free_port()}",
         ],
         env=user_env,
         stdout=log,

@@ -133,7 +133,10 @@ def main(output: str) -> None:
         cluster.wait_for_nodes()
         ray.init(address=cluster.address, log_to_driver=False)
         node_slices = {
-            n["NodeID"]: ((n.get("Labels") or {}).get("ray.io/tpu-slice-name"), (n.get("Labels") or {}).get("ray.io/tpu-worker-id"))
+            n["NodeID"]: (
+                (n.get("Labels") or {}).get("ray.io/tpu-slice-name"),
+                (n.get("Labels") or {}).get("ray.io/tpu-worker-id"),
+            )
             for n in ray.nodes()
         }
         results["node_slices"] = node_slices
