@@ -32,3 +32,24 @@ def check_picklable(what: str, parts: Mapping[str, Any]) -> None:
                 f"{what}: {label} cannot be pickled ({type(exc).__name__}: {exc}); Fray ships it to another "
                 "process. Pass picklable data (create locks, files, sockets and clients inside the job or actor)"
             ) from exc
+
+
+def actor_call_label(actor_name: str, method: str) -> str:
+    """How errors name one method of one actor: ``actor 'counter', method 'add'``."""
+    return f"actor {actor_name!r}, method {method!r}"
+
+
+def check_call_picklable(actor_name: str, method: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
+    """Refuse an actor call whose arguments cannot be pickled, naming the argument; the same on every backend.
+
+    Backends that pickle the call anyway check the pickling error instead (and only then
+    call this to word it), so the check costs nothing on the fast path.
+    """
+    parts = {f"argument {i}": a for i, a in enumerate(args)}
+    parts.update({f"keyword argument {k!r}": v for k, v in kwargs.items()})
+    check_picklable(actor_call_label(actor_name, method), parts)
+
+
+def check_result_picklable(actor_name: str, method: str, value: Any) -> None:
+    """Refuse an actor method's return value that cannot be pickled; the same on every backend."""
+    check_picklable(actor_call_label(actor_name, method), {"the return value": value})
