@@ -13,6 +13,7 @@ opens), and turns it into the same exception for the caller (:func:`job_failed`,
 from __future__ import annotations
 
 import contextlib
+import copyreg
 import json
 import os
 import pickle
@@ -20,6 +21,7 @@ import struct
 import sys
 import threading
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -165,6 +167,8 @@ def _dual_class(base: type[_Remote], user_cls: type) -> type | None:
             )
         except TypeError:  # e.g. an incompatible instance layout or a final class
             dual = None
+        if dual is not None:
+            copyreg.pickle(dual, reduce_remote)
         _DUALS[key] = dual
         return dual
 
@@ -248,7 +252,7 @@ def remote_error(failure: RemoteFailure, *, original: BaseException | None = Non
     return obj
 
 
-def reduce_remote(err: _Remote) -> tuple[object, ...]:
+def reduce_remote(err: _Remote) -> tuple[Callable[..., _Remote], tuple[Any, ...]]:
     """Pickle support for :class:`JobFailed` / :class:`RemoteError` and their dual classes."""
     failure: RemoteFailure | None = getattr(err, "_failure", None)
     if failure is None and err.cause is not None:
@@ -275,3 +279,8 @@ def _rebuild_remote_error(type_name: str, message: str, encoded: bytes | None, t
     if encoded is None:
         return RemoteError(type_name, message, traceback_text)
     return remote_error(RemoteFailure.decode(encoded))
+
+
+# Plain instances built here carry their failure in the data-only form too.
+copyreg.pickle(JobFailed, reduce_remote)  # type: ignore[arg-type]
+copyreg.pickle(RemoteError, reduce_remote)  # type: ignore[arg-type]

@@ -69,9 +69,14 @@ class _Remote(FrayError):
         return str(getattr(self, "_text", "") or (self.args[0] if self.args else ""))
 
     def __reduce__(self) -> tuple[object, ...]:
-        from fray._remote import reduce_remote
-
-        return reduce_remote(self)
+        # The plain form, with the cause pickled as it is. Instances built by fray._remote
+        # (those that are also the user's class) are pickled by the reducer it registers
+        # with copyreg, which pickle consults before this method.
+        if isinstance(self, JobFailed):
+            fields = (self.job_id, self._reason, self.cause, self.traceback_text, self.exit_code, self.type_name)
+            return (_plain_job_failed, fields)
+        assert isinstance(self, RemoteError)
+        return (_plain_remote_error, (self.type_name, self._reason, self.traceback_text, self.cause))
 
 
 class RemoteTraceback(Exception):
@@ -147,6 +152,23 @@ class RemoteError(_Remote):
         self._text = f"{_short(type_name)}: {message}" if message else _short(type_name)
         if traceback_text:
             self.__cause__ = RemoteTraceback(traceback_text)
+
+
+def _plain_job_failed(
+    job_id: str,
+    message: str,
+    cause: BaseException | None,
+    traceback_text: str,
+    exit_code: int | None,
+    type_name: str,
+) -> JobFailed:
+    return JobFailed(
+        job_id, message, cause=cause, traceback_text=traceback_text, exit_code=exit_code, type_name=type_name
+    )
+
+
+def _plain_remote_error(type_name: str, message: str, traceback_text: str, cause: BaseException | None) -> RemoteError:
+    return RemoteError(type_name, message, traceback_text, cause=cause)
 
 
 def _qualified(cls: type) -> str:
