@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from fray.actor import ActorFuture, ActorHandle
-from fray.errors import ActorUnavailableError, RemoteError, SerializationError
+from fray.errors import ActorUnavailableError, RemoteError, RemoteTraceback, SerializationError
 from fray.rpc import ActorClient, FixedResolver, RpcOptions, RpcTimeoutError, list_actors, list_methods
 from rpc.actors import Counter
 
@@ -73,8 +73,9 @@ def test_remote_exception_keeps_its_type_and_traceback(shared_server) -> None:
     with pytest.raises(KeyError) as info:
         counter.fail("boom")
     assert "boom" in str(info.value)
-    assert "in fail" in info.value.remote_traceback
-    assert any("Remote traceback" in note for note in info.value.__notes__)
+    assert isinstance(info.value, RemoteError)
+    assert "in fail" in info.value.traceback_text
+    assert isinstance(info.value.__cause__, RemoteTraceback)
     with pytest.raises(KeyError):
         counter.fail.remote("again").result(timeout=30)
 
