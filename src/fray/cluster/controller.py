@@ -16,36 +16,30 @@ import logging
 import pickle
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from fray.cluster.messages import JobSpec, JobView, TaskAssignment, WorkerCommands, WorkerReport
-from fray.cluster.scheduler import TaskResources, WorkerInfo, schedule
-from fray.cluster.store import (
-    ClusterStore,
-    Effects,
-    Endpoint,
-    JobRecord,
-    NotFound,
-    TaskKey,
-    TaskRecord,
-    TaskState,
-    WorkerRecord,
-)
-from fray.errors import FrayError, JobAlreadyExists
+from fray.cluster.capacity import TaskResources, WorkerInfo
+from fray.cluster.messages import CONTROLLER_ACTOR, JobSpec, JobView, TaskAssignment, WorkerCommands, WorkerReport
+from fray.cluster.records import Effects, Endpoint, JobRecord, TaskKey, TaskRecord, TaskState, WorkerRecord
+from fray.cluster.scheduler import schedule
+from fray.cluster.store import ClusterStore
+from fray.errors import FrayError, JobAlreadyExists, NotFound
 from fray.job import JobStatus
-from fray.rpc import ActorServer
 from fray.rpc.registry import REGISTRY_ACTOR_NAME, SYSTEM_NAMESPACE, EndpointRegistry
+from fray.rpc.server import ActorServer
 
 __all__ = ["CONTROLLER_ACTOR", "Controller", "ControllerService"]
 
 logger = logging.getLogger(__name__)
 
-#: The actor name (in the system namespace) under which the controller serves its API.
-CONTROLLER_ACTOR = "fray-controller"
-
 # Calls that may block (worker long-polls, client waits) each hold a server thread.
 _MAX_CONCURRENCY = 512
+# Decoded job specs kept in memory, least recently used first out: 1,024 specs. A spec
+# is needed again for every task assignment of its job (retries, worker re-registration);
+# a miss only costs one read and one unpickling of the stored request.
+_SPEC_CACHE_SIZE = 1024
 
 
 @dataclass
@@ -78,7 +72,7 @@ class ControllerService:
         # Kill orders sent but not yet confirmed by the worker: a terminated job is not
         # "settled" (its processes may still run) until they are.
         self._unconfirmed_kills: dict[TaskKey, str] = {}
-        self._specs: dict[str, JobSpec] = {}
+        self._specs: OrderedDict[str, JobSpec] = OrderedDict()  # bounded: see _SPEC_CACHE_SIZE
         self._kick = threading.Event()
         self._stopping = threading.Event()
         self._scheduler: threading.Thread | None = None
@@ -152,11 +146,21 @@ class ControllerService:
         return assigned
 
     def _spec(self, job_id: str) -> JobSpec:
-        spec = self._specs.get(job_id)
-        if spec is None:
-            spec = pickle.loads(self._store.job_request(job_id))
-            self._specs[job_id] = spec
+        with self._lock:
+            spec = self._specs.get(job_id)
+            if spec is not None:
+                self._specs.move_to_end(job_id)
+                return spec
+        spec = pickle.loads(self._store.job_request(job_id))
+        self._remember_spec(job_id, spec)
         return spec
+
+    def _remember_spec(self, job_id: str, spec: JobSpec) -> None:
+        with self._lock:
+            self._specs[job_id] = spec
+            self._specs.move_to_end(job_id)
+            while len(self._specs) > _SPEC_CACHE_SIZE:
+                self._specs.popitem(last=False)
 
     def _assignment(self, task: TaskRecord) -> TaskAssignment:
         job = self._store.get_job(task.job_id)
@@ -242,9 +246,7 @@ class ControllerService:
             for key, lines in report.logs:
                 self._store.append_logs(key, lines)
             for exit_ in report.exited:
-                effects.append(
-                    self._store.mark_task_exited(exit_.key, exit_.exit_code, now, exit_.error, exit_.failure)
-                )
+                effects.append(self._store.mark_task_exited(exit_.key, exit_.exit_code, now, exit_.failure))
         for effect in effects:
             self._apply(effect)
         if report.exited:
@@ -293,12 +295,12 @@ class ControllerService:
                 namespace=namespace,
                 label=spec.actor_name,
             )
-            self._specs[record.job_id] = spec
+        self._remember_spec(record.job_id, spec)
         self._kick.set()
         return self._view(record)
 
     def _view(self, job: JobRecord) -> JobView:
-        exit_code, failure = self._store.job_failure(job.job_id) if job.state == JobStatus.FAILED else (None, None)
+        failure = self._store.job_failure(job.job_id) if job.state == JobStatus.FAILED else None
         with self._lock:
             settled = not any(key.job_id == job.job_id for key in self._unconfirmed_kills)
         return JobView(
@@ -310,7 +312,6 @@ class ControllerService:
             pending_reason=job.pending_reason,
             error=job.error,
             failure=failure,
-            exit_code=exit_code,
             settled=settled,
             parent_id=job.parent_id,
             user=job.user,
