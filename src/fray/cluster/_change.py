@@ -30,7 +30,7 @@ from fray.cluster.records import (
 )
 from fray.job import JobStatus
 
-__all__ = ["STALE", "Change"]
+__all__ = ["STALE", "Change", "reported_failure"]
 
 #: What a stale report (about a task that already ended, or an older attempt) causes: nothing.
 STALE = Effects(applied=False)
@@ -215,3 +215,13 @@ class Change:
             ).fetchone()
             if row is None or row[1] != worker_id or row[0] not in ("assigned", "running"):
                 self._kill.append(KillOrder(key, worker_id))
+
+
+def reported_failure(data: bytes | None, task_index: int, exit_code: int) -> Failure:
+    """Why a task exited non-zero: the failure it reported (encoded), else its bare exit code."""
+    if data is not None:
+        try:
+            return Failure.decode(data)
+        except (ValueError, KeyError, TypeError):
+            pass  # not a failure report: fall back to what is certain
+    return Failure.from_exit(f"task {task_index}", exit_code)

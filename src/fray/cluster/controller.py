@@ -20,7 +20,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from fray.cluster.capacity import TaskResources, WorkerInfo
+from fray.cluster.capacity import WorkerInfo
 from fray.cluster.messages import CONTROLLER_ACTOR, JobSpec, JobView, TaskAssignment, WorkerCommands, WorkerReport
 from fray.cluster.records import Effects, Endpoint, JobRecord, TaskKey, TaskRecord, TaskState, WorkerRecord
 from fray.cluster.scheduler import schedule
@@ -282,15 +282,11 @@ class ControllerService:
                         f"an actor named {spec.actor_name!r} is already live in namespace {namespace!r} "
                         f"(job {holder!r}); terminate it first or pick another name"
                     )
-            record = self._store.submit_job(
-                name=spec.name,
+            record = self._store.submit_request(
+                spec,
+                pickle.dumps(spec),
                 user=user,
-                request=pickle.dumps(spec),
-                resources=TaskResources.from_config(spec.resources),
                 now=now,
-                replicas=spec.replicas,
-                max_retries_failure=spec.max_retries_failure,
-                max_retries_preemption=spec.max_retries_preemption,
                 parent_id=parent_id,
                 namespace=namespace,
                 label=spec.actor_name,

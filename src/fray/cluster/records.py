@@ -19,11 +19,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Protocol
 
 from fray.cluster.capacity import TaskResources, WorkerInfo
 from fray.cluster.scheduler import PendingJob, RunningTask
 from fray.errors import IllegalTransition
 from fray.job import JobStatus
+from fray.resources import ResourceConfig
 
 __all__ = [
     "TASK_TRANSITIONS",
@@ -31,6 +33,7 @@ __all__ = [
     "Effects",
     "Endpoint",
     "JobRecord",
+    "JobShape",
     "KillOrder",
     "LogLine",
     "SchedulerInput",
@@ -242,3 +245,18 @@ class SchedulerInput:
     workers: tuple[WorkerInfo, ...]
     running: tuple[RunningTask, ...]
     credits: Mapping[str, float]
+
+
+class JobShape(Protocol):
+    """What the store takes from a submitted job: a :class:`~fray.job.JobRequest` has it, and so has a JobSpec."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def resources(self) -> ResourceConfig: ...
+    @property
+    def replicas(self) -> int: ...
+    @property
+    def max_retries_failure(self) -> int: ...
+    @property
+    def max_retries_preemption(self) -> int: ...

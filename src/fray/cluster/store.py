@@ -30,12 +30,12 @@ import os
 import secrets
 import sqlite3
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 
 from fray._lifecycle import Failure
 from fray.cluster import _tables
-from fray.cluster._change import STALE, Change
+from fray.cluster._change import STALE, Change, reported_failure
 from fray.cluster._schema import (
     ACTIVE,
     JOB_COLS,
@@ -60,6 +60,7 @@ from fray.cluster.records import (
     Effects,
     Endpoint,
     JobRecord,
+    JobShape,
     LogLine,
     SchedulerInput,
     TaskKey,
@@ -72,7 +73,7 @@ from fray.cluster.records import (
 )
 from fray.cluster.scheduler import SchedulingDecision
 from fray.errors import NotFound, StoreError
-from fray.job import JobRequest, JobStatus, validate_name
+from fray.job import JobStatus, validate_name
 
 __all__ = ["ClusterStore"]
 
@@ -277,15 +278,20 @@ class ClusterStore:
 
     def submit_request(
         self,
-        request: JobRequest,
+        request: JobShape,
         request_bytes: bytes,
         *,
         user: str,
         now: float,
         parent_id: str | None = None,
         namespace: str | None = None,
+        label: str = "",
     ) -> JobRecord:
-        """:meth:`submit_job` with the name, resources, replicas and retry budgets taken from ``request``."""
+        """:meth:`submit_job` with the name, resources, replicas and retry budgets taken from ``request``.
+
+        ``request`` is a :class:`~fray.job.JobRequest` or anything shaped like one (the
+        controller's :class:`~fray.cluster.messages.JobSpec`).
+        """
         return self.submit_job(
             name=request.name,
             user=user,
@@ -297,6 +303,7 @@ class ClusterStore:
             max_retries_preemption=request.max_retries_preemption,
             parent_id=parent_id,
             namespace=namespace,
+            label=label,
         )
 
     def get_job(self, job_id: str) -> JobRecord:
@@ -445,23 +452,32 @@ class ClusterStore:
         the task FAILED and the gang is retried under the failure budget (or the job
         FAILS when that is used up). Stale reports return ``Effects(applied=False)``.
         """
+
+        def exited(change: Change, job: JobRecord, task: TaskRecord) -> None:
+            if exit_code != 0:
+                reason = reported_failure(failure, key.task_index, exit_code)
+                change.gang_fail(job, task, TaskState.FAILED, reason, exit_code=exit_code)
+                return
+            change.end_task(job, task, TaskState.SUCCEEDED, exit_code=0)
+            left = change.cur.execute(
+                "SELECT COUNT(*) FROM tasks WHERE job_id = ? AND attempt = ? AND state != 'succeeded'",
+                (job.job_id, job.attempt),
+            ).fetchone()[0]
+            if left == 0:
+                change.finish_job(job, JobStatus.SUCCEEDED)
+
+        return self._change_current_task(key, now, exited)
+
+    def _change_current_task(
+        self, key: TaskKey, now: float, act: Callable[[Change, JobRecord, TaskRecord], None]
+    ) -> Effects:
+        """``act`` on the job and task a report is about, in one transaction; a stale report changes nothing."""
         with self._txn() as cur:
             current = self._current(cur, key)
             if current is None:
                 return STALE
-            job, task = current
             change = self._change(cur, now)
-            if exit_code == 0:
-                change.end_task(job, task, TaskState.SUCCEEDED, exit_code=0)
-                left = cur.execute(
-                    "SELECT COUNT(*) FROM tasks WHERE job_id = ? AND attempt = ? AND state != 'succeeded'",
-                    (job.job_id, job.attempt),
-                ).fetchone()[0]
-                if left == 0:
-                    change.finish_job(job, JobStatus.SUCCEEDED)
-            else:
-                reason = _decode_failure(failure) or Failure.from_exit(f"task {key.task_index}", exit_code)
-                change.gang_fail(job, task, TaskState.FAILED, reason, exit_code=exit_code)
+            act(change, *current)
             return change.effects()
 
     def job_failure(self, job_id: str) -> bytes | None:
@@ -483,14 +499,10 @@ class ClusterStore:
 
     def mark_task_lost(self, key: TaskKey, now: float, reason: str = "preempted") -> Effects:
         """The task was preempted or vanished: retry the gang under the preemption budget."""
-        with self._txn() as cur:
-            current = self._current(cur, key)
-            if current is None:
-                return STALE
-            job, task = current
-            change = self._change(cur, now)
-            change.gang_fail(job, task, TaskState.LOST, Failure.lost(f"task {key.task_index} lost: {reason}"))
-            return change.effects()
+        lost = Failure.lost(f"task {key.task_index} lost: {reason}")
+        return self._change_current_task(
+            key, now, lambda change, job, task: change.gang_fail(job, task, TaskState.LOST, lost)
+        )
 
     # -- workers ---------------------------------------------------------------------------
 
@@ -513,6 +525,10 @@ class ClusterStore:
 
     def reconcile_worker(self, worker_id: str, running: Iterable[TaskKey], now: float) -> Effects:
         """Compare an alive worker's list of running tasks with the store (see :meth:`register_worker`)."""
+        return self._change_alive_worker(worker_id, now, lambda change: change.reconcile(worker_id, set(running)))
+
+    def _change_alive_worker(self, worker_id: str, now: float, act: Callable[[Change], None]) -> Effects:
+        """``act`` on ``worker_id`` in one transaction if it is alive (else stale); NotFound if unknown."""
         with self._txn() as cur:
             row = cur.execute("SELECT state FROM workers WHERE id = ?", (worker_id,)).fetchone()
             if row is None:
@@ -520,7 +536,7 @@ class ClusterStore:
             if row[0] != WorkerState.ALIVE.value:
                 return STALE
             change = self._change(cur, now)
-            change.reconcile(worker_id, set(running))
+            act(change)
             return change.effects()
 
     def heartbeat(self, worker_id: str, now: float) -> bool:
@@ -549,15 +565,7 @@ class ClusterStore:
 
     def lose_worker(self, worker_id: str, now: float, reason: str = "preempted") -> Effects:
         """Declare ``worker_id`` lost now (e.g. on a preemption notice); not applied if it is not alive."""
-        with self._txn() as cur:
-            row = cur.execute("SELECT state FROM workers WHERE id = ?", (worker_id,)).fetchone()
-            if row is None:
-                raise NotFound(f"no worker {worker_id!r}")
-            if row[0] != WorkerState.ALIVE.value:
-                return STALE
-            change = self._change(cur, now)
-            change.lose_worker(worker_id, reason)
-            return change.effects()
+        return self._change_alive_worker(worker_id, now, lambda change: change.lose_worker(worker_id, reason))
 
     def refresh_heartbeats(self, now: float) -> int:
         """Set every alive worker's last heartbeat to ``now``; return how many.
@@ -675,13 +683,3 @@ class ClusterStore:
         """
         with self._read() as cur:
             return _tables.check_invariants(cur)
-
-
-def _decode_failure(data: bytes | None) -> Failure | None:
-    """A task's reported failure; None if it sent none (or bytes that are not one)."""
-    if data is None:
-        return None
-    try:
-        return Failure.decode(data)
-    except (ValueError, KeyError, TypeError):
-        return None

@@ -368,23 +368,16 @@ class ActorServer:
             result: Any
             if operation == CONTROL_PING:
                 result = "pong"
-            elif operation == CONTROL_LOOKUP:
-                namespace, name = arguments
-                actor = self._lookup(namespace, name)
-                if actor is None:
-                    conn.send_error(rid, ErrorCode.NOT_FOUND, LookupError(self._not_found(namespace, name)))
-                    return
-                result = actor.actor_id
             elif operation == CONTROL_LIST_ACTORS:
                 (namespace,) = arguments
                 result = [info for info in self.actors() if info.namespace == namespace]
-            elif operation == CONTROL_LIST_METHODS:
+            elif operation in (CONTROL_LOOKUP, CONTROL_LIST_METHODS):
                 namespace, name = arguments
                 actor = self._lookup(namespace, name)
                 if actor is None:
                     conn.send_error(rid, ErrorCode.NOT_FOUND, LookupError(self._not_found(namespace, name)))
                     return
-                result = describe_methods(type(actor.obj))
+                result = actor.actor_id if operation == CONTROL_LOOKUP else describe_methods(type(actor.obj))
             else:
                 raise ValueError(f"unknown control operation {operation!r}")
         except Exception as exc:
