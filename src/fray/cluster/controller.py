@@ -51,7 +51,11 @@ class _Outbox:
 
 
 class ControllerService:
-    """Everything the controller does, as methods: served over RPC as :data:`CONTROLLER_ACTOR`."""
+    """Everything the controller does, as methods: served over RPC as :data:`CONTROLLER_ACTOR`.
+
+    ``spec_cache_size`` bounds how many decoded job specs stay in memory (least recently
+    used go first; default 1,024); a job whose spec was dropped is read back from the store.
+    """
 
     def __init__(
         self,
@@ -59,6 +63,7 @@ class ControllerService:
         *,
         worker_timeout: float = 10.0,
         clock: Callable[[], float] = time.time,
+        spec_cache_size: int = _SPEC_CACHE_SIZE,
     ) -> None:
         self._store = store
         self._worker_timeout = worker_timeout
@@ -72,7 +77,8 @@ class ControllerService:
         # Kill orders sent but not yet confirmed by the worker: a terminated job is not
         # "settled" (its processes may still run) until they are.
         self._unconfirmed_kills: dict[TaskKey, str] = {}
-        self._specs: OrderedDict[str, JobSpec] = OrderedDict()  # bounded: see _SPEC_CACHE_SIZE
+        self._specs: OrderedDict[str, JobSpec] = OrderedDict()  # at most spec_cache_size, LRU
+        self._spec_cache_size = spec_cache_size
         self._kick = threading.Event()
         self._stopping = threading.Event()
         self._scheduler: threading.Thread | None = None
@@ -159,7 +165,7 @@ class ControllerService:
         with self._lock:
             self._specs[job_id] = spec
             self._specs.move_to_end(job_id)
-            while len(self._specs) > _SPEC_CACHE_SIZE:
+            while len(self._specs) > self._spec_cache_size:
                 self._specs.popitem(last=False)
 
     def _assignment(self, task: TaskRecord) -> TaskAssignment:
