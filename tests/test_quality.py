@@ -1,7 +1,8 @@
-"""The code base stays ruff- and mypy-clean: CI enforces what the style guide asks."""
+"""The code base stays ruff- and mypy-clean and free of import cycles: CI enforces what the style guide asks."""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -23,3 +24,90 @@ def test_ruff_is_clean():
 def test_mypy_is_clean():
     out = subprocess.run([sys.executable, "-m", "mypy"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def _fray_import_graph() -> dict[str, set[str]]:
+    """Module -> the ``fray`` modules it imports anywhere in its text (top level, functions, TYPE_CHECKING)."""
+    src = ROOT / "src"
+    paths = {}
+    for path in sorted((src / "fray").rglob("*.py")):
+        parts = list(path.relative_to(src).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        paths[".".join(parts)] = path
+    graph: dict[str, set[str]] = {name: set() for name in paths}
+    for name, path in paths.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                graph[name].update(alias.name for alias in node.names if alias.name in paths)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*anchor, base] if base else anchor)
+                for alias in node.names:
+                    # ``from pkg import mod`` imports the module; ``from mod import name`` the module itself.
+                    target = f"{base}.{alias.name}" if f"{base}.{alias.name}" in paths else base
+                    if target in paths:
+                        graph[name].add(target)
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One import cycle (``a -> b -> ... -> a``) per strongly connected group of modules."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups: list[set[str]] = []
+
+    def visit(node: str) -> None:  # Tarjan's algorithm
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = set()
+            while True:
+                member = stack.pop()
+                group.add(member)
+                if member == node:
+                    break
+            if len(group) > 1 or node in graph[node]:
+                groups.append(group)
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    cycles = []
+    for group in groups:
+        start = min(group)
+        paths = {start: [start]}
+        frontier = [start]
+        while frontier:  # the shortest way back to start inside the group
+            node = frontier.pop(0)
+            for nxt in sorted(graph[node] & group):
+                if nxt == start:
+                    cycles.append([*paths[node], start])
+                    frontier = []
+                    break
+                if nxt not in paths:
+                    paths[nxt] = [*paths[node], nxt]
+                    frontier.append(nxt)
+    return sorted(cycles)
+
+
+def test_cycle_finder_finds_cycles():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e"}}
+    assert _cycles(graph) == [["a", "b", "c", "a"], ["e", "e"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycles():
+    """No cycle among ``src/fray`` modules, counting every import (a lazy one too: it would only hide the cycle)."""
+    cycles = _cycles(_fray_import_graph())
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(cycle) for cycle in cycles)

@@ -78,8 +78,8 @@ def _wait_for_signal(stop: Callable[[], None]) -> None:
 @click.option("--address-file", type=click.Path(dir_okay=False), help="Write HOST:PORT here once serving.")
 def controller(host: str, port: int, db_path: str, worker_timeout: float, address_file: str | None) -> None:
     """Run the cluster controller (state in SQLite; needs FRAY_TOKEN)."""
-    from fray.cluster.client import load_token
     from fray.cluster.controller import Controller
+    from fray.cluster.controller_client import load_token
 
     token = load_token()
     if token is None:
@@ -97,7 +97,7 @@ def controller(host: str, port: int, db_path: str, worker_timeout: float, addres
 
 
 def _parse_device(text: str) -> Any:
-    from fray.cluster.scheduler import Device
+    from fray.cluster.capacity import Device
 
     parts = text.split(":")
     if len(parts) != 3 or parts[0] not in ("gpu", "tpu") or not parts[2].isdigit():
@@ -129,7 +129,7 @@ def worker(
         return
     if not address:
         raise click.UsageError("fray worker needs --controller HOST:PORT")
-    from fray.cluster.client import load_token
+    from fray.cluster.controller_client import load_token
     from fray.cluster.worker import Worker
 
     attributes = {}
@@ -269,7 +269,7 @@ def _address(address: str | None) -> str:
 
 
 def _connect(address: str | None) -> Any:
-    from fray.cluster.client import connect_controller
+    from fray.cluster.controller_client import connect_controller
 
     return connect_controller(_address(address))
 

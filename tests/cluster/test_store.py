@@ -18,32 +18,22 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
+from fray._lifecycle import TRANSITIONS, Failure, RetryBudget, check_transition
+from fray.cluster.capacity import Device, TaskResources, WorkerInfo
 from fray.cluster.credit import CreditPolicy
-from fray.cluster.scheduler import (
-    Assignment,
-    Device,
-    PendingReason,
-    SchedulingDecision,
-    TaskResources,
-    WorkerInfo,
-    schedule,
-)
-from fray.cluster.store import (
-    JOB_TRANSITIONS,
+from fray.cluster.records import (
     TASK_TRANSITIONS,
-    ClusterStore,
-    IllegalTransition,
     JobRecord,
     KillOrder,
-    NotFound,
-    StoreError,
     TaskKey,
     TaskState,
     WorkerState,
-    check_job_transition,
     check_task_transition,
     check_worker_transition,
 )
+from fray.cluster.scheduler import Assignment, PendingReason, SchedulingDecision, schedule
+from fray.cluster.store import ClusterStore
+from fray.errors import IllegalTransition, NotFound, StoreError
 from fray.job import Entrypoint, JobRequest, JobStatus
 from fray.resources import ResourceConfig, TpuConfig
 
@@ -90,19 +80,22 @@ def two_workers(store: ClusterStore) -> list[str]:
 
 
 def test_state_machines_allow_exactly_the_documented_moves() -> None:
-    check_job_transition(JobStatus.PENDING, JobStatus.RUNNING)
-    check_job_transition(JobStatus.RUNNING, JobStatus.PENDING)
+    # Jobs use the state machine every backend shares; tasks and workers are the cluster's own.
+    check_transition(JobStatus.PENDING, JobStatus.RUNNING)
+    check_transition(JobStatus.RUNNING, JobStatus.PENDING)
     check_task_transition(TaskState.ASSIGNED, TaskState.SUCCEEDED)
     check_worker_transition(WorkerState.LOST, WorkerState.ALIVE)
     for bad in [(JobStatus.PENDING, JobStatus.SUCCEEDED), (JobStatus.SUCCEEDED, JobStatus.RUNNING)]:
-        with pytest.raises(IllegalTransition, match="cannot go from"):
-            check_job_transition(*bad)
+        with pytest.raises(IllegalTransition, match="is not allowed"):
+            check_transition(*bad)
+    with pytest.raises(IllegalTransition, match="cannot go from"):
+        check_worker_transition(WorkerState.LOST, WorkerState.LOST)
     with pytest.raises(IllegalTransition):
         check_task_transition(TaskState.PENDING, TaskState.RUNNING)
     with pytest.raises(IllegalTransition):
         check_task_transition(TaskState.KILLED, TaskState.RUNNING)
     for state in JobStatus:
-        assert (JOB_TRANSITIONS[state] == frozenset()) == state.finished
+        assert (TRANSITIONS[state] == frozenset()) == state.finished
     for task_state in TaskState:
         assert (TASK_TRANSITIONS[task_state] == frozenset()) == task_state.finished
 
@@ -258,12 +251,15 @@ def test_short_task_may_exit_before_its_start_report(store: ClusterStore, two_wo
 def test_a_failing_replica_retries_the_whole_gang(store: ClusterStore, two_workers: list[str]) -> None:
     job = submit(store, replicas=2, max_retries_failure=1)
     a, b = start(store, job, two_workers)
-    fx = store.mark_task_exited(a, 3, 2.0)
+    fx = store.mark_task_exited(a, 3, 2.0, Failure.from_exit("train", 3, ["loss: nan"]).encode())
     assert fx.retried == (job.job_id,)
     assert fx.kill == (KillOrder(b, "w-2"),), "the surviving replica is stopped"
     again = store.get_job(job.job_id)
     assert (again.state, again.attempt, again.failure_count) == (JobStatus.PENDING, 1, 1)
-    assert "exited with code 3" in again.error and again.pending_reason.startswith("retrying after failure 1 of 1")
+    first = "replica 0 of 2: 'train' exit code 3; last output:\nloss: nan"
+    assert again.error == first
+    # The pending reason is worded by the shared retry budget, as on every backend.
+    assert again.pending_reason == RetryBudget(1, 100).decide(Failure(first))[2]
     old = store.get_tasks(job.job_id, attempt=0)
     assert [(t.state, t.exit_code) for t in old] == [(TaskState.FAILED, 3), (TaskState.KILLED, None)]
     assert [t.state for t in store.get_tasks(job.job_id)] == [TaskState.PENDING] * 2
@@ -271,10 +267,14 @@ def test_a_failing_replica_retries_the_whole_gang(store: ClusterStore, two_worke
     assert store.mark_task_exited(b, 137, 2.5).applied is False
     # Second failure exhausts the budget: the job fails and keeps the error.
     a2, b2 = start(store, again, two_workers, now=3.0)
-    fx = store.mark_task_exited(b2, 1, 4.0)
+    fx = store.mark_task_exited(b2, 1, 4.0)  # no failure report: the store words the exit itself
     assert fx.finished == {job.job_id: JobStatus.FAILED} and fx.kill == (KillOrder(a2, "w-1"),)
     final = store.get_job(job.job_id)
-    assert final.state == JobStatus.FAILED and "no failure retries left: 1 allowed" in final.error
+    last = Failure.from_exit("task 1", 1).in_replica(1, 2)
+    assert final.state == JobStatus.FAILED
+    assert final.error == RetryBudget(1, 100, failures=1).exhausted_message(last)
+    stored = store.job_failure(job.job_id)
+    assert stored is not None and Failure.decode(stored).message == final.error
 
 
 def test_failure_and_preemption_budgets_are_separate(store: ClusterStore, two_workers: list[str]) -> None:
@@ -286,6 +286,20 @@ def test_failure_and_preemption_budgets_are_separate(store: ClusterStore, two_wo
     assert (rec.preemption_count, rec.failure_count, rec.attempt) == (2, 0, 2)
     (key,) = start(store, rec, ["w-1"], now=5.0)
     assert store.mark_task_exited(key, 1, 6.0).finished == {job.job_id: JobStatus.FAILED}
+    budget = RetryBudget(0, 2, failures=0, preemptions=2)
+    assert store.get_job(job.job_id).error == budget.exhausted_message(Failure.from_exit("task 0", 1))
+
+
+def test_an_exhausted_preemption_budget_fails_the_job_with_the_shared_words(
+    store: ClusterStore, two_workers: list[str]
+) -> None:
+    job = submit(store, max_retries_preemption=0)
+    (key,) = start(store, job, ["w-1"])
+    assert store.mark_task_lost(key, 2.0, "preempted").finished == {job.job_id: JobStatus.FAILED}
+    final = store.get_job(job.job_id)
+    assert final.error == "task 0 lost: preempted"  # no retries were allowed: the plain reason
+    stored = store.job_failure(job.job_id)
+    assert stored is not None and Failure.decode(stored).kind == "preemption"
 
 
 def test_terminate_stops_the_job_and_all_descendants(store: ClusterStore, two_workers: list[str]) -> None:
@@ -478,7 +492,24 @@ def test_reopening_gives_back_exactly_the_committed_state(tmp_path: Path) -> Non
     with ClusterStore(path) as again:
         assert _snapshot(again) == before
         assert again.check_invariants() == []
-        assert again.schema_version == 1
+        assert again.schema_version == 2
+
+
+def test_a_version_1_file_is_migrated(tmp_path: Path) -> None:
+    path = tmp_path / "db"
+    with ClusterStore(path) as store:
+        store.register_worker(make_worker("w-1"), "10.0.0.1:1", 0.0)
+        job = submit(store)
+    with sqlite3.connect(path) as conn:  # what version 1 looked like: no final failure per job
+        conn.execute("ALTER TABLE jobs DROP COLUMN failure")
+        conn.execute("UPDATE schema_version SET version = 1")
+    with ClusterStore(path) as store:
+        assert store.schema_version == 2
+        (key,) = start(store, store.get_job(job.job_id), ["w-1"])
+        store.mark_task_exited(key, 2, 3.0)
+        stored = store.job_failure(job.job_id)
+        assert stored is not None and Failure.decode(stored).message == "'task 0' exit code 2"
+        assert store.check_invariants() == []
 
 
 def test_a_file_with_another_schema_version_is_refused(tmp_path: Path) -> None:
@@ -493,7 +524,8 @@ def test_a_file_with_another_schema_version_is_refused(tmp_path: Path) -> None:
 _WRITER = textwrap.dedent(
     """
     import sys
-    from fray.cluster.scheduler import TaskResources, WorkerInfo, schedule
+    from fray.cluster.capacity import TaskResources, WorkerInfo
+    from fray.cluster.scheduler import schedule
     from fray.cluster.store import ClusterStore
 
     store = ClusterStore(sys.argv[1])

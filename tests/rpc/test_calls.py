@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from fray.actor import ActorFuture, ActorHandle
-from fray.errors import ActorUnavailableError, RemoteError, SerializationError
+from fray.errors import ActorUnavailableError, RemoteError, RemoteTraceback, SerializationError
 from fray.rpc import ActorClient, FixedResolver, RpcOptions, RpcTimeoutError, list_actors, list_methods
 from rpc.actors import Counter
 
@@ -73,8 +73,9 @@ def test_remote_exception_keeps_its_type_and_traceback(shared_server) -> None:
     with pytest.raises(KeyError) as info:
         counter.fail("boom")
     assert "boom" in str(info.value)
-    assert "in fail" in info.value.remote_traceback
-    assert any("Remote traceback" in note for note in info.value.__notes__)
+    assert isinstance(info.value, RemoteError)
+    assert "in fail" in info.value.traceback_text
+    assert isinstance(info.value.__cause__, RemoteTraceback)
     with pytest.raises(KeyError):
         counter.fail.remote("again").result(timeout=30)
 
@@ -88,19 +89,27 @@ def test_exception_that_cannot_be_rebuilt_becomes_remote_error(shared_server) ->
     assert "fail_unpicklable" in info.value.traceback_text
 
 
-def test_unpicklable_argument_is_not_sent(shared_server) -> None:
+def test_unpicklable_argument_is_refused_at_the_call_and_named(shared_server) -> None:
     import threading
 
     counter = client_for(shared_server, "counter")
-    with pytest.raises(SerializationError):
+    with pytest.raises(SerializationError, match=r"^actor 'counter', method 'echo': argument 0 cannot be pickled"):
         counter.echo(threading.Lock())
+    # .remote() refuses at once too (nothing was sent), naming the keyword argument.
+    with pytest.raises(SerializationError, match="keyword argument 'value' cannot be pickled"):
+        counter.echo.remote(value=threading.Lock())
     assert counter.echo(1) == 1  # the connection is still fine
 
 
 def test_unpicklable_result_raises_serialization_error(shared_server) -> None:
     counter = client_for(shared_server, "counter")
-    with pytest.raises(SerializationError):
+    expected = r"^actor 'counter', method 'unpicklable_result': the return value cannot be pickled"
+    with pytest.raises(SerializationError, match=expected) as info:
         counter.unpicklable_result()
+    assert not isinstance(info.value, RemoteError), "Fray's own refusal, not an exception the method raised"
+    with pytest.raises(SerializationError, match=expected):
+        counter.unpicklable_result.remote().result(timeout=30)
+    assert counter.echo(2) == 2
 
 
 def test_lambdas_travel_by_value(shared_server) -> None:

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from fray.errors import SerializationError
 from fray.rpc import wire
+from fray.rpc.protocol import ErrorCode, decode_error, encode_error
 
 
 class _Capture:
@@ -82,3 +83,30 @@ def test_encode_reports_what_cannot_be_pickled() -> None:
     with pytest.raises(SerializationError, match="cannot pickle"):
         wire.encode((threading.Lock(),))
     assert pickle.loads(wire.encode((lambda x: x + 1,))[0])[0](1) == 2  # cloudpickle by value
+
+
+class _Unrebuildable(Exception):
+    def __init__(self, a: str, b: str) -> None:
+        super().__init__(f"{a}+{b}")
+
+
+def test_error_reports_are_a_code_and_the_shared_failure_encoding() -> None:
+    (segment,) = encode_error(ErrorCode.REPLACED, LookupError("gone"))
+    code, failure = decode_error(segment)
+    assert code is ErrorCode.REPLACED
+    assert (failure.type_name, failure.message) == ("LookupError", "gone")
+    assert isinstance(failure.original(), LookupError)
+    # An exception that does not survive pickling still reports its type, message and traceback.
+    try:
+        raise _Unrebuildable("a", "b")
+    except _Unrebuildable as exc:
+        (segment,) = encode_error(ErrorCode.RAISED, exc)
+    code, failure = decode_error(segment)
+    assert code is ErrorCode.RAISED and failure.type_name.endswith("_Unrebuildable")
+    assert failure.message == "a+b" and failure.original() is None and "_Unrebuildable" in failure.traceback_text
+
+
+def test_a_malformed_error_report_is_refused() -> None:
+    for bad in (b"", b"\x00not a failure", b"\x09" + encode_error(ErrorCode.RAISED, ValueError("x"))[0][1:]):
+        with pytest.raises(ValueError):
+            decode_error(bad)

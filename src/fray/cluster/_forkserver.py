@@ -128,8 +128,8 @@ def main() -> None:
     import cloudpickle  # noqa: F401
 
     import fray
-    import fray.cluster.client
-    import fray.cluster.messages  # noqa: F401
+    import fray.cluster._task
+    import fray.cluster.client  # noqa: F401
 
     sock = socket.socket(fileno=int(sys.argv[1]))
     serve(sock)

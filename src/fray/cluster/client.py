@@ -16,106 +16,48 @@ import threading
 import time
 import uuid
 import weakref
-from pathlib import Path
+from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
 
+from fray._lifecycle import Failure
+from fray._remote import job_failed
 from fray._runtime import check_terminated
+from fray._serialization import check_call_picklable
 from fray.actor import ActorFuture, ActorGroup, check_actor_method, check_actor_request, group_member_names
 from fray.client import ClientSpec
-from fray.cluster.messages import JobSpec, JobView, decode_failure
-from fray.cluster.worker import controller_client
-from fray.errors import ActorDiedError, ActorUnavailableError, ConfigError, FrayError, JobFailed
+from fray.cluster.controller_client import connect_controller, load_token
+from fray.cluster.messages import JobSpec, JobView
+from fray.cluster.records import TaskKey
+from fray.errors import ActorDiedError, ActorUnavailableError, ConfigError, FrayError, SerializationError
 from fray.job import Entrypoint, JobRequest, JobStatus, current_job
 from fray.resources import ResourceConfig
-from fray.rpc import ActorClient, ActorServer, CallNotSentError, RpcOptions
+from fray.rpc.client import ActorClient, RpcOptions
 from fray.rpc.resolver import FixedResolver
+from fray.rpc.server import ActorServer
 
-__all__ = ["ClusterActorHandle", "ClusterClient", "ClusterJobHandle", "connect_controller", "load_token"]
-
-_TOKEN_FILE = Path.home() / ".config" / "fray" / "token"
-
-
-def load_token(token: str | bytes | None = None) -> bytes | None:
-    """The cluster token: the argument, else ``FRAY_TOKEN``, else ``~/.config/fray/token``."""
-    if token is not None:
-        return token.encode() if isinstance(token, str) else token
-    if os.environ.get("FRAY_TOKEN"):
-        return os.environ["FRAY_TOKEN"].encode()
-    try:
-        return _TOKEN_FILE.read_text().strip().encode() or None
-    except OSError:
-        return None
-
-
-#: How long client calls keep retrying while the controller is unreachable (e.g. restarting).
-CONTROLLER_RETRY_SECONDS = 60.0
-
-# Only submit() creates something; every other controller call can safely be repeated.
-_NOT_IDEMPOTENT = frozenset({"submit"})
-
-
-class _Controller:
-    """Calls the controller, riding out its restarts.
-
-    A call that provably was not sent is retried until :data:`CONTROLLER_RETRY_SECONDS`
-    pass; one that may have run is retried only if repeating it is harmless.
-    """
-
-    def __init__(self, address: str, token: bytes | None) -> None:
-        self._rpc = controller_client(address, token)
-
-    def bounded(self, timeout: float) -> Any:
-        """The raw controller handle with a call timeout and no retries (for shutdown paths)."""
-        return self._rpc.with_options(timeout=timeout)
-
-    def __getattr__(self, method: str) -> Any:
-        call = getattr(self._rpc, method)
-
-        def retrying(*args: Any, **kwargs: Any) -> Any:
-            deadline = time.monotonic() + CONTROLLER_RETRY_SECONDS
-            delay = 0.02
-            while True:
-                try:
-                    return call(*args, **kwargs)
-                except ActorUnavailableError as exc:
-                    may_have_run = not isinstance(exc, CallNotSentError)
-                    if (may_have_run and method in _NOT_IDEMPOTENT) or time.monotonic() > deadline:
-                        raise
-                time.sleep(delay)
-                delay = min(delay * 2, 0.5)
-
-        return retrying
-
-
-# One controller connection per (address, token) per process, shared by every handle.
-_connections: dict[tuple[str, bytes | None], _Controller] = {}
-_connections_lock = threading.Lock()
-
-
-def connect_controller(address: str, token: str | bytes | None = None) -> Any:
-    """A handle on the controller's full API (listing jobs, workers, endpoints; used by the CLI)."""
-    return _controller(address, load_token(token))
-
-
-def _controller(address: str, token: bytes | None) -> _Controller:
-    with _connections_lock:
-        client = _connections.get((address, token))
-        if client is None:
-            client = _Controller(address, token)
-            _connections[(address, token)] = client
-        return client
+__all__ = ["ClusterActorHandle", "ClusterClient", "ClusterJobHandle"]
 
 
 def _raise_for(view: JobView) -> None:
+    """Raise what ``wait()`` raises for a FAILED job: its final failure, as on every backend."""
     if view.state != JobStatus.FAILED:
         return
     if view.failure is not None:
-        cause, text = decode_failure(view.failure)
-        raise JobFailed(
-            view.job_id, f"{type(cause).__name__}: {cause} ({view.error})", cause=cause, traceback_text=text
-        )
-    raise JobFailed(view.job_id, view.error or "failed", exit_code=view.exit_code)
+        raise Failure.decode(view.failure).error(view.job_id)
+    raise job_failed(view.job_id, view.error or "failed")
+
+
+def _settled_status(view: JobView) -> JobStatus:
+    """The job's status for waiters: a finished job whose killed processes may still run is not done yet."""
+    if view.state.finished and not view.settled:
+        return JobStatus.RUNNING
+    return view.state
+
+
+# A long-poll never blocks longer than this, so a waiter without a timeout still hears of
+# a controller that went away (and wait_all can re-check its own deadline).
+_POLL_SECONDS = 10.0
 
 
 class ClusterJobHandle:
@@ -125,7 +67,7 @@ class ClusterJobHandle:
         self._address = address
         self._job_id = job_id
         self._token = token if token is not None else load_token()
-        self._controller = _controller(address, self._token)
+        self._controller = connect_controller(address, self._token)
 
     def __reduce__(self) -> tuple[object, ...]:
         return (ClusterJobHandle, (self._address, self._job_id))
@@ -151,14 +93,52 @@ class ClusterJobHandle:
         """Block until the job finished (and its killed processes are gone); raise JobFailed on failure."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            remaining = 10.0 if deadline is None else max(0.0, deadline - time.monotonic())
-            view: JobView = self._controller.wait([self._job_id], min(remaining, 10.0))[0]
+            remaining = _POLL_SECONDS if deadline is None else max(0.0, deadline - time.monotonic())
+            view: JobView = self._controller.wait([self._job_id], min(remaining, _POLL_SECONDS))[0]
             if view.state.finished and view.settled:
                 if raise_on_failure:
                     _raise_for(view)
                 return view.state
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"job {self._job_id!r} still {view.state.value} after {timeout}s")
+
+    @classmethod
+    def _fray_wait_some(cls, jobs: Sequence[ClusterJobHandle], timeout: float | None) -> list[JobStatus]:
+        """Block until one of ``jobs`` finished (or ``timeout``); their statuses, in order (see ``wait_all``).
+
+        One long-poll per controller covers all of its jobs; jobs on several controllers
+        are polled side by side, and the first answer with a finished job ends the wait.
+        """
+        seconds = _POLL_SECONDS if timeout is None else min(max(timeout, 0.0), _POLL_SECONDS)
+        groups: dict[tuple[str, bytes | None], list[int]] = {}
+        for index, job in enumerate(jobs):
+            groups.setdefault((job._address, job._token), []).append(index)
+        statuses: list[JobStatus | None] = [None] * len(jobs)
+
+        def poll(indices: list[int], wait: float) -> bool:
+            views: list[JobView] = jobs[indices[0]]._controller.wait([jobs[i]._job_id for i in indices], wait)
+            found = [_settled_status(view) for view in views]
+            for index, status in zip(indices, found, strict=True):
+                statuses[index] = status
+            return any(status.finished for status in found)
+
+        if len(groups) == 1:
+            poll(next(iter(groups.values())), seconds)
+        else:
+            pool = concurrent.futures.ThreadPoolExecutor(len(groups), thread_name_prefix="fray-wait")
+            try:
+                pending = {pool.submit(poll, indices, seconds) for indices in groups.values()}
+                while pending:
+                    done, pending = concurrent.futures.wait(pending, return_when=concurrent.futures.FIRST_COMPLETED)
+                    if any(future.result() for future in done):
+                        break
+                # The other controllers' polls end on their own (within their timeout); read them now.
+                for indices in groups.values():
+                    if any(statuses[i] is None for i in indices):
+                        poll(indices, 0.0)
+            finally:
+                pool.shutdown(wait=False, cancel_futures=True)
+        return [status if status is not None else JobStatus.RUNNING for status in statuses]
 
     def terminate(self) -> None:
         """Stop the job's tasks (and its child jobs) on every worker."""
@@ -175,8 +155,6 @@ class ClusterJobHandle:
 
 def _host_actor(actor_class: type, args: tuple[Any, ...], kwargs: dict[str, Any], name: str) -> None:
     """The entrypoint of an actor's job: build the actor, serve it, register the endpoint, serve forever."""
-    from fray.cluster.store import TaskKey
-
     info = current_job()
     assert info is not None, "actor jobs run inside a Fray cluster task"
     instance = actor_class(*args, **kwargs)  # raising here fails the job: callers see ActorDiedError
@@ -186,7 +164,7 @@ def _host_actor(actor_class: type, args: tuple[Any, ...], kwargs: dict[str, Any]
     server.start()
     address = os.environ["FRAY_CLIENT_SPEC"].removeprefix("fray://")
     key = TaskKey(info.job_id, int(os.environ.get("FRAY_TASK_INDEX", "0")), info.attempt)
-    _controller(address, load_token()).register_endpoint(info.namespace, name, server.url(name), key)
+    connect_controller(address, load_token()).register_endpoint(info.namespace, name, server.url(name), key)
     threading.Event().wait()  # until the job is terminated
 
 
@@ -251,7 +229,7 @@ class ClusterActorHandle:
         threading.Thread(target=self._wait_until_served, name=f"fray-actor-wait-{self._name}", daemon=True).start()
 
     def _wait_until_served(self) -> None:
-        controller = _controller(self._address, self._token)
+        controller = connect_controller(self._address, self._token)
         while True:
             try:
                 state, detail, view = controller.wait_actor(self._namespace, self._name, self._job_id, 10.0)
@@ -273,7 +251,7 @@ class ClusterActorHandle:
             f"actor {self._name!r} is dead: its job {view.job_id!r} {view.state.value}: {view.error}"
         )
         if view.failure is not None:
-            death.__cause__ = decode_failure(view.failure)[0]
+            death.__cause__ = Failure.decode(view.failure).error(view.job_id)
         return death
 
     def _settle(self, rpc: ActorClient[Any] | None, error: BaseException | None) -> None:
@@ -296,11 +274,18 @@ class ClusterActorHandle:
                     self._direct = True
                     break
             for future, method, args, kwargs in batch:
-                self._send(future, method, args, kwargs)
+                try:
+                    self._send(future, method, args, kwargs)
+                except SerializationError as exc:  # e.g. arguments over the frame limit
+                    future.set_exception(exc)
         self._ready.set_result(None)
 
     def _call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ActorFuture:
         future = ActorFuture()
+        if not self._direct:
+            # Queued until the actor serves: refuse bad arguments now, as a direct call would
+            # (direct calls find out while pickling, without a second pass).
+            check_call_picklable(self._name, method, args, kwargs)
         with self._lock:
             direct, error = self._direct, self._error
             if not direct and error is None:
@@ -331,7 +316,7 @@ class ClusterActorHandle:
     def _explain_unavailable(self, error: ActorUnavailableError) -> BaseException:
         # The connection broke: if the actor's job has ended, say the actor died.
         try:
-            view: JobView = _controller(self._address, self._token).job(self._job_id)
+            view: JobView = connect_controller(self._address, self._token).job(self._job_id)
         except FrayError:
             return error
         if view.state.finished:
@@ -373,7 +358,7 @@ class ClusterClient:
     ) -> None:
         self.address = address
         self._token = load_token(token)
-        self._controller = _controller(address, self._token)
+        self._controller = connect_controller(address, self._token)
         self.user = user or os.environ.get("FRAY_USER") or getpass.getuser()
         inside = os.environ.get("FRAY_CLIENT_SPEC", "") == f"fray://{address}" and bool(os.environ.get("FRAY_JOB_ID"))
         self._parent = os.environ["FRAY_JOB_ID"] if inside else None

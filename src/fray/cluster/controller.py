@@ -16,36 +16,30 @@ import logging
 import pickle
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from fray.cluster.messages import JobSpec, JobView, TaskAssignment, WorkerCommands, WorkerReport
-from fray.cluster.scheduler import TaskResources, WorkerInfo, schedule
-from fray.cluster.store import (
-    ClusterStore,
-    Effects,
-    Endpoint,
-    JobRecord,
-    NotFound,
-    TaskKey,
-    TaskRecord,
-    TaskState,
-    WorkerRecord,
-)
-from fray.errors import FrayError, JobAlreadyExists
+from fray.cluster.capacity import WorkerInfo
+from fray.cluster.messages import CONTROLLER_ACTOR, JobSpec, JobView, TaskAssignment, WorkerCommands, WorkerReport
+from fray.cluster.records import Effects, Endpoint, JobRecord, TaskKey, TaskRecord, TaskState, WorkerRecord
+from fray.cluster.scheduler import schedule
+from fray.cluster.store import ClusterStore
+from fray.errors import FrayError, JobAlreadyExists, NotFound
 from fray.job import JobStatus
-from fray.rpc import ActorServer
 from fray.rpc.registry import REGISTRY_ACTOR_NAME, SYSTEM_NAMESPACE, EndpointRegistry
+from fray.rpc.server import ActorServer
 
 __all__ = ["CONTROLLER_ACTOR", "Controller", "ControllerService"]
 
 logger = logging.getLogger(__name__)
 
-#: The actor name (in the system namespace) under which the controller serves its API.
-CONTROLLER_ACTOR = "fray-controller"
-
 # Calls that may block (worker long-polls, client waits) each hold a server thread.
 _MAX_CONCURRENCY = 512
+# Decoded job specs kept in memory, least recently used first out: 1,024 specs. A spec
+# is needed again for every task assignment of its job (retries, worker re-registration);
+# a miss only costs one read and one unpickling of the stored request.
+_SPEC_CACHE_SIZE = 1024
 
 
 @dataclass
@@ -57,7 +51,11 @@ class _Outbox:
 
 
 class ControllerService:
-    """Everything the controller does, as methods: served over RPC as :data:`CONTROLLER_ACTOR`."""
+    """Everything the controller does, as methods: served over RPC as :data:`CONTROLLER_ACTOR`.
+
+    ``spec_cache_size`` bounds how many decoded job specs stay in memory (least recently
+    used go first; default 1,024); a job whose spec was dropped is read back from the store.
+    """
 
     def __init__(
         self,
@@ -65,6 +63,7 @@ class ControllerService:
         *,
         worker_timeout: float = 10.0,
         clock: Callable[[], float] = time.time,
+        spec_cache_size: int = _SPEC_CACHE_SIZE,
     ) -> None:
         self._store = store
         self._worker_timeout = worker_timeout
@@ -78,7 +77,8 @@ class ControllerService:
         # Kill orders sent but not yet confirmed by the worker: a terminated job is not
         # "settled" (its processes may still run) until they are.
         self._unconfirmed_kills: dict[TaskKey, str] = {}
-        self._specs: dict[str, JobSpec] = {}
+        self._specs: OrderedDict[str, JobSpec] = OrderedDict()  # at most spec_cache_size, LRU
+        self._spec_cache_size = spec_cache_size
         self._kick = threading.Event()
         self._stopping = threading.Event()
         self._scheduler: threading.Thread | None = None
@@ -152,11 +152,21 @@ class ControllerService:
         return assigned
 
     def _spec(self, job_id: str) -> JobSpec:
-        spec = self._specs.get(job_id)
-        if spec is None:
-            spec = pickle.loads(self._store.job_request(job_id))
-            self._specs[job_id] = spec
+        with self._lock:
+            spec = self._specs.get(job_id)
+            if spec is not None:
+                self._specs.move_to_end(job_id)
+                return spec
+        spec = pickle.loads(self._store.job_request(job_id))
+        self._remember_spec(job_id, spec)
         return spec
+
+    def _remember_spec(self, job_id: str, spec: JobSpec) -> None:
+        with self._lock:
+            self._specs[job_id] = spec
+            self._specs.move_to_end(job_id)
+            while len(self._specs) > self._spec_cache_size:
+                self._specs.popitem(last=False)
 
     def _assignment(self, task: TaskRecord) -> TaskAssignment:
         job = self._store.get_job(task.job_id)
@@ -242,9 +252,7 @@ class ControllerService:
             for key, lines in report.logs:
                 self._store.append_logs(key, lines)
             for exit_ in report.exited:
-                effects.append(
-                    self._store.mark_task_exited(exit_.key, exit_.exit_code, now, exit_.error, exit_.failure)
-                )
+                effects.append(self._store.mark_task_exited(exit_.key, exit_.exit_code, now, exit_.failure))
         for effect in effects:
             self._apply(effect)
         if report.exited:
@@ -280,25 +288,21 @@ class ControllerService:
                         f"an actor named {spec.actor_name!r} is already live in namespace {namespace!r} "
                         f"(job {holder!r}); terminate it first or pick another name"
                     )
-            record = self._store.submit_job(
-                name=spec.name,
+            record = self._store.submit_request(
+                spec,
+                pickle.dumps(spec),
                 user=user,
-                request=pickle.dumps(spec),
-                resources=TaskResources.from_config(spec.resources),
                 now=now,
-                replicas=spec.replicas,
-                max_retries_failure=spec.max_retries_failure,
-                max_retries_preemption=spec.max_retries_preemption,
                 parent_id=parent_id,
                 namespace=namespace,
                 label=spec.actor_name,
             )
-            self._specs[record.job_id] = spec
+        self._remember_spec(record.job_id, spec)
         self._kick.set()
         return self._view(record)
 
     def _view(self, job: JobRecord) -> JobView:
-        exit_code, failure = self._store.job_failure(job.job_id) if job.state == JobStatus.FAILED else (None, None)
+        failure = self._store.job_failure(job.job_id) if job.state == JobStatus.FAILED else None
         with self._lock:
             settled = not any(key.job_id == job.job_id for key in self._unconfirmed_kills)
         return JobView(
@@ -310,7 +314,6 @@ class ControllerService:
             pending_reason=job.pending_reason,
             error=job.error,
             failure=failure,
-            exit_code=exit_code,
             settled=settled,
             parent_id=job.parent_id,
             user=job.user,

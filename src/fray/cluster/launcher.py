@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from fray.cluster.worker import controller_client
+from fray.cluster.controller_client import controller_client
 from fray.errors import FrayError
 
 __all__ = ["LocalCluster"]

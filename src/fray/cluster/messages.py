@@ -8,19 +8,27 @@ it without the user's modules installed.
 
 from __future__ import annotations
 
-import pickle
-import traceback
 from dataclasses import dataclass, field
 
 import cloudpickle
 
 from fray._serialization import call_parts, check_picklable
-from fray.cluster.store import TaskKey
-from fray.errors import RemoteError
+from fray.cluster.records import TaskKey
 from fray.job import BinaryEntrypoint, CallableEntrypoint, EnvironmentConfig, JobRequest, JobStatus
 from fray.resources import ResourceConfig
 
-__all__ = ["JobSpec", "JobView", "TaskAssignment", "TaskExit", "WorkerCommands", "WorkerReport"]
+__all__ = [
+    "CONTROLLER_ACTOR",
+    "JobSpec",
+    "JobView",
+    "TaskAssignment",
+    "TaskExit",
+    "WorkerCommands",
+    "WorkerReport",
+]
+
+#: The actor name (in the system namespace) under which the controller serves its API.
+CONTROLLER_ACTOR = "fray-controller"
 
 
 @dataclass(frozen=True)
@@ -84,11 +92,15 @@ class TaskAssignment:
 
 @dataclass(frozen=True)
 class TaskExit:
-    """A task process ended; ``failure`` is an encoded report from :func:`encode_failure`."""
+    """A task process ended with ``exit_code``; ``failure`` says why it failed.
+
+    ``failure`` is a :class:`fray._lifecycle.Failure`, encoded (data only: the controller
+    reads it without unpickling anything): the task process writes it for a Python
+    exception, the worker for a non-zero exit (with the last lines of output).
+    """
 
     key: TaskKey
     exit_code: int
-    error: str = ""
     failure: bytes | None = None
 
 
@@ -117,8 +129,8 @@ class WorkerCommands:
 class JobView:
     """A job as clients see it. ``settled`` is False while killed tasks may still be running.
 
-    For a FAILED job, ``failure`` (an :func:`encode_failure` report, from Python tasks) and
-    ``exit_code`` describe its last failed task.
+    For a FAILED job, ``failure`` is its final :class:`fray._lifecycle.Failure`, encoded:
+    :meth:`~fray._lifecycle.Failure.error` turns it into the exception ``wait()`` raises.
     """
 
     job_id: str
@@ -129,7 +141,6 @@ class JobView:
     pending_reason: str
     error: str
     failure: bytes | None
-    exit_code: int | None
     settled: bool
     parent_id: str | None
     user: str
@@ -137,26 +148,3 @@ class JobView:
     finished_at: float | None
     replicas: int
     label: str = ""
-
-
-def encode_failure(exc: BaseException) -> bytes:
-    """Encode an exception raised by user code, with its traceback, for the client to re-raise."""
-    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    try:
-        blob = cloudpickle.dumps(exc)
-        pickle.loads(blob)  # some exceptions pickle but cannot be rebuilt (custom __init__)
-    except Exception:
-        blob = cloudpickle.dumps(RemoteError(f"{type(exc).__module__}.{type(exc).__qualname__}", str(exc), text))
-    return pickle.dumps((blob, text))
-
-
-def decode_failure(data: bytes) -> tuple[BaseException, str]:
-    """The exception and traceback text from :func:`encode_failure`; a RemoteError if the type is unknown here."""
-    blob, text = pickle.loads(data)
-    try:
-        exc = pickle.loads(blob)
-    except Exception as err:
-        exc = RemoteError("unknown", f"the job's exception could not be rebuilt here: {err!r}", text)
-    if not isinstance(exc, BaseException):
-        exc = RemoteError(type(exc).__name__, repr(exc), text)
-    return exc, text

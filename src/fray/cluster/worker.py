@@ -10,6 +10,7 @@ obeys the controller's verdict on each (kill the ones it no longer wants).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import ctypes
 import ctypes.util
@@ -26,18 +27,20 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fray._process import describe_exit, kill_process_group
-from fray.cluster.controller import CONTROLLER_ACTOR, ControllerService
+from fray._lifecycle import Failure
+from fray._process import kill_process_group
+from fray.cluster.capacity import Device, WorkerInfo
+from fray.cluster.controller_client import controller_client
 from fray.cluster.messages import TaskAssignment, TaskExit, WorkerCommands, WorkerReport
-from fray.cluster.scheduler import Device, WorkerInfo
-from fray.cluster.store import TaskKey
+from fray.cluster.records import TaskKey
 from fray.errors import FrayError
-from fray.job import JobInfo, job_env
-from fray.rpc import ActorClient, FixedResolver, RpcOptions
+from fray.job import JobInfo, replica_env
 from fray.rpc.namespace import default_token
-from fray.rpc.registry import SYSTEM_NAMESPACE
 
-__all__ = ["Worker", "controller_client"]
+__all__ = ["Worker"]
+
+#: How many of a failed task's last output lines its failure message quotes.
+LAST_OUTPUT_LINES = 5
 
 logger = logging.getLogger(__name__)
 
@@ -51,14 +54,6 @@ def _die_with_worker() -> None:
     # has already rescheduled elsewhere.
     if _libc is not None:
         _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def controller_client(
-    address: str, token: str | bytes | None = None, timeout: float = 30.0
-) -> ActorClient[ControllerService]:
-    """An RPC handle on the controller at ``address`` (``host:port``)."""
-    resolver = FixedResolver({CONTROLLER_ACTOR: f"actor://{address}/{CONTROLLER_ACTOR}"}, namespace=SYSTEM_NAMESPACE)
-    return ActorClient(resolver, CONTROLLER_ACTOR, RpcOptions(timeout=timeout), cls=ControllerService, token=token)
 
 
 def _total_memory() -> int:
@@ -346,7 +341,7 @@ class Worker:
             # confirm, so the controller stops waiting for it.
             with self._lock:
                 self._refused.add(key)
-            self._queue_exit(TaskExit(key, -int(signal.SIGKILL), "not running on this worker"))
+            self._queue_exit(TaskExit(key, -int(signal.SIGKILL)))
         elif task.proc is not None:
             kill_process_group(task.proc)
 
@@ -363,17 +358,16 @@ class Worker:
             assignment.namespace,
             key.attempt,
         )
-        env = {**os.environ, **job_env(info)}
+        # The worker's own variables, then Fray's for this task, then the user's (which win).
+        env = dict(os.environ)
         env.update(
-            FRAY_CLIENT_SPEC=f"fray://{self.controller}",
             FRAY_TASK_INDEX=str(key.task_index),
             FRAY_HOST_INDEX=str(assignment.host_index),
             FRAY_WORKER_ID=self.worker_id,
-            PYTHONUNBUFFERED="1",
         )
         if self._token is not None:
             env["FRAY_TOKEN"] = self._token.decode()
-        env.update(spec.environment.env_vars)
+        env.update(replica_env(info, f"fray://{self.controller}", spec.environment.env_vars))
         if spec.argv is not None:
             argv = list(spec.argv)
         else:
@@ -406,8 +400,9 @@ class Worker:
         except OSError as exc:
             with self._lock:
                 del self._tasks[key]
-            self._queue_logs(key, [f"[fray] cannot start {argv[0]!r}: {exc}"])
-            self._queue_exit(TaskExit(key, 127, f"cannot start {argv[0]!r}: {exc}"))
+            message = f"cannot start {argv[0]!r}: {exc}"
+            self._queue_logs(key, [f"[fray] {message}"])
+            self._queue_exit(TaskExit(key, 127, Failure(message, exit_code=127).encode()))
             return
         self._started(task, proc)
 
@@ -438,18 +433,25 @@ class Worker:
     def _watch(self, task: _Task) -> None:
         proc, key = task.proc, task.assignment.key
         assert proc is not None and proc.stdout is not None
+        last: collections.deque[str] = collections.deque(maxlen=LAST_OUTPUT_LINES)
         for raw in proc.stdout:
-            self._queue_logs(key, [raw.decode(errors="replace").rstrip("\n")])
+            line = raw.decode(errors="replace").rstrip("\n")
+            last.append(line)
+            self._queue_logs(key, [line])
         code = proc.wait()
-        failure = None
-        with contextlib.suppress(OSError):
-            failure = task.failure_path.read_bytes()
-        error = ""
-        if code != 0:
-            error = f"task {key.task_index} {describe_exit(code)}" + (" (killed by request)" if task.killed else "")
+        failure = None if code == 0 or task.killed else self._failure(task, code, list(last))
         with self._lock:
             self._tasks.pop(key, None)
-        self._queue_exit(TaskExit(key, code, error, failure))
+        self._queue_exit(TaskExit(key, code, failure))
+
+    @staticmethod
+    def _failure(task: _Task, code: int, last_output: list[str]) -> bytes:
+        """Why the task failed, encoded: what its Python code raised, else its exit and last output."""
+        with contextlib.suppress(OSError):
+            return task.failure_path.read_bytes()  # written by fray.cluster._task
+        spec = task.assignment.spec
+        command = spec.argv[0] if spec.argv else task.assignment.job_name
+        return Failure.from_exit(command, code, last_output).encode()
 
     # ----- reports ------------------------------------------------------------------------------
 

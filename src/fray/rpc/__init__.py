@@ -6,29 +6,25 @@
   :class:`EndpointRegistry`) and :class:`GceResolver` find actors;
 * namespaces (``FRAY_NAMESPACE``) keep runs apart; ``FRAY_TOKEN`` authenticates peers.
 
-The wire format is documented in ``docs/protocol.md``.
+The errors re-exported here live in :mod:`fray.errors`. The wire format is
+documented in ``docs/protocol.md``.
 """
 
-from fray.rpc.client import (
-    ActorClient,
-    CallNotSentError,
-    RpcOptions,
-    RpcTimeoutError,
-    list_actors,
-    list_methods,
-    parse_actor_url,
-)
+from fray.errors import AuthenticationError, CallNotSentError, ProtocolError, RpcTimeoutError
+from fray.rpc.client import ActorClient, RpcOptions, list_actors, list_methods
 from fray.rpc.namespace import DEFAULT_NAMESPACE, GLOBAL_NAMESPACE, default_namespace
+from fray.rpc.protocol import ActorInfo, MethodInfo, parse_actor_url
 from fray.rpc.registry import (
     REGISTRY_ACTOR_NAME,
     SYSTEM_NAMESPACE,
+    ClusterResolver,
     EndpointRegistry,
     RegistryClient,
     serve_registry,
 )
-from fray.rpc.resolver import GCE_METADATA_KEY, ClusterResolver, FixedResolver, GceResolver, Resolver
-from fray.rpc.server import ActorInfo, ActorServer, MethodInfo, NameMapping
-from fray.rpc.wire import PROTOCOL_VERSION, AuthenticationError, ProtocolError
+from fray.rpc.resolver import GCE_METADATA_KEY, FixedResolver, GceResolver, Resolver
+from fray.rpc.server import ActorServer, NameMapping
+from fray.rpc.wire import PROTOCOL_VERSION
 
 __all__ = [
     "DEFAULT_NAMESPACE",

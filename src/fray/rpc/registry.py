@@ -2,7 +2,8 @@
 
 :class:`EndpointRegistry` is a plain thread-safe object; :func:`serve_registry`
 serves it as an actor on an :class:`~fray.rpc.server.ActorServer` (the Fray cluster
-controller hosts one), and :class:`RegistryClient` talks to it from anywhere.
+controller hosts one), :class:`RegistryClient` talks to it from anywhere, and
+:class:`ClusterResolver` resolves actor names through it.
 Both implement :class:`~fray.rpc.server.NameMapping`, so either can be given to an
 ``ActorServer(registry=...)`` to publish its actors.
 
@@ -14,15 +15,21 @@ unregister from a dead server cannot remove its successor.
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from fray.rpc.client import ActorClient, RpcOptions
 from fray.rpc.namespace import resolve_namespace
+from fray.rpc.resolver import FixedResolver
+from fray.rpc.server import ActorServer
 
-if TYPE_CHECKING:
-    from fray.rpc.client import RpcOptions
-    from fray.rpc.server import ActorServer
-
-__all__ = ["REGISTRY_ACTOR_NAME", "SYSTEM_NAMESPACE", "EndpointRegistry", "RegistryClient", "serve_registry"]
+__all__ = [
+    "REGISTRY_ACTOR_NAME",
+    "SYSTEM_NAMESPACE",
+    "ClusterResolver",
+    "EndpointRegistry",
+    "RegistryClient",
+    "serve_registry",
+]
 
 #: The actor name under which the registry is served.
 REGISTRY_ACTOR_NAME = "fray-endpoint-registry"
@@ -77,9 +84,6 @@ class RegistryClient:
     """A remote :class:`EndpointRegistry` at ``address`` (``host:port``), with the same methods."""
 
     def __init__(self, address: str, *, token: str | bytes | None = None, options: RpcOptions | None = None) -> None:
-        from fray.rpc.client import ActorClient, RpcOptions
-        from fray.rpc.resolver import FixedResolver
-
         self.address = address
         resolver = FixedResolver(
             {REGISTRY_ACTOR_NAME: f"actor://{address}/{REGISTRY_ACTOR_NAME}"}, namespace=SYSTEM_NAMESPACE
@@ -112,3 +116,38 @@ class RegistryClient:
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (RegistryClient, (self.address,))
+
+
+class ClusterResolver:
+    """Resolves names through the endpoint registry at ``address`` (``host:port``).
+
+    ``namespace`` defaults to the process's (``FRAY_NAMESPACE`` / ``FRAY_JOB_ID``);
+    pass :data:`~fray.rpc.namespace.GLOBAL_NAMESPACE` to share actors across runs.
+    Picklable: it keeps the address and namespace, never the token or connection.
+    """
+
+    def __init__(self, address: str, *, namespace: str | None = None, token: str | bytes | None = None) -> None:
+        self.address = address
+        self.namespace = resolve_namespace(namespace)
+        self._token = token
+        self._client: RegistryClient | None = None
+        self._lock = threading.Lock()
+
+    def _registry(self) -> RegistryClient:
+        with self._lock:
+            if self._client is None:
+                self._client = RegistryClient(self.address, token=self._token)
+            return self._client
+
+    def resolve(self, name: str) -> list[str]:
+        """The URLs registered for ``name`` in this resolver's namespace."""
+        return self._registry().resolve(self.namespace, name)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (ClusterResolver, (self.address,), {"namespace": self.namespace})
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.namespace = state["namespace"]
+
+    def __repr__(self) -> str:
+        return f"ClusterResolver({self.address!r}, namespace={self.namespace!r})"

@@ -1,7 +1,8 @@
 """Resolvers: map an actor name to the URLs (``actor://host:port/name``) where it is served.
 
 * :class:`FixedResolver` -- a static map, for tests and hand-wired deployments.
-* :class:`ClusterResolver` -- asks the endpoint registry (:mod:`fray.rpc.registry`).
+* :class:`~fray.rpc.registry.ClusterResolver` -- asks the endpoint registry; it needs
+  an RPC client, so it lives above the client, in :mod:`fray.rpc.registry`.
 * :class:`GceResolver` -- reads endpoints that VMs advertise in their GCE instance
   metadata, through the GCE metadata server and the Compute API.
 
@@ -19,15 +20,12 @@ import time
 import urllib.parse
 import urllib.request
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from fray.errors import ConfigError
 from fray.rpc.namespace import resolve_namespace
 
-if TYPE_CHECKING:
-    from fray.rpc.registry import RegistryClient
-
-__all__ = ["ClusterResolver", "FixedResolver", "GceResolver", "Resolver"]
+__all__ = ["FixedResolver", "GceResolver", "Resolver"]
 
 
 @runtime_checkable
@@ -54,43 +52,6 @@ class FixedResolver:
 
     def __repr__(self) -> str:
         return f"FixedResolver({self._endpoints!r}, namespace={self.namespace!r})"
-
-
-class ClusterResolver:
-    """Resolves names through the endpoint registry at ``address`` (``host:port``).
-
-    ``namespace`` defaults to the process's (``FRAY_NAMESPACE`` / ``FRAY_JOB_ID``);
-    pass :data:`~fray.rpc.namespace.GLOBAL_NAMESPACE` to share actors across runs.
-    Picklable: it keeps the address and namespace, never the token or connection.
-    """
-
-    def __init__(self, address: str, *, namespace: str | None = None, token: str | bytes | None = None) -> None:
-        self.address = address
-        self.namespace = resolve_namespace(namespace)
-        self._token = token
-        self._client: RegistryClient | None = None
-        self._lock = threading.Lock()
-
-    def _registry(self) -> RegistryClient:
-        with self._lock:
-            if self._client is None:
-                from fray.rpc.registry import RegistryClient
-
-                self._client = RegistryClient(self.address, token=self._token)
-            return self._client
-
-    def resolve(self, name: str) -> list[str]:
-        """The URLs registered for ``name`` in this resolver's namespace."""
-        return self._registry().resolve(self.namespace, name)
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (ClusterResolver, (self.address,), {"namespace": self.namespace})
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.namespace = state["namespace"]
-
-    def __repr__(self) -> str:
-        return f"ClusterResolver({self.address!r}, namespace={self.namespace!r})"
 
 
 #: The metadata item in which a VM advertises its actors to :class:`GceResolver`.

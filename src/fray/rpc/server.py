@@ -17,46 +17,43 @@ Threads, and why:
   sync and async calls alike.
 
 Responses of calls run by the connection thread while more requests are waiting
-in its buffer are batched into one write (see :class:`_Connection`); every other
-response is written at once by the thread that produced it.
+in its buffer are batched into one write (see
+:class:`~fray.rpc._dispatch.ServerConnection`); every other response is written at
+once by the thread that produced it. How calls run and are answered lives in
+:mod:`fray.rpc._dispatch`; what the frames mean, in :mod:`fray.rpc.protocol`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import collections
 import contextlib
-import enum
 import inspect
 import ipaddress
 import logging
 import pickle
-import queue
 import selectors
 import socket
 import threading
-import time
-import traceback
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Protocol
 
-import cloudpickle
-
 from fray.actor import check_actor_method, public_methods
-from fray.errors import ConfigError, SerializationError
+from fray.errors import ConfigError, ProtocolError, SerializationError
 from fray.rpc import wire
+from fray.rpc._dispatch import Actor, ActorRunner, Call, ServerConnection
 from fray.rpc.namespace import default_token, resolve_namespace
+from fray.rpc.protocol import (
+    CONTROL_LIST_ACTORS,
+    CONTROL_LIST_METHODS,
+    CONTROL_LOOKUP,
+    CONTROL_PING,
+    ActorInfo,
+    ErrorCode,
+    MethodInfo,
+)
 
 __all__ = ["ActorInfo", "ActorServer", "MethodInfo", "NameMapping"]
 
 logger = logging.getLogger(__name__)
-
-# The connection thread writes batched responses at least every this many bytes, and
-# responses queued before a call it runs itself leave at most this late (seconds).
-_OUTBOX_FLUSH_BYTES = 64 * 1024
-_BATCH_DELAY = 0.0005
 
 
 class NameMapping(Protocol):
@@ -72,347 +69,6 @@ class NameMapping(Protocol):
     def unregister(self, namespace: str, name: str, url: str) -> None:
         """Withdraw ``url`` for ``name`` (a no-op if another URL replaced it meanwhile)."""
         ...
-
-
-@dataclass(frozen=True)
-class MethodInfo:
-    """One remotely callable method of an actor, as listed by the server."""
-
-    name: str
-    signature: str
-    doc: str
-    is_async: bool
-
-
-@dataclass(frozen=True)
-class ActorInfo:
-    """One actor registered on a server."""
-
-    namespace: str
-    name: str
-    actor_id: str
-    class_name: str
-    max_concurrency: int
-
-
-class ErrorCode(enum.IntEnum):
-    """Why a call failed; tells the client whether the method ran. Part of the wire format."""
-
-    RAISED = 0  #: the method ran (or started) and raised; the payload is its exception.
-    NOT_FOUND = 1  #: no actor of that name in that namespace; nothing ran.
-    REPLACED = 2  #: the name now belongs to another actor id; nothing ran.
-    REJECTED = 3  #: the request was invalid (no such method, undecodable arguments); nothing ran.
-
-
-# A call request, as pickled in segment 0 of a CALL frame.
-#   (namespace, name, actor_id or None, method, args, kwargs)
-# A control request, as pickled in a CONTROL frame: (operation, arguments tuple).
-CONTROL_PING = "ping"
-CONTROL_LOOKUP = "lookup"
-CONTROL_LIST_ACTORS = "list_actors"
-CONTROL_LIST_METHODS = "list_methods"
-
-
-def encode_error(code: ErrorCode, exc: BaseException) -> list[Any]:
-    """The segments of an ERROR frame: the exception pickled on its own, plus its text.
-
-    The exception is pickled separately so the report always decodes even where the
-    exception type itself does not (the client then raises a RemoteError).
-    """
-    try:
-        exc_bytes: bytes | None = cloudpickle.dumps(exc, protocol=5)
-    except Exception:
-        exc_bytes = None
-    type_name = f"{type(exc).__module__}.{type(exc).__qualname__}"
-    text = "".join(traceback.format_exception(exc))
-    return [pickle.dumps((int(code), exc_bytes, type_name, str(exc), text), protocol=5)]
-
-
-class _Connection:
-    """The server's side of one client connection: a socket and the lock its senders share.
-
-    Responses to calls that the connection thread ran itself while more requests were
-    already buffered are collected in an *outbox* and written together, with one
-    system call, once the buffer runs dry (see :meth:`flush`): under pipelining that
-    saves most of the per-response writes. Before the thread runs a call that might
-    take long, it asks the :class:`_Flusher` to write the outbox if it is not back
-    quickly, so a fast call's answer never waits for a slow call after it.
-    """
-
-    def __init__(self, sock: socket.socket, peer: str) -> None:
-        self.sock = sock
-        self.peer = peer
-        self.reader_thread = 0
-        self._send_lock = threading.Lock()  # also guards the outbox
-        self._outbox: list[bytes] = []
-        self._outbox_bytes = 0
-        self._generation = 0  # counts flushes, so a late flusher can tell it is not needed
-
-    def send(self, kind: wire.FrameKind, request_id: int, segments: list[Any]) -> None:
-        """Send a response; a client that went away simply misses it."""
-        if len(segments) == 1 and threading.get_ident() == self.reader_thread:
-            frame = wire.small_frame(kind, request_id, segments[0])
-            if frame is not None:
-                with self._send_lock:
-                    self._outbox.append(frame)
-                    self._outbox_bytes += len(frame)
-                    full = self._outbox_bytes >= _OUTBOX_FLUSH_BYTES
-                if full:
-                    self.flush()
-                return
-        try:
-            with self._send_lock:
-                wire.send_frame(self.sock, kind, request_id, segments)
-        except OSError:
-            pass
-
-    def flush(self, generation: int | None = None) -> None:
-        """Write the outbox (if ``generation`` is given: only if no flush happened since)."""
-        with self._send_lock:
-            if not self._outbox or (generation is not None and generation != self._generation):
-                return
-            data = b"".join(self._outbox)
-            self._outbox.clear()
-            self._outbox_bytes = 0
-            self._generation += 1
-            with contextlib.suppress(OSError):
-                self.sock.sendall(data)
-
-    def before_inline_call(self) -> None:
-        """The connection thread is about to run a call: make sure queued answers still leave soon."""
-        if self._outbox:
-            _flusher.watch(self, self._generation)
-
-    def send_error(self, request_id: int, code: ErrorCode, exc: BaseException) -> None:
-        self.send(wire.FrameKind.ERROR, request_id, encode_error(code, exc))
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self.sock.shutdown(socket.SHUT_RDWR)
-        self.sock.close()
-
-
-class _Flusher:
-    """One daemon thread writing outboxes whose connection thread is busy running a call.
-
-    Deadlines are all ``_BATCH_DELAY`` after registration, so they arrive in order
-    and the thread only needs waking when the queue was empty.
-    """
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._queue: collections.deque[tuple[float, _Connection, int]] = collections.deque()
-        self._thread: threading.Thread | None = None
-
-    def watch(self, conn: _Connection, generation: int) -> None:
-        with self._cond:
-            self._queue.append((time.monotonic() + _BATCH_DELAY, conn, generation))
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="fray-actor-flusher", daemon=True)
-                self._thread.start()
-            elif len(self._queue) == 1:
-                self._cond.notify()
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._queue:
-                    self._cond.wait()
-                deadline, conn, generation = self._queue[0]
-                delay = deadline - time.monotonic()
-                if delay > 0:
-                    self._cond.wait(delay)
-                    continue
-                self._queue.popleft()
-            conn.flush(generation)
-
-
-_flusher = _Flusher()
-
-
-class _Call:
-    """One accepted call: what to run, and where its answer goes."""
-
-    __slots__ = ("actor", "args", "conn", "kwargs", "method", "rid")
-
-    def __init__(
-        self, conn: _Connection, rid: int, actor: _Actor, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> None:
-        self.conn, self.rid, self.actor = conn, rid, actor
-        self.method, self.args, self.kwargs = method, args, kwargs
-
-    def run(self) -> None:
-        """Run the method and send its result or exception."""
-        conn = self.conn
-        try:
-            result = getattr(self.actor.obj, self.method)(*self.args, **self.kwargs)
-            if inspect.isawaitable(result):
-                result = self.actor.runner.run_coroutine(result)
-        except BaseException as exc:  # the caller gets every exception, SystemExit included
-            conn.send_error(self.rid, ErrorCode.RAISED, exc)
-            return
-        try:
-            segments = wire.encode(result)
-        except SerializationError as exc:
-            conn.send_error(self.rid, ErrorCode.RAISED, exc)
-            return
-        conn.send(wire.FrameKind.RESULT, self.rid, segments)
-
-    def reject(self, code: ErrorCode, reason: str) -> None:
-        """Answer without running: the actor went away while this call waited."""
-        self.conn.send_error(self.rid, code, LookupError(f"{reason} before this call ran"))
-
-
-class _ActorRunner:
-    """Runs one actor's calls, at most ``max_concurrency`` at a time, starting them in arrival order.
-
-    With ``max_concurrency == 1`` (the default) calls wait in a backlog and exactly one
-    thread at a time drains it. When the actor is idle the connection thread that
-    received a call runs it itself (see :meth:`run_or_queue`), which saves a thread
-    switch on the latency-critical path; a worker thread takes over the backlog
-    whenever calls queue up behind a running one, so a connection never drains
-    calls that arrived on other connections.
-
-    With ``max_concurrency > 1`` calls go through a FIFO queue drained by up to
-    ``max_concurrency`` worker threads, started on demand.
-    """
-
-    def __init__(self, label: str, max_concurrency: int) -> None:
-        self.label = label
-        self.max_concurrency = max_concurrency
-        self._lock = threading.Lock()
-        self._threads: list[threading.Thread] = []
-        self._stopped = False
-        # max_concurrency == 1: the backlog, and whether some thread currently owns the actor.
-        self._backlog: collections.deque[_Call] = collections.deque()
-        self._busy = False
-        # Wakes the drain worker (max_concurrency == 1) or carries jobs to the pool (> 1).
-        self._queue: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
-        self._idle = 0
-        self._queued = 0
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop_reason: tuple[ErrorCode, str] = (ErrorCode.NOT_FOUND, "")
-
-    def run_or_queue(self, call: _Call) -> None:
-        """Run ``call`` now in this thread if the actor is idle, else queue it behind the others."""
-        if self.max_concurrency > 1:
-            self._submit_pool(call)
-            return
-        with self._lock:
-            stopped = self._stopped
-            if not stopped and (self._busy or self._backlog):
-                self._backlog.append(call)
-                return
-            self._busy = not stopped
-        if stopped:
-            call.reject(*self._stop_reason)
-            return
-        try:
-            call.conn.before_inline_call()
-            call.run()
-        finally:
-            self._release()
-
-    def _release(self) -> None:
-        """Called by the thread owning the actor when its call is done: hand the backlog on, or go idle."""
-        with self._lock:
-            if not self._backlog or self._stopped:
-                self._busy = False
-                return
-            if not self._threads:
-                self._spawn(self._drain)
-        # Ownership (busy stays True) passes to the drain worker.
-        self._queue.put(None)
-
-    def _drain(self) -> None:
-        while True:
-            self._queue.get()
-            while True:
-                with self._lock:
-                    if self._stopped:
-                        self._busy = False
-                        return
-                    if not self._backlog:
-                        self._busy = False
-                        break
-                    call = self._backlog.popleft()
-                call.run()
-
-    def _submit_pool(self, call: _Call) -> None:
-        with self._lock:
-            if self._stopped:
-                stopped = True
-            else:
-                stopped = False
-                self._queued += 1
-                if self._queued > self._idle and len(self._threads) < self.max_concurrency:
-                    self._spawn(self._work)
-        if stopped:
-            call.reject(*self._stop_reason)
-            return
-        self._queue.put(call)
-
-    def _spawn(self, target: Callable[[], None]) -> None:
-        thread = threading.Thread(target=target, name=f"fray-actor-{self.label}", daemon=True)
-        self._threads.append(thread)
-        thread.start()
-
-    def _work(self) -> None:
-        while True:
-            with self._lock:
-                self._idle += 1
-            call = self._queue.get()
-            with self._lock:
-                self._idle -= 1
-                self._queued -= 1
-            if call is None:
-                return
-            call.run()
-
-    def run_coroutine(self, coroutine: Any) -> Any:
-        """Run ``coroutine`` on this actor's event loop and wait for its result."""
-        with self._lock:
-            if self._loop is None:
-                self._loop = asyncio.new_event_loop()
-                threading.Thread(
-                    target=self._loop.run_forever, name=f"fray-actor-loop-{self.label}", daemon=True
-                ).start()
-            loop = self._loop
-        return asyncio.run_coroutine_threadsafe(coroutine, loop).result()
-
-    def stop(self, code: ErrorCode, reason: str) -> None:
-        """Refuse queued and later calls (they did not run), let running ones finish, stop the threads."""
-        with self._lock:
-            self._stopped = True
-            self._stop_reason = (code, reason)
-            refused = list(self._backlog)
-            self._backlog.clear()
-            threads = len(self._threads)
-            if self._loop is not None:
-                self._loop.call_soon_threadsafe(self._loop.stop)
-        with contextlib.suppress(queue.Empty):
-            while True:
-                queued = self._queue.get_nowait()
-                if queued is not None:
-                    refused.append(queued)
-        for call in refused:
-            call.reject(code, reason)
-        for _ in range(threads):
-            self._queue.put(None)
-
-
-@dataclass
-class _Actor:
-    namespace: str
-    name: str
-    actor_id: str
-    obj: Any
-    runner: _ActorRunner
-
-    def info(self) -> ActorInfo:
-        return ActorInfo(
-            self.namespace, self.name, self.actor_id, type(self.obj).__qualname__, self.runner.max_concurrency
-        )
 
 
 def _is_loopback(host: str) -> bool:
@@ -480,8 +136,8 @@ class ActorServer:
             advertise_host = socket.gethostbyname(socket.gethostname()) if host in ("0.0.0.0", "", "::") else host
         self._advertise_host = advertise_host
         self._lock = threading.Lock()
-        self._actors: dict[tuple[str, str], _Actor] = {}
-        self._connections: set[_Connection] = set()
+        self._actors: dict[tuple[str, str], Actor] = {}
+        self._connections: set[ServerConnection] = set()
         self._started = False
         self._stopped = threading.Event()
         self._wakeup_r, self._wakeup_w = socket.socketpair()
@@ -513,7 +169,7 @@ class ActorServer:
             raise ConfigError(f"max_concurrency must be a positive int, got {max_concurrency!r}")
         ns = resolve_namespace(namespace) if namespace is not None else self.namespace
         actor_id = uuid.uuid4().hex
-        actor = _Actor(ns, name, actor_id, obj, _ActorRunner(f"{name}-{actor_id[:8]}", max_concurrency))
+        actor = Actor(ns, name, actor_id, obj, ActorRunner(f"{name}-{actor_id[:8]}", max_concurrency))
         with self._lock:
             previous = self._actors.get((ns, name))
             self._actors[(ns, name)] = actor
@@ -618,7 +274,7 @@ class ActorServer:
                     ).start()
 
     def _serve_connection(self, sock: socket.socket, peer: str) -> None:
-        conn = _Connection(sock, peer)
+        conn = ServerConnection(sock, peer)
         with self._lock:
             if self._stopped.is_set():
                 conn.close()
@@ -638,7 +294,7 @@ class ActorServer:
                     conn.flush()
                 try:
                     frame = reader.read_frame()
-                except wire.ProtocolError as exc:
+                except ProtocolError as exc:
                     logger.warning("dropping connection from %s: %s", peer, exc)
                     conn.send(wire.FrameKind.PROTOCOL_ERROR, 0, [str(exc).encode()])
                     return
@@ -666,11 +322,11 @@ class ActorServer:
                 self._connections.discard(conn)
             conn.close()
 
-    def _lookup(self, namespace: str, name: str) -> _Actor | None:
+    def _lookup(self, namespace: str, name: str) -> Actor | None:
         with self._lock:
             return self._actors.get((namespace, name))
 
-    def _handle_call(self, conn: _Connection, frame: wire.Frame) -> None:
+    def _handle_call(self, conn: ServerConnection, frame: wire.Frame) -> None:
         rid = frame.request_id
         try:
             namespace, name, actor_id, method, args, kwargs = wire.decode(frame.segments)
@@ -700,35 +356,28 @@ class ActorServer:
         except AttributeError as exc:
             conn.send_error(rid, ErrorCode.REJECTED, exc)
             return
-        actor.runner.run_or_queue(_Call(conn, rid, actor, method, args, kwargs))
+        actor.runner.run_or_queue(Call(conn, rid, actor, method, args, kwargs))
 
     def _not_found(self, namespace: str, name: str) -> str:
         return f"no actor named {name!r} in namespace {namespace!r} at {self.address}"
 
-    def _handle_control(self, conn: _Connection, frame: wire.Frame) -> None:
+    def _handle_control(self, conn: ServerConnection, frame: wire.Frame) -> None:
         rid = frame.request_id
         try:
             operation, arguments = pickle.loads(frame.segments[0])
             result: Any
             if operation == CONTROL_PING:
                 result = "pong"
-            elif operation == CONTROL_LOOKUP:
-                namespace, name = arguments
-                actor = self._lookup(namespace, name)
-                if actor is None:
-                    conn.send_error(rid, ErrorCode.NOT_FOUND, LookupError(self._not_found(namespace, name)))
-                    return
-                result = actor.actor_id
             elif operation == CONTROL_LIST_ACTORS:
                 (namespace,) = arguments
                 result = [info for info in self.actors() if info.namespace == namespace]
-            elif operation == CONTROL_LIST_METHODS:
+            elif operation in (CONTROL_LOOKUP, CONTROL_LIST_METHODS):
                 namespace, name = arguments
                 actor = self._lookup(namespace, name)
                 if actor is None:
                     conn.send_error(rid, ErrorCode.NOT_FOUND, LookupError(self._not_found(namespace, name)))
                     return
-                result = describe_methods(type(actor.obj))
+                result = actor.actor_id if operation == CONTROL_LOOKUP else describe_methods(type(actor.obj))
             else:
                 raise ValueError(f"unknown control operation {operation!r}")
         except Exception as exc:

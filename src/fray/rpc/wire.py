@@ -35,17 +35,15 @@ from typing import Any, NamedTuple
 
 import cloudpickle
 
-from fray.errors import FrayError, SerializationError
+from fray.errors import AuthenticationError, ProtocolError, SerializationError
 
 __all__ = [
     "DEFAULT_MAX_FRAME_BYTES",
     "DEFAULT_MAX_SEGMENTS",
     "PROTOCOL_VERSION",
-    "AuthenticationError",
     "Frame",
     "FrameKind",
     "FrameReader",
-    "ProtocolError",
     "client_handshake",
     "decode",
     "encode",
@@ -57,7 +55,7 @@ __all__ = [
 
 #: Version of the frame layout and handshake. Bumped on any incompatible change;
 #: both ends refuse a peer with another version during the handshake.
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 
 #: Largest frame (sum of its segments) accepted by default: 1 GiB.
 DEFAULT_MAX_FRAME_BYTES = 1 << 30
@@ -102,25 +100,13 @@ _SOCKET_BUFFER_BYTES = 4 << 20
 _IOV_MAX = 512
 
 
-class AuthenticationError(FrayError):
-    """The peer did not prove it holds the cluster token (or refused ours).
-
-    Raised by a client whose server refused its token (or has none while the client
-    does); the call was not sent. Set the same ``FRAY_TOKEN`` on both sides.
-    """
-
-
-class ProtocolError(FrayError):
-    """The peer sent bytes that are not a valid Fray frame: bad magic, version, or sizes."""
-
-
 class FrameKind(enum.IntEnum):
     """What a frame carries; the values are part of the wire format."""
 
-    CALL = 1  #: client -> server: invoke a method (pickled _CallRequest tuple).
+    CALL = 1  #: client -> server: invoke a method (see protocol.call_request).
     CONTROL = 2  #: client -> server: ping, lookup, list actors, list methods.
     RESULT = 3  #: server -> client: the pickled return value.
-    ERROR = 4  #: server -> client: a pickled error report (see server._ErrorCode).
+    ERROR = 4  #: server -> client: an error code and an encoded failure (see protocol.encode_error).
     PROTOCOL_ERROR = 5  #: server -> client: UTF-8 text, then the server closes the connection.
 
 
