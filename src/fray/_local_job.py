@@ -25,7 +25,7 @@ from fray._runtime import StoppableRun, check_terminated
 from fray.errors import ActorUnavailableError
 from fray.job import JobStatus, _current_job
 
-__all__ = ["STOP_GRACE", "Attempt", "LocalJob", "LocalJobHandle", "wait_for_stop"]
+__all__ = ["STOP_GRACE", "Attempt", "LocalJob", "LocalJobHandle", "stop_deadline", "wait_for_stop"]
 
 #: Seconds ``terminate()`` waits for a job's threads and processes to end before it returns.
 STOP_GRACE = 5.0
@@ -141,8 +141,8 @@ class LocalJob:
         for hook in hooks:
             hook()
 
-    def terminate(self, grace: float = STOP_GRACE) -> None:
-        """Stop the job and wait up to ``grace`` seconds for its threads and processes to end."""
+    def terminate(self) -> None:
+        """Stop the job and wait up to :data:`STOP_GRACE` seconds for its threads and processes to end."""
         if self.lifecycle.finished:
             return
         self.request_stop()
@@ -151,7 +151,12 @@ class LocalJob:
             # The job terminates itself: it cannot wait for its own thread, so it stops here.
             check_terminated()
             return
-        self.lifecycle.wait_done(grace)
+        self.lifecycle.wait_done(STOP_GRACE)
+
+
+def stop_deadline() -> float:
+    """The ``time.monotonic()`` by which jobs told to stop now should have stopped."""
+    return time.monotonic() + STOP_GRACE
 
 
 def wait_for_stop(jobs: Sequence[LocalJob], deadline: float) -> None:

@@ -16,7 +16,6 @@ import queue
 import re
 import subprocess
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from functools import partial
@@ -25,7 +24,7 @@ from typing import Any
 
 from fray._lifecycle import Failure
 from fray._local_actor import LocalActor, LocalActorHandle
-from fray._local_job import STOP_GRACE, Attempt, LocalJob, LocalJobHandle, wait_for_stop
+from fray._local_job import Attempt, LocalJob, LocalJobHandle, stop_deadline, wait_for_stop
 from fray._logcapture import capture_to
 from fray._runtime import check_terminated, terminating_on
 from fray._serialization import call_parts, check_picklable
@@ -469,7 +468,7 @@ class LocalClient:
             for job in plain:
                 job.lifecycle.wait_done()
         # Jobs first, actors after: running jobs may still be calling the actors.
-        deadline = time.monotonic() + STOP_GRACE
+        deadline = stop_deadline()
         for group in (plain, hosts):
             for job in group:
                 if not job.lifecycle.finished:
