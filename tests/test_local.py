@@ -351,6 +351,35 @@ def test_unpicklable_actor_arguments_are_refused_before_anything_is_queued(local
     assert actor.calls() == []
 
 
+class Tagged(int):
+    """An int subclass: its instances may carry attributes that do not pickle."""
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        [list(range(100)), threading.Lock()],  # past the part looked at without pickling
+        {"deep": [[[("x", threading.Lock())]]]},
+        Tagged(1),
+    ],
+    ids=["after-a-long-list", "nested", "int-subclass"],
+)
+def test_plain_data_fast_path_still_refuses_what_does_not_pickle(local_client, value):
+    if isinstance(value, Tagged):
+        value.lock = threading.Lock()
+    actor = local_client.create_actor(Looper, name="fast-path")
+    with pytest.raises(SerializationError, match="argument 0 cannot be pickled"):
+        actor.echo(value)
+    assert actor.echo([1, 2.5, "x", b"y", None, (True, {"k": frozenset({3})})]) == [
+        1,
+        2.5,
+        "x",
+        b"y",
+        None,
+        (True, {"k": frozenset({3})}),
+    ]
+
+
 def test_handles_pickle_within_the_process(local_client):
     counter = local_client.create_actor(Slow, name="pickled")
     copy = pickle.loads(pickle.dumps(counter))
