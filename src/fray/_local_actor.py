@@ -23,9 +23,9 @@ from fray._lifecycle import Failure
 from fray._local_job import LocalJob
 from fray._logcapture import capture_to
 from fray._remote import RemoteFailure, remote_error
-from fray._runtime import StoppableRun, check_terminated, terminating_on
+from fray._runtime import StoppableRun, terminating_on
 from fray._serialization import check_call_picklable, check_result_picklable
-from fray.actor import ActorFuture, check_actor_method
+from fray.actor import ActorFuture, RemoteMethod, check_actor_method
 from fray.client import Client, _bind_client
 from fray.errors import ActorDiedError, ActorUnavailableError, SerializationError
 from fray.job import JobInfo, _current_job
@@ -193,24 +193,6 @@ def _died_copy(death: ActorDiedError) -> ActorDiedError:
     return copy
 
 
-class _LocalActorMethod:
-    """``handle.method``: ``.remote(...)`` returns a future, calling it blocks."""
-
-    def __init__(self, handle: LocalActorHandle, name: str) -> None:
-        self._handle = handle
-        self._name = name
-
-    def remote(self, *args: Any, **kwargs: Any) -> ActorFuture:
-        """Queue the call and return its future; arguments that cannot be pickled are refused here."""
-        check_terminated()
-        check_call_picklable(self._handle._name, self._name, args, kwargs)
-        return self._handle._actor_or_raise().submit(self._name, args, kwargs)
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """Make the call and wait for its result."""
-        return self.remote(*args, **kwargs).result()
-
-
 class LocalActorHandle:
     """Handle to an actor of a :class:`~fray.local.LocalClient`; calls run on the actor's own thread, in order."""
 
@@ -224,13 +206,18 @@ class LocalActorHandle:
     def __repr__(self) -> str:
         return f"LocalActorHandle({self._name!r}, {self._cls.__name__})"
 
-    def __getattr__(self, method_name: str) -> _LocalActorMethod:
+    def __getattr__(self, method_name: str) -> RemoteMethod:
         check_actor_method(self._cls, method_name)
-        return _LocalActorMethod(self, method_name)
+        return RemoteMethod(self, method_name)
 
     def __reduce__(self) -> tuple[object, ...]:
         job_id = self._actor.job.job_id if self._actor is not None else ""
         return (_restore_actor_handle, (self._client_id, job_id, self._cls, self._name))
+
+    def _fray_call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ActorFuture:
+        # Checked here, in the caller, exactly as other backends ship it: nothing is queued on failure.
+        check_call_picklable(self._name, method, args, kwargs)
+        return self._actor_or_raise().submit(method, args, kwargs)
 
     def _actor_or_raise(self) -> LocalActor:
         if self._actor is None:

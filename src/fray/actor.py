@@ -14,6 +14,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from fray._runtime import check_terminated
 from fray.errors import ActorDiedError
 from fray.job import JobHandle, JobStatus
 
@@ -22,6 +23,7 @@ __all__ = [
     "ActorGroup",
     "ActorHandle",
     "ActorMethod",
+    "RemoteMethod",
     "check_actor_method",
     "check_actor_request",
     "group_member_names",
@@ -48,6 +50,33 @@ class ActorMethod(Protocol):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Make the call and block for its result."""
         ...
+
+
+class _Caller(Protocol):
+    def _fray_call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ActorFuture: ...
+
+
+class RemoteMethod:
+    """An :class:`ActorMethod` for handles that start a call with ``handle._fray_call(method, args, kwargs)``.
+
+    ``.remote(...)`` starts the call and returns its future; calling blocks for the result.
+    A terminated job stops here, at its next Fray call.
+    """
+
+    __slots__ = ("_handle", "_name")
+
+    def __init__(self, handle: _Caller, name: str) -> None:
+        self._handle = handle
+        self._name = name
+
+    def remote(self, *args: Any, **kwargs: Any) -> ActorFuture:
+        """Start the call and return its future at once."""
+        check_terminated()
+        return self._handle._fray_call(self._name, args, kwargs)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Make the call and block for its result."""
+        return self.remote(*args, **kwargs).result()
 
 
 @runtime_checkable
