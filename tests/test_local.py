@@ -28,7 +28,7 @@ from fray import (
     SerializationError,
 )
 from fray._runtime import StoppableRun, ThreadStopped
-from fray.local import LocalClient
+from fray.local import LocalClient, LocalJobHandle
 from support import alive, wait_until
 
 
@@ -209,6 +209,17 @@ def test_terminated_jobs_leave_nothing_behind_for_later_jobs(local_client):
     finally:
         threading.excepthook = previous
     assert errors == []
+
+
+def test_wait_some_returns_when_one_job_finishes_or_the_timeout_passes(local_client):
+    gates = [Gate(), Gate()]
+    handles = [local_client.submit(job(f"gated-{i}", gate.pass_through)) for i, gate in enumerate(gates)]
+    assert all(gate.entered.wait(10) for gate in gates)
+    assert LocalJobHandle._fray_wait_some(handles, 0.05) == [JobStatus.RUNNING] * 2
+    gates[1].release.set()
+    assert LocalJobHandle._fray_wait_some(handles, None) == [JobStatus.RUNNING, JobStatus.SUCCEEDED]
+    gates[0].release.set()
+    assert fray.wait_all(handles, timeout=30) == [JobStatus.SUCCEEDED] * 2
 
 
 def test_concurrent_jobs_keep_separate_logs(local_client):
@@ -434,7 +445,7 @@ def test_no_subprocess_outlives_the_interpreter(tmp_path: Path):
         f"""
         import pathlib, time
         from fray import Entrypoint, JobRequest
-        from fray.local import LocalClient
+        from fray.local import LocalClient, LocalJobHandle
         client = LocalClient()
         client.submit(JobRequest(name="orphan", entrypoint=Entrypoint.from_binary(
             "bash", ["-c", "echo $$ > {pidfile}.tmp && mv {pidfile}.tmp {pidfile}; exec sleep 300"])))

@@ -117,6 +117,12 @@ def _check_packages(name: str, packages: tuple[str, ...]) -> None:
         )
 
 
+def _never_started(job: LocalJob) -> None:
+    # Interrupted before its thread started (e.g. the submitting job was terminated mid-call):
+    # it never will run, so it must not sit PENDING for shutdown(wait=True) to wait on forever.
+    job.lifecycle.stop()
+
+
 def _replica_main(
     outcomes: queue.SimpleQueue[tuple[int, Failure | None]],
     index: int,
@@ -249,16 +255,20 @@ class LocalClient:
                     f"LocalClient runs at most {self.max_threads} threads; raise threads or lower replicas"
                 )
         job = self._new_job(request.name, request.max_retries_failure, request.max_retries_preemption)
-        if environment.docker_image:
-            job.logs.write(f"[fray] the local backend ignores docker_image={environment.docker_image!r}\n")
-        context = contextvars.copy_context()
-        launcher = threading.Thread(
-            target=self._run_job,
-            args=(job, request, environment, context),
-            name=f"fray-job-{job.job_id}",
-            daemon=True,
-        )
-        launcher.start()
+        try:
+            if environment.docker_image:
+                job.logs.write(f"[fray] the local backend ignores docker_image={environment.docker_image!r}\n")
+            context = contextvars.copy_context()
+            launcher = threading.Thread(
+                target=self._run_job,
+                args=(job, request, environment, context),
+                name=f"fray-job-{job.job_id}",
+                daemon=True,
+            )
+            launcher.start()
+        except BaseException:
+            _never_started(job)
+            raise
         return LocalJobHandle(job)
 
     def _new_job(self, name: str, max_retries_failure: int = 0, max_retries_preemption: int = 0) -> LocalJob:
@@ -421,15 +431,19 @@ class LocalClient:
                     "another name"
                 )
         job = self._new_job(name)
-        info = JobInfo(job.job_id, name, 0, 1, self._parent_namespace(), 0)
-        actor = LocalActor(self, job, actor_class, info, self._forget_actor)
-        with self._lock:
-            if name in self._actors_by_name:  # lost a race with another creator
-                self._jobs.pop(job.job_id, None)
-                raise JobAlreadyExists(f"an actor named {name!r} is already running in this client")
-            self._actors_by_name[name] = actor
-            self._actors_by_job[job.job_id] = actor
-        actor.start(args, kwargs, contextvars.copy_context())
+        try:
+            info = JobInfo(job.job_id, name, 0, 1, self._parent_namespace(), 0)
+            actor = LocalActor(self, job, actor_class, info, self._forget_actor)
+            with self._lock:
+                if name in self._actors_by_name:  # lost a race with another creator
+                    self._jobs.pop(job.job_id, None)
+                    raise JobAlreadyExists(f"an actor named {name!r} is already running in this client")
+                self._actors_by_name[name] = actor
+                self._actors_by_job[job.job_id] = actor
+            actor.start(args, kwargs, contextvars.copy_context())
+        except BaseException:
+            _never_started(job)
+            raise
         return LocalActorHandle(actor, actor_class, name, self.client_id)
 
     def create_actor_group(
