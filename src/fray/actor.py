@@ -15,8 +15,10 @@ from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from fray._runtime import check_terminated
-from fray.errors import ActorDiedError
-from fray.job import JobHandle, JobStatus
+from fray._serialization import call_parts, check_picklable
+from fray.errors import ActorDiedError, ConfigError
+from fray.job import JobHandle, JobStatus, validate_name
+from fray.resources import ResourceConfig
 
 __all__ = [
     "ActorFuture",
@@ -112,11 +114,6 @@ def check_actor_request(
     actor_class: object, name: object, resources: object, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> None:
     """Validate ``create_actor``'s arguments the same way on every backend; raise ConfigError/SerializationError."""
-    from fray._serialization import call_parts, check_picklable
-    from fray.errors import ConfigError
-    from fray.job import validate_name
-    from fray.resources import ResourceConfig
-
     validate_name(name, "actor name")
     if not isinstance(actor_class, type):
         raise ConfigError(f"create_actor needs a class, got {type(actor_class).__name__}: {actor_class!r}")
@@ -127,8 +124,6 @@ def check_actor_request(
 
 def group_member_names(name: str, count: object) -> list[str]:
     """``{name}-0`` ... ``{name}-{count-1}``, the names of an actor group's members; checks ``count``."""
-    from fray.errors import ConfigError
-
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise ConfigError(f"create_actor_group(count={count!r}) must be a whole number >= 1")
     return [f"{name}-{i}" for i in range(count)]
