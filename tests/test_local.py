@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import pickle
 import subprocess
@@ -24,8 +25,10 @@ from fray import (
     JobRequest,
     JobStatus,
     JobTerminated,
+    SerializationError,
 )
-from fray.local import LocalClient
+from fray._runtime import StoppableRun, ThreadStopped
+from fray.local import LocalClient, LocalJobHandle
 from support import alive, wait_until
 
 
@@ -88,6 +91,135 @@ def test_terminated_callable_job_stops_at_its_next_fray_call(local_client):
     assert handle.status() == JobStatus.STOPPED
     assert gate.release.wait(10)
     assert handle.wait(timeout=1) == JobStatus.STOPPED
+
+
+class Spinner:
+    """Shared with an in-process job: it spins in pure Python, never calling Fray, until stopped."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.after: list[str] = []
+
+    def __reduce__(self):
+        return (Spinner, ())
+
+    def spin(self) -> None:
+        self.entered.set()
+        while True:
+            self.count += 1
+
+    def mark(self) -> None:
+        self.entered.set()
+
+    def block_in_c(self) -> None:
+        self.entered.set()
+        self.release.wait()  # one C-level wait: an asynchronous exception cannot land inside it
+        self.after.append("ran on after the wait")
+
+
+def threads_named(prefix: str) -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith(prefix) and t.is_alive()]
+
+
+def test_terminate_stops_a_pure_python_loop_before_it_returns(local_client):
+    spinner = Spinner()
+    handle = local_client.submit(job("spin", spinner.spin, replicas=2))
+    assert spinner.entered.wait(10)
+    wait_until(lambda: spinner.count > 1000, what="the loop to spin")
+    handle.terminate()
+    assert handle.status() == JobStatus.STOPPED
+    assert threads_named(f"fray-{handle.job_id}-r") == []  # every replica thread has exited
+    count = spinner.count
+    assert spinner.count == count
+
+
+def test_a_thread_in_a_long_c_call_stops_when_the_call_returns(local_client, monkeypatch):
+    monkeypatch.setattr("fray._local_job.STOP_GRACE", 0.2)
+    spinner = Spinner()
+    handle = local_client.submit(job("blocked", spinner.block_in_c))
+    assert spinner.entered.wait(10)
+    handle.terminate()  # returns after the grace: the thread cannot be interrupted inside the wait
+    assert handle.status() == JobStatus.RUNNING
+    spinner.release.set()
+    assert handle.wait(timeout=30) == JobStatus.STOPPED
+    assert spinner.after == []  # the exception landed as soon as the C call returned
+
+
+def test_a_stop_never_lands_in_the_next_run_on_the_same_thread():
+    # One thread runs job after job, each under its own StoppableRun, the way a reused thread
+    # would; every other run is stopped just as it may be ending. A stop that arrives late must
+    # neither reach the next run nor escape into the code between runs. Switching threads
+    # every microsecond makes the stops land all over the runs' ends.
+    total = 2000
+    runs = [StoppableRun() for _ in range(total)]
+    started = [threading.Event() for _ in range(total)]
+    wrong: list[str] = []
+    stopped: list[int] = []
+    finished: list[int] = []
+
+    def body(i: int) -> None:
+        started[i].set()
+        x = 0
+        for k in range(50 * (i % 7)):
+            x += k
+
+    def worker() -> None:
+        for i, run in enumerate(runs):
+            try:
+                try:
+                    run.run(body, i)
+                except ThreadStopped:
+                    stopped.append(i)
+                finished.append(i)
+            except ThreadStopped:
+                wrong.append(f"a stop escaped run {i}")
+
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        thread = threading.Thread(target=worker, daemon=True)
+        thread.start()
+        for i in range(0, total, 2):
+            assert started[i].wait(30), f"the worker died after {len(finished)} runs: {wrong}"
+            runs[i].stop()
+        thread.join(60)
+    finally:
+        sys.setswitchinterval(previous)
+    assert wrong == []
+    assert [i for i in stopped if i % 2] == []  # only the runs that were stopped saw a stop
+    assert stopped  # and some were stopped, mid-run
+    assert finished == list(range(total))
+
+
+def test_terminated_jobs_leave_nothing_behind_for_later_jobs(local_client):
+    errors: list[threading.ExceptHookArgs] = []
+    previous = threading.excepthook
+    threading.excepthook = errors.append
+    try:
+        for i in range(20):
+            spinner = Spinner()
+            handle = local_client.submit(job(f"short-{i}", spinner.mark))
+            assert spinner.entered.wait(10)
+            handle.terminate()  # races with the job ending on its own
+            assert handle.wait(timeout=30) in (JobStatus.STOPPED, JobStatus.SUCCEEDED)
+            later = local_client.submit(job(f"later-{i}", lambda: sum(range(1000))))
+            assert later.wait(timeout=30) == JobStatus.SUCCEEDED
+    finally:
+        threading.excepthook = previous
+    assert errors == []
+
+
+def test_wait_some_returns_when_one_job_finishes_or_the_timeout_passes(local_client):
+    gates = [Gate(), Gate()]
+    handles = [local_client.submit(job(f"gated-{i}", gate.pass_through)) for i, gate in enumerate(gates)]
+    assert all(gate.entered.wait(10) for gate in gates)
+    assert LocalJobHandle._fray_wait_some(handles, 0.05) == [JobStatus.RUNNING] * 2
+    gates[1].release.set()
+    assert LocalJobHandle._fray_wait_some(handles, None) == [JobStatus.RUNNING, JobStatus.SUCCEEDED]
+    gates[0].release.set()
+    assert fray.wait_all(handles, timeout=30) == [JobStatus.SUCCEEDED] * 2
 
 
 def test_concurrent_jobs_keep_separate_logs(local_client):
@@ -157,7 +289,8 @@ class Slow:
 
     def block(self) -> str:
         self.entered.set()
-        self.gate.wait(30)
+        while not self.gate.wait(0.01):  # short waits: a terminated actor's thread stops between them
+            pass
         return "done"
 
     def quick(self) -> str:
@@ -178,6 +311,84 @@ def test_queued_calls_fail_when_the_actor_is_terminated(local_client):
         running.result(timeout=10)
     with pytest.raises(ActorDiedError):
         queued.result(timeout=10)
+
+
+class Looper:
+    def __init__(self) -> None:
+        self.count = 0
+        self.history: list[object] = []
+
+    def spin(self) -> None:
+        while True:
+            self.count += 1
+
+    async def tick(self) -> None:
+        while True:
+            self.count += 1
+            await asyncio.sleep(0.001)
+
+    def read(self) -> int:
+        return self.count
+
+    def echo(self, value: object) -> object:
+        self.history.append(value)
+        return value
+
+    def calls(self) -> list[object]:
+        return list(self.history)
+
+
+@pytest.mark.parametrize("method", ["spin", "tick"])
+def test_terminating_an_actor_stops_its_threads(local_client, method):
+    group = local_client.create_actor_group(Looper, name=f"looper-{method}", count=1)
+    actor = group.wait_ready(timeout=30)[0]
+    running = getattr(actor, method).remote()
+    wait_until(lambda: running.running(), what="the call to start")
+    group.shutdown()
+    with pytest.raises(ActorDiedError):
+        running.result(timeout=10)
+    assert group.jobs[0].wait(timeout=30) == JobStatus.STOPPED
+    assert threads_named(f"fray-actor-looper-{method}") == []
+    assert threads_named(f"fray-actor-loop-looper-{method}") == []
+
+
+def test_unpicklable_actor_arguments_are_refused_before_anything_is_queued(local_client):
+    actor = local_client.create_actor(Looper, name="checked")
+    with pytest.raises(SerializationError) as info:
+        actor.echo([threading.Lock()])  # hidden inside a list: still refused
+    assert str(info.value).startswith("actor 'checked', method 'echo': argument 0 cannot be pickled")
+    with pytest.raises(SerializationError, match="keyword argument 'value'"):
+        actor.echo.remote(value={"lock": threading.Lock()})
+    assert actor.calls() == []
+
+
+class Tagged(int):
+    """An int subclass: its instances may carry attributes that do not pickle."""
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        [list(range(100)), threading.Lock()],  # past the part looked at without pickling
+        {"deep": [[[("x", threading.Lock())]]]},
+        Tagged(1),
+    ],
+    ids=["after-a-long-list", "nested", "int-subclass"],
+)
+def test_plain_data_fast_path_still_refuses_what_does_not_pickle(local_client, value):
+    if isinstance(value, Tagged):
+        value.lock = threading.Lock()
+    actor = local_client.create_actor(Looper, name="fast-path")
+    with pytest.raises(SerializationError, match="argument 0 cannot be pickled"):
+        actor.echo(value)
+    assert actor.echo([1, 2.5, "x", b"y", None, (True, {"k": frozenset({3})})]) == [
+        1,
+        2.5,
+        "x",
+        b"y",
+        None,
+        (True, {"k": frozenset({3})}),
+    ]
 
 
 def test_handles_pickle_within_the_process(local_client):
@@ -234,7 +445,7 @@ def test_no_subprocess_outlives_the_interpreter(tmp_path: Path):
         f"""
         import pathlib, time
         from fray import Entrypoint, JobRequest
-        from fray.local import LocalClient
+        from fray.local import LocalClient, LocalJobHandle
         client = LocalClient()
         client.submit(JobRequest(name="orphan", entrypoint=Entrypoint.from_binary(
             "bash", ["-c", "echo $$ > {pidfile}.tmp && mv {pidfile}.tmp {pidfile}; exec sleep 300"])))

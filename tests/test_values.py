@@ -20,6 +20,7 @@ from fray import (
     TpuConfig,
     parse_size,
 )
+from fray.resources import format_size
 
 
 @pytest.mark.parametrize(
@@ -69,6 +70,26 @@ def test_resource_config_defaults_and_sizes():
 def test_resource_config_rejects_bad_values(kwargs, fragment):
     with pytest.raises(ConfigError, match=fragment):
         ResourceConfig(**kwargs)
+
+
+@pytest.mark.parametrize(("name", "value"), [("ram", 4), ("disk", 100), ("ram", "4"), ("disk", " 4096 ")])
+def test_resource_config_refuses_bare_numbers_as_ambiguous(name, value):
+    with pytest.raises(ConfigError) as info:
+        ResourceConfig(**{name: value})
+    message = str(info.value)
+    assert message.startswith(f"ResourceConfig({name}={value!r}): a bare number is ambiguous (bytes? GiB?)")
+    assert f"{name}='4g'" in message and f"'{str(value).strip()}b' for {str(value).strip()} bytes" in message
+
+
+def test_resource_config_takes_bytes_when_they_say_so():
+    assert ResourceConfig(ram="4096b", disk="2GiB").ram_bytes == 4096
+    assert ResourceConfig(ram=f"{5 * 2**20}b").ram_bytes == 5 * 2**20
+
+
+def test_format_size_writes_what_resource_config_reads():
+    for num_bytes in (100, 4096, 3 * 2**30):
+        text = format_size(num_bytes)
+        assert ResourceConfig(ram=text).ram_bytes == num_bytes
 
 
 def test_regions_are_normalised_to_a_tuple():

@@ -18,13 +18,49 @@ def call_parts(fn: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any], what: 
     return parts
 
 
+# Exact types every instance of which pickles. Subclasses are left out on purpose: an
+# instance of ``class Tagged(int)`` may carry an unpicklable attribute.
+_ATOMS = frozenset({int, float, complex, bool, str, bytes, type(None)})
+_CONTAINERS = frozenset({tuple, list, dict, set, frozenset})
+# How many items the fast path looks at before it hands a value to cloudpickle instead.
+_SCAN_LIMIT = 64
+
+
+def _surely_picklable(value: Any) -> bool:
+    """True if ``value`` is built only of builtin scalars and containers, so it pickles; cheap.
+
+    False means "not known", never "not picklable": the caller then pickles for real. The
+    scan is bounded, so a large or self-referencing container costs no more than pickling.
+    """
+    budget = _SCAN_LIMIT
+    stack = [value]
+    try:
+        while stack:
+            item = stack.pop()
+            kind = type(item)
+            if kind in _ATOMS:
+                continue
+            if kind not in _CONTAINERS:
+                return False
+            budget -= len(item)
+            if budget < 0:
+                return False
+            stack.extend(item.items() if kind is dict else item)
+    except RuntimeError:  # another thread changed a dict or set under the scan: pickle it instead
+        return False
+    return True
+
+
 def check_picklable(what: str, parts: Mapping[str, Any]) -> None:
     """Raise SerializationError naming the first of ``parts`` that cloudpickle cannot pickle.
 
     Every backend but the local one ships these values to another process; the local
     backend checks too, so that code that passes on a laptop does not fail on a cluster.
+    Plain data (builtin scalars in builtin containers) is known to pickle and is not pickled.
     """
     for label, value in parts.items():
+        if _surely_picklable(value):
+            continue
         try:
             cloudpickle.dumps(value)
         except Exception as exc:
@@ -45,6 +81,8 @@ def check_call_picklable(actor_name: str, method: str, args: tuple[Any, ...], kw
     Backends that pickle the call anyway check the pickling error instead (and only then
     call this to word it), so the check costs nothing on the fast path.
     """
+    if _surely_picklable(args) and _surely_picklable(kwargs):
+        return  # the common case, without building the labels
     parts = {f"argument {i}": a for i, a in enumerate(args)}
     parts.update({f"keyword argument {k!r}": v for k, v in kwargs.items()})
     check_picklable(actor_call_label(actor_name, method), parts)
@@ -52,4 +90,6 @@ def check_call_picklable(actor_name: str, method: str, args: tuple[Any, ...], kw
 
 def check_result_picklable(actor_name: str, method: str, value: Any) -> None:
     """Refuse an actor method's return value that cannot be pickled; the same on every backend."""
+    if _surely_picklable(value):
+        return
     check_picklable(actor_call_label(actor_name, method), {"the return value": value})

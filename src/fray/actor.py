@@ -14,14 +14,18 @@ import time
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from fray.errors import ActorDiedError
-from fray.job import JobHandle, JobStatus
+from fray._runtime import check_terminated
+from fray._serialization import call_parts, check_picklable
+from fray.errors import ActorDiedError, ConfigError
+from fray.job import JobHandle, JobStatus, validate_name
+from fray.resources import ResourceConfig
 
 __all__ = [
     "ActorFuture",
     "ActorGroup",
     "ActorHandle",
     "ActorMethod",
+    "RemoteMethod",
     "check_actor_method",
     "check_actor_request",
     "group_member_names",
@@ -48,6 +52,33 @@ class ActorMethod(Protocol):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Make the call and block for its result."""
         ...
+
+
+class _Caller(Protocol):
+    def _fray_call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ActorFuture: ...
+
+
+class RemoteMethod:
+    """An :class:`ActorMethod` for handles that start a call with ``handle._fray_call(method, args, kwargs)``.
+
+    ``.remote(...)`` starts the call and returns its future; calling blocks for the result.
+    A terminated job stops here, at its next Fray call.
+    """
+
+    __slots__ = ("_handle", "_name")
+
+    def __init__(self, handle: _Caller, name: str) -> None:
+        self._handle = handle
+        self._name = name
+
+    def remote(self, *args: Any, **kwargs: Any) -> ActorFuture:
+        """Start the call and return its future at once."""
+        check_terminated()
+        return self._handle._fray_call(self._name, args, kwargs)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Make the call and block for its result."""
+        return self.remote(*args, **kwargs).result()
 
 
 @runtime_checkable
@@ -83,11 +114,6 @@ def check_actor_request(
     actor_class: object, name: object, resources: object, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> None:
     """Validate ``create_actor``'s arguments the same way on every backend; raise ConfigError/SerializationError."""
-    from fray._serialization import call_parts, check_picklable
-    from fray.errors import ConfigError
-    from fray.job import validate_name
-    from fray.resources import ResourceConfig
-
     validate_name(name, "actor name")
     if not isinstance(actor_class, type):
         raise ConfigError(f"create_actor needs a class, got {type(actor_class).__name__}: {actor_class!r}")
@@ -98,8 +124,6 @@ def check_actor_request(
 
 def group_member_names(name: str, count: object) -> list[str]:
     """``{name}-0`` ... ``{name}-{count-1}``, the names of an actor group's members; checks ``count``."""
-    from fray.errors import ConfigError
-
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise ConfigError(f"create_actor_group(count={count!r}) must be a whole number >= 1")
     return [f"{name}-{i}" for i in range(count)]

@@ -2,352 +2,51 @@
 
 It needs no setup and honours the whole :class:`~fray.client.Client` protocol, so a
 pipeline or RL loop can be developed and tested with nothing else installed. What
-cannot be isolated inside one process is documented on :class:`LocalClient`.
+cannot be isolated inside one process is documented on :class:`LocalClient`. Jobs
+and their handles live in :mod:`fray._local_job`, actors in :mod:`fray._local_actor`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import atexit
-import concurrent.futures
-import contextlib
+import collections
 import contextvars
 import importlib.metadata
-import inspect
 import os
 import queue
 import re
-import signal
 import subprocess
 import threading
-import traceback
 import uuid
-import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
+from functools import partial
 from types import TracebackType
 from typing import Any
 
-from fray._logcapture import LogBuffer, capture_to
-from fray._process import describe_exit, kill_process_group
+from fray._lifecycle import Failure
+from fray._local_actor import LocalActor, LocalActorHandle
+from fray._local_job import Attempt, LocalJob, LocalJobHandle, stop_deadline, wait_for_stop
+from fray._logcapture import capture_to
 from fray._runtime import check_terminated, terminating_on
 from fray._serialization import call_parts, check_picklable
-from fray.actor import ActorFuture, ActorGroup, check_actor_method, check_actor_request, group_member_names
+from fray.actor import ActorGroup, check_actor_request, group_member_names
 from fray.client import ClientSpec, _bind_client
-from fray.errors import (
-    ActorDiedError,
-    ActorUnavailableError,
-    ConfigError,
-    FrayError,
-    JobAlreadyExists,
-    JobFailed,
-)
+from fray.errors import ConfigError, FrayError, JobAlreadyExists
 from fray.job import (
     BinaryEntrypoint,
     CallableEntrypoint,
     EnvironmentConfig,
     JobInfo,
     JobRequest,
-    JobStatus,
     _current_job,
-    job_env,
+    replica_env,
 )
 from fray.resources import ResourceConfig
 
 __all__ = ["LocalActorHandle", "LocalClient", "LocalJobHandle"]
 
-# Every live LocalClient, so that pickled handles can find their client again in this
-# process and so that no subprocess outlives the interpreter.
-_CLIENTS: weakref.WeakValueDictionary[str, LocalClient] = weakref.WeakValueDictionary()
-
 
 def _short_id() -> str:
     return uuid.uuid4().hex[:8]
-
-
-@dataclass
-class _Failure:
-    """Why an attempt failed, kept so that every wait() can raise a fresh JobFailed."""
-
-    message: str
-    cause: BaseException | None = None
-    traceback_text: str = ""
-    exit_code: int | None = None
-
-    def error(self, job_id: str) -> JobFailed:
-        return JobFailed(
-            job_id, self.message, cause=self.cause, traceback_text=self.traceback_text, exit_code=self.exit_code
-        )
-
-
-class _JobRecord:
-    """The state of one job (or actor-hosting job); all transitions go through ``_finish``/``_set_running``."""
-
-    def __init__(self, job_id: str, name: str, echo: bool) -> None:
-        self.job_id = job_id
-        self.name = name
-        self.status = JobStatus.PENDING
-        self.failure: _Failure | None = None
-        self.logs = LogBuffer(echo=echo)
-        self.done = threading.Event()
-        self.cancel = threading.Event()  # set by terminate(); replicas stop at their next Fray call
-        self.processes: list[subprocess.Popen[bytes]] = []
-        self.lock = threading.Lock()
-
-    def set_running(self) -> bool:
-        with self.lock:
-            if self.status.finished:
-                return False
-            self.status = JobStatus.RUNNING
-            return True
-
-    def finish(self, status: JobStatus, failure: _Failure | None = None) -> bool:
-        """Move to a final status once; later calls lose (a terminated job stays STOPPED)."""
-        with self.lock:
-            if self.status.finished:
-                return False
-            self.status = status
-            self.failure = failure
-        self.done.set()
-        return True
-
-
-class LocalJobHandle:
-    """Handle to a job of a :class:`LocalClient`. Picklable within the process that created it."""
-
-    def __init__(self, client: LocalClient, record: _JobRecord) -> None:
-        self._client = client
-        self._record = record
-
-    def __repr__(self) -> str:
-        return f"LocalJobHandle({self.job_id!r}, {self._record.status.value})"
-
-    def __reduce__(self) -> tuple[object, ...]:
-        return (_restore_job_handle, (self._client.client_id, self.job_id))
-
-    @property
-    def job_id(self) -> str:
-        """The job's id: ``{name}-{8 hex}``, prefixed by the parent job's id for child jobs."""
-        return self._record.job_id
-
-    def status(self) -> JobStatus:
-        """The job's current status."""
-        return self._record.status
-
-    def wait(self, timeout: float | None = None, *, raise_on_failure: bool = True) -> JobStatus:
-        """Block until the job finishes; raise JobFailed if it failed and ``raise_on_failure``."""
-        if not self._record.done.wait(timeout):
-            raise TimeoutError(f"job {self.job_id!r} still {self._record.status.value} after {timeout}s")
-        status = self._record.status
-        if status == JobStatus.FAILED and raise_on_failure and self._record.failure is not None:
-            raise self._record.failure.error(self.job_id)
-        return status
-
-    def terminate(self) -> None:
-        """Stop the job: binary replicas are killed with their children, callables stop at their next Fray call."""
-        self._client._terminate(self._record)
-
-    def logs(self, max_lines: int | None = None) -> list[str]:
-        """The job's output lines (all attempts, stdout and stderr interleaved)."""
-        return self._record.logs.lines(max_lines)
-
-
-def _restore_job_handle(client_id: str, job_id: str) -> LocalJobHandle:
-    client = _CLIENTS.get(client_id)
-    record = client._records.get(job_id) if client is not None else None
-    if client is None or record is None:
-        raise ActorUnavailableError(
-            f"local job {job_id!r} lives in another process; handles of the local backend only work in the "
-            "process that created them (use a cluster backend to share jobs between processes)"
-        )
-    return LocalJobHandle(client, record)
-
-
-class _LocalActor:
-    """One actor instance with its own thread and a FIFO call queue (one call at a time)."""
-
-    _STOP = object()
-
-    def __init__(self, client: LocalClient, record: _JobRecord, cls: type, info: JobInfo) -> None:
-        self.client = client
-        self.record = record
-        self.cls = cls
-        self.info = info
-        self.ready: concurrent.futures.Future[None] = concurrent.futures.Future()
-        self.calls: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self.death: ActorDiedError | None = None
-        self.running: ActorFuture | None = None
-        self._lock = threading.Lock()
-
-    def start(self, args: tuple[Any, ...], kwargs: dict[str, Any], context: contextvars.Context) -> None:
-        thread = threading.Thread(
-            target=context.run, args=(self._main, args, kwargs), name=f"fray-actor-{self.record.name}", daemon=True
-        )
-        thread.start()
-
-    def submit(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ActorFuture:
-        future = ActorFuture()
-        with self._lock:
-            death = self.death
-            if death is None:
-                self.calls.put((future, method, args, kwargs))
-        if death is not None:
-            future.set_exception(_died_copy(death))
-        return future
-
-    def stop(self, reason: str) -> None:
-        with self._lock:
-            if self.death is not None:
-                return
-            self.death = ActorDiedError(f"actor {self.record.name!r} {reason}")
-            running = self.running
-        # The thread cannot be interrupted, but callers must not wait on it: the call in
-        # progress and every queued call fail now, as they would if a process had died.
-        if running is not None and not running.done():
-            with contextlib.suppress(concurrent.futures.InvalidStateError):
-                running.set_exception(_died_copy(self.death))
-        self._fail_queued()
-        self.calls.put(self._STOP)
-        if not self.ready.done():
-            self.ready.set_exception(_died_copy(self.death))
-
-    def _main(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        _bind_client(self.client)
-        _current_job.set(self.info)
-        loop: asyncio.AbstractEventLoop | None = None
-        with capture_to(self.record.logs), terminating_on(self.info.job_id, self.record.cancel):
-            self.record.set_running()
-            try:
-                instance = self.cls(*args, **kwargs)
-            except BaseException as exc:
-                self._die_in_init(exc)
-                return
-            if not self.ready.done():
-                self.ready.set_result(None)
-            while True:
-                item = self.calls.get()
-                if item is self._STOP:
-                    break
-                future, method, call_args, call_kwargs = item
-                if not future.set_running_or_notify_cancel():
-                    continue
-                with self._lock:
-                    self.running = future
-                try:
-                    result = getattr(instance, method)(*call_args, **call_kwargs)
-                    if inspect.isawaitable(result):
-                        # One loop per actor, kept for its life, so actor state bound to the loop
-                        # (queues, locks, tasks) survives between calls.
-                        loop = loop or asyncio.new_event_loop()
-                        result = loop.run_until_complete(result)
-                except BaseException as exc:
-                    with contextlib.suppress(concurrent.futures.InvalidStateError):
-                        future.set_exception(exc)
-                else:
-                    with contextlib.suppress(concurrent.futures.InvalidStateError):
-                        future.set_result(result)
-            if loop is not None:
-                loop.close()
-        self._fail_queued()
-
-    def _die_in_init(self, exc: BaseException) -> None:
-        text = _user_traceback(exc)
-        self.record.logs.write(text)
-        death = ActorDiedError(f"actor {self.record.name!r} died in __init__: {type(exc).__name__}: {exc}")
-        death.__cause__ = exc
-        with self._lock:
-            self.death = death
-        if not self.ready.done():
-            self.ready.set_exception(_died_copy(death))
-        self.record.finish(JobStatus.FAILED, _Failure(f"actor __init__ raised {type(exc).__name__}: {exc}", exc, text))
-        self.client._forget_actor(self)
-        self._fail_queued()
-
-    def _fail_queued(self) -> None:
-        assert self.death is not None
-        while True:
-            try:
-                item = self.calls.get_nowait()
-            except queue.Empty:
-                return
-            if item is not self._STOP and not item[0].done():
-                item[0].set_exception(_died_copy(self.death))
-
-
-def _user_traceback(exc: BaseException) -> str:
-    """The traceback of an exception raised by user code, without Fray's own calling frame."""
-    tb = exc.__traceback__.tb_next if exc.__traceback__ is not None else None
-    return "".join(traceback.format_exception(type(exc), exc, tb))
-
-
-def _died_copy(death: ActorDiedError) -> ActorDiedError:
-    # A fresh exception per caller: raising one shared object from many threads tangles tracebacks.
-    copy = ActorDiedError(*death.args)
-    copy.__cause__ = death.__cause__
-    return copy
-
-
-class _LocalActorMethod:
-    """``handle.method``: ``.remote(...)`` returns a future, calling it blocks."""
-
-    def __init__(self, handle: LocalActorHandle, name: str) -> None:
-        self._handle = handle
-        self._name = name
-
-    def remote(self, *args: Any, **kwargs: Any) -> ActorFuture:
-        """Queue the call and return its future."""
-        check_terminated()
-        return self._handle._actor_or_raise().submit(self._name, args, kwargs)
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """Make the call and wait for its result."""
-        return self.remote(*args, **kwargs).result()
-
-
-class LocalActorHandle:
-    """Handle to an actor of a :class:`LocalClient`; calls run on the actor's own thread, in order."""
-
-    def __init__(self, actor: _LocalActor | None, cls: type, name: str, client_id: str, missing: str = "") -> None:
-        self._actor = actor
-        self._cls = cls
-        self._name = name
-        self._client_id = client_id
-        self._missing = missing
-
-    def __repr__(self) -> str:
-        return f"LocalActorHandle({self._name!r}, {self._cls.__name__})"
-
-    def __getattr__(self, method_name: str) -> _LocalActorMethod:
-        check_actor_method(self._cls, method_name)
-        return _LocalActorMethod(self, method_name)
-
-    def __reduce__(self) -> tuple[object, ...]:
-        job_id = self._actor.record.job_id if self._actor is not None else ""
-        return (_restore_actor_handle, (self._client_id, job_id, self._cls, self._name))
-
-    def _actor_or_raise(self) -> _LocalActor:
-        if self._actor is None:
-            raise ActorUnavailableError(self._missing)
-        return self._actor
-
-    def _fray_ready(self) -> concurrent.futures.Future[None]:
-        if self._actor is None:
-            future: concurrent.futures.Future[None] = concurrent.futures.Future()
-            future.set_exception(ActorUnavailableError(self._missing))
-            return future
-        return self._actor.ready
-
-
-def _restore_actor_handle(client_id: str, job_id: str, cls: type, name: str) -> LocalActorHandle:
-    client = _CLIENTS.get(client_id)
-    actor = client._actors_by_job.get(job_id) if client is not None else None
-    if actor is None:
-        missing = (
-            f"local actor {name!r} lives in another process (or was shut down); handles of the local backend "
-            "only work in the process that created them: use a cluster backend to share actors between processes"
-        )
-        return LocalActorHandle(None, cls, name, client_id, missing)
-    return LocalActorHandle(actor, cls, name, client_id)
 
 
 class _EnvOverlay:
@@ -418,6 +117,55 @@ def _check_packages(name: str, packages: tuple[str, ...]) -> None:
         )
 
 
+def _never_started(job: LocalJob) -> None:
+    # Interrupted before its thread started (e.g. the submitting job was terminated mid-call):
+    # it never will run, so it must not sit PENDING for shutdown(wait=True) to wait on forever.
+    job.lifecycle.stop()
+
+
+def _replica_main(
+    outcomes: queue.SimpleQueue[tuple[int, Failure | None]],
+    index: int,
+    runner: Callable[[Callable[[], Failure | None]], Failure | None],
+    target: Callable[[], Failure | None],
+) -> None:
+    try:
+        outcome = runner(target)
+    except BaseException as exc:  # a bug in Fray itself must still end the attempt
+        outcome = Failure.from_exception(exc).with_message(f"internal error: {exc!r}")
+    outcomes.put((index, outcome))
+
+
+def _binary_replica(
+    job: LocalJob, attempt: Attempt, entry: BinaryEntrypoint, environment: EnvironmentConfig, info: JobInfo
+) -> Failure | None:
+    env = {**os.environ, **replica_env(info, "local", environment.env_vars)}
+    try:
+        proc = subprocess.Popen(
+            entry.argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            cwd=environment.workspace,
+            start_new_session=True,  # its own process group, so terminate() reaches its children too
+        )
+    except OSError as exc:
+        return Failure.from_exception(exc).with_message(f"cannot start {entry.command!r}: {exc}")
+    attempt.add_process(proc)
+    assert proc.stdout is not None
+    writer = job.logs.writer()
+    last: collections.deque[str] = collections.deque(maxlen=5)
+    for raw in proc.stdout:
+        text = raw.decode(errors="replace")
+        writer.write(text)
+        last.append(text.rstrip("\n"))
+        if job.logs.echo:
+            print(text, end="", flush=True)
+    code = proc.wait()
+    return None if code == 0 else Failure.from_exit(entry.command, code, list(last))
+
+
 class LocalClient:
     """Runs everything inside this process: callable jobs in threads, binary jobs as subprocesses,
     actors as objects each served by its own thread.
@@ -427,6 +175,17 @@ class LocalClient:
     not enforced; ``max_retries_preemption`` never applies (nothing is preempted);
     ``docker_image`` is ignored (noted in the job's log); ``pip_packages`` must already
     be installed; env vars of callable jobs are set process-wide while they run.
+
+    ``terminate()`` stops a callable job's threads by raising :class:`~fray.errors.JobTerminated`
+    in each of them (``PyThreadState_SetAsyncExc``): it lands at the thread's next Python
+    instruction, and again at every Fray call the job makes. A thread blocked inside one
+    C call (``time.sleep(600)``, a socket read, a lock) stops only when that call returns.
+    The job reads STOPPED once every one of its threads has exited; ``terminate()`` waits
+    up to :data:`~fray._local_job.STOP_GRACE` seconds for that, then returns (the status
+    turns STOPPED the moment the last thread exits). Binary jobs' process groups get
+    SIGTERM, then SIGKILL. A terminated actor's calls fail with ``ActorDiedError`` at
+    once, and its thread is stopped the same way (``async def`` methods at their next
+    ``await``).
     """
 
     def __init__(self, max_threads: int | None = None, *, namespace: str | None = None, echo_logs: bool = True) -> None:
@@ -438,14 +197,13 @@ class LocalClient:
         self.namespace = namespace or f"local-{self.client_id}"
         self.max_threads = max_threads
         self._echo = echo_logs
-        self._records: dict[str, _JobRecord] = {}
-        self._actors_by_job: dict[str, _LocalActor] = {}
-        self._actors_by_name: dict[str, _LocalActor] = {}
+        self._jobs: dict[str, LocalJob] = {}
+        self._actors_by_job: dict[str, LocalActor] = {}
+        self._actors_by_name: dict[str, LocalActor] = {}
         self._lock = threading.Lock()
         self._slots = threading.Condition(self._lock)
         self._busy_threads = 0
         self._closed = False
-        _CLIENTS[self.client_id] = self
 
     @classmethod
     def from_spec(cls, spec: ClientSpec) -> LocalClient:
@@ -496,76 +254,94 @@ class LocalClient:
                     f"job {request.name!r} asks for {request.replicas} replicas, which start all together, but this "
                     f"LocalClient runs at most {self.max_threads} threads; raise threads or lower replicas"
                 )
-        record = self._new_record(request.name)
-        if environment.docker_image:
-            record.logs.write(f"[fray] the local backend ignores docker_image={environment.docker_image!r}\n")
-        context = contextvars.copy_context()
-        launcher = threading.Thread(
-            target=self._run_job,
-            args=(record, request, environment, context),
-            name=f"fray-job-{record.job_id}",
-            daemon=True,
-        )
-        launcher.start()
-        return LocalJobHandle(self, record)
+        job = self._new_job(request.name, request.max_retries_failure, request.max_retries_preemption)
+        try:
+            if environment.docker_image:
+                job.logs.write(f"[fray] the local backend ignores docker_image={environment.docker_image!r}\n")
+            context = contextvars.copy_context()
+            launcher = threading.Thread(
+                target=self._run_job,
+                args=(job, request, environment, context),
+                name=f"fray-job-{job.job_id}",
+                daemon=True,
+            )
+            launcher.start()
+        except BaseException:
+            _never_started(job)
+            raise
+        return LocalJobHandle(job)
 
-    def _new_record(self, name: str) -> _JobRecord:
+    def _new_job(self, name: str, max_retries_failure: int = 0, max_retries_preemption: int = 0) -> LocalJob:
         parent = _current_job.get()
         local_id = f"{name}-{_short_id()}"
         job_id = f"{parent.job_id}/{local_id}" if parent is not None else local_id
-        record = _JobRecord(job_id, name, self._echo)
+        job = LocalJob(
+            self.client_id,
+            job_id,
+            name,
+            echo=self._echo,
+            wake=self._wake,
+            max_retries_failure=max_retries_failure,
+            max_retries_preemption=max_retries_preemption,
+        )
         with self._lock:
             if self._closed:
                 raise FrayError("this LocalClient is shut down; create a new one")
-            self._records[job_id] = record
-        return record
+            self._jobs[job_id] = job
+        return job
+
+    def _wake(self) -> None:
+        # A job told to stop may be waiting for thread slots.
+        with self._slots:
+            self._slots.notify_all()
 
     def _parent_namespace(self) -> str:
         parent = _current_job.get()
         return parent.namespace if parent is not None else self.namespace
 
     def _run_job(
-        self, record: _JobRecord, request: JobRequest, environment: EnvironmentConfig, context: contextvars.Context
+        self, job: LocalJob, request: JobRequest, environment: EnvironmentConfig, context: contextvars.Context
     ) -> None:
-        namespace = context.run(self._parent_namespace)
-        attempts = request.max_retries_failure + 1
-        for attempt in range(attempts):
-            if attempt:
-                record.logs.write(f"[fray] attempt {attempt + 1} of {attempts}\n")
-            if not self._acquire_slots(record, request):
-                return
-            try:
-                failure = self._run_attempt(record, request, environment, context, namespace, attempt)
-            finally:
-                self._release_slots(request)
-            if record.cancel.is_set():
-                record.finish(JobStatus.STOPPED)
-                return
-            if failure is None:
-                record.finish(JobStatus.SUCCEEDED)
-                return
-            record.logs.write(f"[fray] attempt {attempt + 1} of {attempts} failed: {failure.message}\n")
-            if attempt + 1 == attempts:
-                if attempts > 1:
-                    failure.message += f" (after {attempts} attempts)"
-                record.finish(JobStatus.FAILED, failure)
+        """The job's one retry loop: attempts until one succeeds, the budget runs out, or the job is stopped."""
+        lifecycle = job.lifecycle
+        try:
+            namespace = context.run(self._parent_namespace)
+            while True:
+                if not self._acquire_slots(job, request):
+                    lifecycle.stop()
+                    return
+                try:
+                    lifecycle.start()
+                    failure = self._run_attempt(job, request, environment, context, namespace)
+                finally:
+                    self._release_slots(request)
+                if job.cancel.is_set():
+                    lifecycle.stop()
+                    return
+                if failure is None:
+                    lifecycle.succeed()
+                    return
+                if not lifecycle.attempt_failed(failure):
+                    return
+                job.logs.write(f"[fray] {lifecycle.pending_reason}\n")
+        except BaseException as exc:  # a bug in Fray itself must still end the job, not leave it hanging
+            lifecycle.fail(Failure.from_exception(exc).with_message(f"internal error: {exc!r}"))
 
     def _threads_needed(self, request: JobRequest) -> int:
         return request.replicas if isinstance(request.entrypoint, CallableEntrypoint) else 0
 
-    def _acquire_slots(self, record: _JobRecord, request: JobRequest) -> bool:
+    def _acquire_slots(self, job: LocalJob, request: JobRequest) -> bool:
         need = self._threads_needed(request)
         with self._slots:
-            while self.max_threads is not None and self._busy_threads + need > self.max_threads:
-                if record.cancel.is_set():
-                    return False
-                self._slots.wait(timeout=0.1)  # also wakes to notice terminate()
-            if record.cancel.is_set():
+            while (
+                not job.cancel.is_set()
+                and self.max_threads is not None
+                and self._busy_threads + need > self.max_threads
+            ):
+                self._slots.wait()  # woken by a finished attempt or by terminate()
+            if job.cancel.is_set():
                 return False
             self._busy_threads += need
-        if not record.set_running():
-            self._release_slots(request)
-            return False
         return True
 
     def _release_slots(self, request: JobRequest) -> None:
@@ -575,123 +351,65 @@ class LocalClient:
 
     def _run_attempt(
         self,
-        record: _JobRecord,
+        job: LocalJob,
         request: JobRequest,
         environment: EnvironmentConfig,
         context: contextvars.Context,
         namespace: str,
-        attempt: int,
-    ) -> _Failure | None:
-        """Run all replicas of one attempt; return the first failure, or None if all succeeded."""
-        outcomes: queue.SimpleQueue[tuple[int, _Failure | None]] = queue.SimpleQueue()
+    ) -> Failure | None:
+        """Run all replicas of one attempt until every one has exited; the first failure, or None."""
+        attempt = job.new_attempt()
+        outcomes: queue.SimpleQueue[tuple[int, Failure | None]] = queue.SimpleQueue()
         count = request.replicas
+        threads = []
         for index in range(count):
-            info = JobInfo(record.job_id, request.name, index, count, namespace, attempt)
-            if isinstance(request.entrypoint, CallableEntrypoint):
-                target: Callable[[], _Failure | None] = self._callable_replica(
-                    record, request.entrypoint, environment, info
-                )
+            info = JobInfo(job.job_id, request.name, index, count, namespace, job.lifecycle.attempt)
+            entry = request.entrypoint
+            target: Callable[[], Failure | None]
+            if isinstance(entry, CallableEntrypoint):
+                target = partial(self._callable_replica, job, attempt, entry, environment, info)
                 runner = context.copy().run
             else:
-                target = self._binary_replica(record, request.entrypoint, environment, info)
+                target = partial(_binary_replica, job, attempt, entry, environment, info)
                 runner = contextvars.Context().run
-
-            def run(target: Callable[[], _Failure | None] = target, index: int = index, runner: Any = runner) -> None:
-                try:
-                    outcomes.put((index, runner(target)))
-                except BaseException as exc:  # a bug in Fray itself must still end the attempt
-                    outcomes.put((index, _Failure(f"internal error: {exc!r}", exc, traceback.format_exc())))
-
-            threading.Thread(target=run, name=f"fray-{record.job_id}-r{index}", daemon=True).start()
+            thread = threading.Thread(
+                target=_replica_main, args=(outcomes, index, runner, target), name=f"fray-{job.job_id}-r{index}"
+            )
+            thread.daemon = True
+            thread.start()
+            threads.append(thread)
+        first: Failure | None = None
         for _ in range(count):
             index, failure = outcomes.get()
-            if failure is not None and not record.cancel.is_set():
-                if count > 1:
-                    failure.message = f"replica {index} of {count}: {failure.message}"
-                self._stop_replicas(record)  # a gang lives and dies together
-                return failure
-        return None
+            if failure is not None and first is None and not attempt.stopping.is_set():
+                first = failure.in_replica(index, count)
+                attempt.stop()  # a gang lives and dies together
+        for thread in threads:
+            thread.join()
+        return first
 
     def _callable_replica(
-        self, record: _JobRecord, entry: CallableEntrypoint, environment: EnvironmentConfig, info: JobInfo
-    ) -> Callable[[], _Failure | None]:
-        def run() -> _Failure | None:
-            _bind_client(self)
-            _current_job.set(info)
-            env = dict(environment.env_vars)
-            with capture_to(record.logs), terminating_on(record.job_id, record.cancel):
-                try:
-                    _ENV.acquire(env)
-                except ConfigError as exc:
-                    return _Failure(str(exc), exc)
-                try:
-                    entry.callable(*entry.args, **entry.kwargs)
-                except BaseException as exc:
-                    text = _user_traceback(exc)
-                    record.logs.write(text)
-                    return _Failure(f"{type(exc).__name__}: {exc}", exc, text)
-                finally:
-                    _ENV.release(env)
-            return None
-
-        return run
-
-    def _binary_replica(
-        self, record: _JobRecord, entry: BinaryEntrypoint, environment: EnvironmentConfig, info: JobInfo
-    ) -> Callable[[], _Failure | None]:
-        def run() -> _Failure | None:
-            env = {**os.environ, **job_env(info), "FRAY_CLIENT_SPEC": "local", "PYTHONUNBUFFERED": "1"}
-            env.update(environment.env_vars)
+        self, job: LocalJob, attempt: Attempt, entry: CallableEntrypoint, environment: EnvironmentConfig, info: JobInfo
+    ) -> Failure | None:
+        _bind_client(self)
+        _current_job.set(info)
+        env = dict(environment.env_vars)
+        run = attempt.stoppable()
+        with capture_to(job.logs), terminating_on(job.job_id, attempt.stopping):
             try:
-                proc = subprocess.Popen(
-                    entry.argv,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    env=env,
-                    cwd=environment.workspace,
-                    start_new_session=True,  # its own process group, so terminate() reaches its children too
-                )
-            except OSError as exc:
-                return _Failure(f"cannot start {entry.command!r}: {exc}", exc)
-            with record.lock:
-                record.processes.append(proc)
-                cancelled = record.cancel.is_set()
-            if cancelled:
-                kill_process_group(proc)
-            assert proc.stdout is not None
-            writer = record.logs.writer()
-            for raw in proc.stdout:
-                text = raw.decode(errors="replace")
-                writer.write(text)
-                if record.logs.echo:
-                    print(text, end="", flush=True)
-            code = proc.wait()
-            if code == 0:
-                return None
-            reason = describe_exit(code)
-            tail = "\n".join(record.logs.lines(5))
-            return _Failure(f"{entry.command!r} {reason}; last output:\n{tail}", exit_code=code)
-
-        return run
-
-    def _stop_replicas(self, record: _JobRecord) -> None:
-        with record.lock:
-            processes = list(record.processes)
-        for proc in processes:
-            kill_process_group(proc)
-
-    def _terminate(self, record: _JobRecord) -> None:
-        record.cancel.set()
-        stopped = record.finish(JobStatus.STOPPED)
-        actor = self._actors_by_job.get(record.job_id)
-        if actor is not None:
-            actor.stop("was terminated")
-            self._forget_actor(actor)
-        if stopped:
-            self._stop_replicas(record)
-        with self._slots:
-            self._slots.notify_all()
+                _ENV.acquire(env)
+            except ConfigError as exc:
+                return Failure.from_exception(exc)
+            try:
+                run.run(entry.callable, *entry.args, **entry.kwargs)
+            except BaseException as exc:
+                failure = Failure.from_exception(exc)
+                if failure.remote is not None and not attempt.stopping.is_set():
+                    job.logs.write(failure.remote.traceback_text)
+                return failure
+            finally:
+                _ENV.release(env)
+        return None
 
     # ----- actors -----------------------------------------------------------------------------
 
@@ -712,16 +430,20 @@ class LocalClient:
                     f"an actor named {name!r} is already running in this client; shut it down first or pick "
                     "another name"
                 )
-        record = self._new_record(name)
-        info = JobInfo(record.job_id, name, 0, 1, self._parent_namespace(), 0)
-        actor = _LocalActor(self, record, actor_class, info)
-        with self._lock:
-            if name in self._actors_by_name:  # lost a race with another creator
-                self._records.pop(record.job_id, None)
-                raise JobAlreadyExists(f"an actor named {name!r} is already running in this client")
-            self._actors_by_name[name] = actor
-            self._actors_by_job[record.job_id] = actor
-        actor.start(args, kwargs, contextvars.copy_context())
+        job = self._new_job(name)
+        try:
+            info = JobInfo(job.job_id, name, 0, 1, self._parent_namespace(), 0)
+            actor = LocalActor(self, job, actor_class, info, self._forget_actor)
+            with self._lock:
+                if name in self._actors_by_name:  # lost a race with another creator
+                    self._jobs.pop(job.job_id, None)
+                    raise JobAlreadyExists(f"an actor named {name!r} is already running in this client")
+                self._actors_by_name[name] = actor
+                self._actors_by_job[job.job_id] = actor
+            actor.start(args, kwargs, contextvars.copy_context())
+        except BaseException:
+            _never_started(job)
+            raise
         return LocalActorHandle(actor, actor_class, name, self.client_id)
 
     def create_actor_group(
@@ -738,13 +460,13 @@ class LocalClient:
             self.create_actor(actor_class, *args, name=member, resources=resources, **kwargs)
             for member in group_member_names(name, count)
         ]
-        jobs = [LocalJobHandle(self, h._actor_or_raise().record) for h in handles]
+        jobs = [LocalJobHandle(h._actor_or_raise().job) for h in handles]
         return ActorGroup(handles, jobs)
 
-    def _forget_actor(self, actor: _LocalActor) -> None:
+    def _forget_actor(self, actor: LocalActor) -> None:
         with self._lock:
-            if self._actors_by_name.get(actor.record.name) is actor:
-                del self._actors_by_name[actor.record.name]
+            if self._actors_by_name.get(actor.name) is actor:
+                del self._actors_by_name[actor.name]
 
     # ----- lifecycle --------------------------------------------------------------------------
 
@@ -752,27 +474,17 @@ class LocalClient:
         """Stop accepting work; with ``wait``, let running jobs finish first; then stop everything."""
         with self._lock:
             self._closed = True
-            records = list(self._records.values())
+            jobs = list(self._jobs.values())
+            actor_jobs = set(self._actors_by_job)
+        plain = [job for job in jobs if job.job_id not in actor_jobs]
+        hosts = [job for job in jobs if job.job_id in actor_jobs]
+        if wait:
+            for job in plain:
+                job.lifecycle.wait_done()
         # Jobs first, actors after: running jobs may still be calling the actors.
-        jobs = [r for r in records if r.job_id not in self._actors_by_job]
-        for record in jobs:
-            if wait:
-                record.done.wait()
-            else:
-                self._terminate(record)
-        for record in records:
-            if not record.status.finished:
-                self._terminate(record)
-
-
-@atexit.register
-def _reap_at_exit() -> None:
-    # Daemon threads die with the interpreter but subprocesses would not: never leave orphans.
-    for client in list(_CLIENTS.values()):
-        for record in list(client._records.values()):
-            with record.lock:
-                processes = list(record.processes)
-            for proc in processes:
-                if proc.poll() is None:
-                    with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.killpg(proc.pid, signal.SIGKILL)
+        deadline = stop_deadline()
+        for group in (plain, hosts):
+            for job in group:
+                if not job.lifecycle.finished:
+                    job.request_stop()
+            wait_for_stop(group, deadline)

@@ -34,7 +34,8 @@ def parse_size(value: str | int, *, what: str = "size") -> int:
     """Parse a human size such as ``"512m"``, ``"4g"``, ``"1.5t"`` or ``"4GiB"`` into bytes.
 
     Units are powers of 1024 (k, m, g, t, p, optionally followed by ``b`` or ``ib``,
-    any case); a bare integer is a number of bytes.
+    any case); ``"512b"``, a number without a unit, or a bare integer is a number of
+    bytes. (:class:`ResourceConfig` is stricter: it wants a unit, see there.)
     """
     if isinstance(value, bool):
         raise ConfigError(f"{what} must be a size like '512m' or '4g', not a bool")
@@ -60,7 +61,7 @@ def format_size(num_bytes: int) -> str:
         scale = _UNITS[unit]
         if num_bytes >= scale:
             return f"{num_bytes / scale:.4g}{unit}"
-    return str(num_bytes)
+    return f"{num_bytes}b"
 
 
 @dataclass(frozen=True)
@@ -176,13 +177,35 @@ DeviceConfig = CpuConfig | GpuConfig | TpuConfig
 _REGION_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 
 
+def _check_size(name: str, value: str | int) -> None:
+    """A ResourceConfig size must say its unit: a bare number is refused rather than guessed."""
+    bare = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        bare = str(value)
+    elif isinstance(value, str):
+        match = _SIZE_RE.match(value)
+        if match is not None and not match.group(2) and not match.group(3):
+            bare = match.group(1)
+    if bare is not None:
+        raise ConfigError(
+            f"ResourceConfig({name}={value!r}): a bare number is ambiguous (bytes? GiB?); write a size with a "
+            f"unit, e.g. {name}='4g' or '512m' ('{bare}b' for {bare} bytes)"
+        )
+    parse_size(value, what=f"ResourceConfig.{name}")
+
+
 @dataclass(frozen=True)
 class ResourceConfig:
     """What one replica of a job (or one actor) needs.
 
-    ``cpu`` is a number of cores (fractions allowed), ``ram`` and ``disk`` are sizes
-    such as ``"512m"`` or ``"4g"``, ``device`` an accelerator, ``preemptible=False``
-    asks for a host that is never preempted, ``regions`` restricts placement.
+    ``cpu`` is a number of cores (fractions allowed), ``ram`` and ``disk`` are size
+    strings with a unit, such as ``"512m"``, ``"4g"`` or ``"4GiB"`` (powers of 1024;
+    ``"512b"`` for bytes), ``device`` an accelerator, ``preemptible=False`` asks for a
+    host that is never preempted, ``regions`` restricts placement.
+
+    A bare number (``ram=4`` or ``ram="4"``) is refused with :class:`~fray.errors.ConfigError`:
+    it is ambiguous (4 bytes? 4 GiB?), and a typo there would place a job on the wrong
+    host or nowhere. Code that holds a byte count writes ``ram=f"{n}b"``.
     """
 
     cpu: float = 1
@@ -197,8 +220,8 @@ class ResourceConfig:
             raise ConfigError(f"ResourceConfig(cpu={self.cpu!r}) must be a number of cores, e.g. 1 or 0.5")
         if self.cpu < 0:
             raise ConfigError(f"ResourceConfig(cpu={self.cpu!r}) must not be negative")
-        parse_size(self.ram, what="ResourceConfig.ram")
-        parse_size(self.disk, what="ResourceConfig.disk")
+        _check_size("ram", self.ram)
+        _check_size("disk", self.disk)
         if not isinstance(self.device, CpuConfig | GpuConfig | TpuConfig):
             raise ConfigError(
                 f"ResourceConfig(device={self.device!r}) must be CpuConfig(), GpuConfig(type, count) or TpuConfig(type)"

@@ -1,0 +1,235 @@
+"""The local backend's jobs: the state of one job and its attempts, and the handle users hold.
+
+A job's status lives in a shared :class:`~fray._lifecycle.JobLifecycle`. Each attempt
+knows what runs for it -- the :class:`~fray._runtime.StoppableRun` of every replica
+thread, the subprocess of every binary replica -- so that stopping an attempt (a
+gang member failed) or the whole job (``terminate()``) reaches all of it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+import time
+import weakref
+from collections.abc import Callable, Sequence
+
+from fray._lifecycle import JobLifecycle
+from fray._logcapture import LogBuffer
+from fray._process import kill_process_group
+from fray._runtime import StoppableRun, check_terminated
+from fray.errors import ActorUnavailableError
+from fray.job import JobStatus, _current_job
+
+__all__ = ["STOP_GRACE", "Attempt", "LocalJob", "LocalJobHandle", "stop_deadline", "wait_for_stop"]
+
+#: Seconds ``terminate()`` waits for a job's threads and processes to end before it returns.
+STOP_GRACE = 5.0
+
+# Every live job, so that a handle unpickled in this process finds its job again.
+_JOBS: weakref.WeakValueDictionary[tuple[str, str], LocalJob] = weakref.WeakValueDictionary()
+# Notified whenever any local job finishes: what LocalJobHandle._fray_wait_some blocks on.
+_FINISHED = threading.Condition()
+
+
+def _notify_finished(_: JobLifecycle) -> None:
+    with _FINISHED:
+        _FINISHED.notify_all()
+
+
+class Attempt:
+    """One attempt of a job: what runs for it, and the flag that stops it all."""
+
+    def __init__(self) -> None:
+        self.stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._runs: list[StoppableRun] = []
+        self._processes: list[subprocess.Popen[bytes]] = []
+
+    def stoppable(self) -> StoppableRun:
+        """A new :class:`StoppableRun` for one replica thread (already stopped if the attempt is)."""
+        run = StoppableRun()
+        with self._lock:
+            self._runs.append(run)
+            stopping = self.stopping.is_set()
+        if stopping:
+            run.stop()
+        return run
+
+    def add_process(self, proc: subprocess.Popen[bytes]) -> None:
+        """Track a binary replica's process (killed at once if the attempt is stopping)."""
+        with self._lock:
+            self._processes.append(proc)
+            stopping = self.stopping.is_set()
+        if stopping:
+            kill_process_group(proc)
+
+    def processes(self) -> list[subprocess.Popen[bytes]]:
+        """The processes started for this attempt."""
+        with self._lock:
+            return list(self._processes)
+
+    def stop(self) -> None:
+        """Stop every replica: an asynchronous JobTerminated in each thread, SIGTERM to each process group."""
+        with self._lock:
+            self.stopping.set()
+            runs, processes = list(self._runs), list(self._processes)
+        for run in runs:
+            run.stop()
+        for proc in processes:
+            kill_process_group(proc)
+
+
+class LocalJob:
+    """One job (or actor-hosting job) of a local client: its lifecycle, log and current attempt."""
+
+    def __init__(
+        self,
+        client_id: str,
+        job_id: str,
+        name: str,
+        *,
+        echo: bool,
+        wake: Callable[[], None],
+        max_retries_failure: int = 0,
+        max_retries_preemption: int = 0,
+    ) -> None:
+        self.client_id = client_id
+        self.job_id = job_id
+        self.name = name
+        self.lifecycle = JobLifecycle(job_id, max_retries_failure, max_retries_preemption)
+        self.lifecycle.add_done_callback(_notify_finished)
+        self.logs = LogBuffer(echo=echo)
+        self.cancel = threading.Event()  # set by terminate(); checked at every Fray call
+        self._lock = threading.Lock()
+        self._attempt: Attempt | None = None
+        self._on_stop: list[Callable[[], None]] = [wake]
+        _JOBS[(client_id, job_id)] = self
+
+    def new_attempt(self) -> Attempt:
+        """Start tracking a new attempt (stopped from the outset if the job was terminated)."""
+        attempt = Attempt()
+        with self._lock:
+            self._attempt = attempt
+            cancelled = self.cancel.is_set()
+        if cancelled:
+            attempt.stop()
+        return attempt
+
+    def processes(self) -> list[subprocess.Popen[bytes]]:
+        """The processes of the current attempt."""
+        with self._lock:
+            attempt = self._attempt
+        return attempt.processes() if attempt is not None else []
+
+    def on_stop(self, hook: Callable[[], None]) -> None:
+        """Call ``hook()`` when the job is told to stop (e.g. to stop the actor it hosts)."""
+        with self._lock:
+            self._on_stop.append(hook)
+
+    def request_stop(self) -> None:
+        """Tell everything running for the job to stop; returns at once."""
+        with self._lock:
+            self.cancel.set()
+            attempt, hooks = self._attempt, list(self._on_stop)
+        if attempt is not None:
+            attempt.stop()
+        for hook in hooks:
+            hook()
+
+    def terminate(self) -> None:
+        """Stop the job and wait up to :data:`STOP_GRACE` seconds for its threads and processes to end."""
+        if self.lifecycle.finished:
+            return
+        self.request_stop()
+        info = _current_job.get()
+        if info is not None and info.job_id == self.job_id:
+            # The job terminates itself: it cannot wait for its own thread, so it stops here.
+            check_terminated()
+            return
+        self.lifecycle.wait_done(STOP_GRACE)
+
+
+def stop_deadline() -> float:
+    """The ``time.monotonic()`` by which jobs told to stop now should have stopped."""
+    return time.monotonic() + STOP_GRACE
+
+
+def wait_for_stop(jobs: Sequence[LocalJob], deadline: float) -> None:
+    """Wait until every one of ``jobs`` finished or the ``time.monotonic()`` ``deadline`` passed."""
+    for job in jobs:
+        job.lifecycle.wait_done(max(0.0, deadline - time.monotonic()))
+
+
+class LocalJobHandle:
+    """Handle to a job of a :class:`~fray.local.LocalClient`. Picklable within the process that created it."""
+
+    def __init__(self, job: LocalJob) -> None:
+        self._job = job
+
+    def __repr__(self) -> str:
+        return f"LocalJobHandle({self.job_id!r}, {self.status().value})"
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_restore_job_handle, (self._job.client_id, self.job_id))
+
+    @property
+    def job_id(self) -> str:
+        """The job's id: ``{name}-{8 hex}``, prefixed by the parent job's id for child jobs."""
+        return self._job.job_id
+
+    def status(self) -> JobStatus:
+        """The job's current status."""
+        return self._job.lifecycle.status
+
+    def wait(self, timeout: float | None = None, *, raise_on_failure: bool = True) -> JobStatus:
+        """Block until the job finishes; raise JobFailed if it failed and ``raise_on_failure``."""
+        return self._job.lifecycle.wait(timeout, raise_on_failure=raise_on_failure)
+
+    def terminate(self) -> None:
+        """Stop the job; see :class:`~fray.local.LocalClient` for how threads are stopped.
+
+        Returns once the job is STOPPED, or after a grace of a few seconds if a replica
+        thread is still inside a long C call (the status turns STOPPED when it exits).
+        """
+        self._job.terminate()
+
+    def logs(self, max_lines: int | None = None) -> list[str]:
+        """The job's output lines (all attempts, stdout and stderr interleaved)."""
+        return self._job.logs.lines(max_lines)
+
+    @classmethod
+    def _fray_wait_some(cls, jobs: Sequence[LocalJobHandle], timeout: float | None) -> list[JobStatus]:
+        """Block until one of ``jobs`` finished or ``timeout`` passed; the statuses (for ``wait_all``)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with _FINISHED:
+            while not any(job._job.lifecycle.finished for job in jobs):
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    break
+                _FINISHED.wait(remaining)
+        return [job.status() for job in jobs]
+
+
+def _restore_job_handle(client_id: str, job_id: str) -> LocalJobHandle:
+    job = _JOBS.get((client_id, job_id))
+    if job is None:
+        raise ActorUnavailableError(
+            f"local job {job_id!r} lives in another process; handles of the local backend only work in the "
+            "process that created them (use a cluster backend to share jobs between processes)"
+        )
+    return LocalJobHandle(job)
+
+
+@atexit.register
+def _kill_leftover_processes() -> None:
+    # Daemon threads die with the interpreter but subprocesses would not: never leave orphans.
+    for job in list(_JOBS.values()):
+        for proc in job.processes():
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)
