@@ -18,7 +18,7 @@ from rich.table import Table
 
 import fray
 from fray._process import pid_alive
-from fray.client import VALID_SPECS, parse_client_spec
+from fray.client import VALID_SPECS, detect_spec, parse_client_spec
 
 _console = Console()
 
@@ -33,13 +33,13 @@ def main() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 def info(as_json: bool) -> None:
     """Show which backend current_client() would use here, and which engines are installed."""
-    spec = os.environ.get("FRAY_CLIENT_SPEC", "").strip() or "local"
+    spec = os.environ.get("FRAY_CLIENT_SPEC", "").strip() or detect_spec() or "local"
     try:
         parse_client_spec(spec)
         problem = ""
     except fray.ConfigError as exc:
         problem = str(exc)
-    engines = {name: importlib.util.find_spec(name) is not None for name in ("ray", "monarch")}
+    engines = {name: importlib.util.find_spec(name) is not None for name in ("ray", "monarch", "iris")}
     if as_json:
         click.echo(json.dumps({"version": fray.__version__, "spec": spec, "problem": problem, "engines": engines}))
         return

@@ -24,6 +24,7 @@ __all__ = [
     "ClientSpec",
     "client_from_spec",
     "current_client",
+    "detect_spec",
     "parse_client_spec",
     "set_current_client",
 ]
@@ -78,6 +79,8 @@ VALID_SPECS = (
     "ray?namespace=NAME",
     "ray://HOST:PORT[?namespace=NAME]",
     "fray://HOST:PORT",
+    "iris://HOST:PORT[?workspace=PATH]",
+    "iris (inside an Iris task)",
 )
 
 
@@ -101,7 +104,19 @@ _BACKENDS: dict[str, tuple[str, str, str]] = {
     "local": ("fray.local", "LocalClient", ""),
     "ray": ("fray.ray", "RayClient", 'pip install "fray[ray]"'),
     "fray": ("fray.cluster.client", "ClusterClient", ""),
+    "iris": ("fray.iris", "IrisClient", 'pip install "fray[iris]" (Python >= 3.12)'),
 }
+
+
+def detect_spec() -> str | None:
+    """The spec of the engine this process runs inside, when that engine marks its processes.
+
+    Only environment variables are read, so finding nothing costs nothing and imports
+    no engine: Iris sets ``IRIS_TASK_ID`` and ``IRIS_CONTROLLER_ADDRESS`` on every task.
+    """
+    if os.environ.get("IRIS_TASK_ID") and os.environ.get("IRIS_CONTROLLER_ADDRESS"):
+        return "iris"
+    return None
 
 
 def parse_client_spec(text: str) -> ClientSpec:
@@ -155,14 +170,15 @@ def current_client() -> Client:
     """The client for the calling code.
 
     In order: the client set with :func:`set_current_client` (or the one running the
-    current job or actor), else one built from ``FRAY_CLIENT_SPEC``, else the embedded
-    local backend. Clients built from the environment are made once per process and spec.
+    current job or actor), else one built from ``FRAY_CLIENT_SPEC``, else the engine
+    this process runs inside (an Iris task), else the embedded local backend. Clients
+    built from the environment are made once per process and spec.
     """
     check_terminated()
     client = _current.get()
     if client is not None:
         return client
-    spec = os.environ.get("FRAY_CLIENT_SPEC", "").strip() or "local"
+    spec = os.environ.get("FRAY_CLIENT_SPEC", "").strip() or detect_spec() or "local"
     with _defaults_lock:
         client = _defaults.get(spec)
         # A default client someone shut down is replaced rather than handed out dead.

@@ -1,0 +1,142 @@
+"""What runs inside an Iris task on Fray's behalf: who am I, run the callable, report how it ended.
+
+Iris ships back only a task's state, exit code and logs, never a return value or an
+exception. So a callable that raises is reported the way Fray reports every remote
+exception, :meth:`RemoteFailure.encode`, written to the task's stderr as one tagged
+base64 line (:data:`FAILURE_TAG`) after the readable traceback, and the task exits with
+:data:`FAILED_EXIT`. The client finds that line with Iris's log query (a substring
+match, per task and attempt) and hides it from ``logs()``. Logs are the one channel
+Iris keeps for every task on every platform, for as long as it keeps the job.
+
+Iris may publish a task's last lines a little after its final state, so every Fray
+task ends its output with an end line (:data:`END_TAG`) on stdout and on stderr: once
+both are in Iris's log store, so is everything the task printed before them.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import os
+import sys
+import traceback
+from typing import Any
+
+import cloudpickle
+
+from fray._remote import RemoteFailure
+from fray.job import JobInfo, job_env
+
+__all__ = [
+    "BINARY_WRAPPER",
+    "END_TAG",
+    "FAILED_EXIT",
+    "FAILURE_TAG",
+    "decode_failure_line",
+    "encode_failure_line",
+    "enter",
+    "identity",
+    "run_callable",
+]
+
+#: Prefix of the one log line that carries an encoded :class:`RemoteFailure`.
+FAILURE_TAG = "[fray-iris-failure] "
+#: The line a Fray task writes last, on stdout and on stderr (Fray's ``logs()`` hides it).
+END_TAG = "[fray-iris-end]"
+#: Exit code of a task whose Python code raised (and wrote a failure line). Unusual on
+#: purpose, so that a user's own ``sys.exit(1)`` is not mistaken for one.
+FAILED_EXIT = 113
+
+#: Environment variables the client sets on every replica besides :func:`fray.job.replica_env`'s.
+HOSTS_ENV = "FRAY_IRIS_HOSTS_PER_REPLICA"
+
+#: A binary entrypoint runs as ``bash -c BINARY_WRAPPER fray-iris COMMAND ARGS...``: it sets the
+#: per-task Fray variables from Iris's ``IRIS_TASK_ID`` (``/user/job/INDEX:ATTEMPT``), runs the
+#: command, writes the end lines and exits with the command's exit code.
+BINARY_WRAPPER = (
+    't="${IRIS_TASK_ID%:*}"; j="${t%/*}"; r="${j#/*/}"; '
+    'case "$r" in */*) n="${j%"/${r#*/}"}";; *) n="$j";; esac; '
+    'export FRAY_JOB_ID="$j" FRAY_NAMESPACE="$n" FRAY_ATTEMPT="${IRIS_TASK_ID##*:}" '
+    "FRAY_REPLICA_INDEX=$(( ${t##*/} / ${FRAY_IRIS_HOSTS_PER_REPLICA:-1} )); "
+    f'"$@"; rc=$?; echo "{END_TAG}"; echo "{END_TAG}" >&2; exit $rc'
+)
+
+
+def encode_failure_line(failure: RemoteFailure) -> str:
+    """The log line that carries ``failure``."""
+    return FAILURE_TAG + base64.b64encode(failure.encode()).decode("ascii")
+
+
+def decode_failure_line(line: str) -> RemoteFailure | None:
+    """The failure a line written by :func:`encode_failure_line` carries, or None if it is not one."""
+    text = line.strip()
+    if not text.startswith(FAILURE_TAG.strip()):
+        return None
+    try:
+        return RemoteFailure.decode(base64.b64decode(text[len(FAILURE_TAG.strip()) :].strip(), validate=True))
+    except (ValueError, binascii.Error):
+        return None
+
+
+def identity() -> JobInfo:
+    """This task's Fray identity, from Iris's own description of the task and the client's variables."""
+    from iris.cluster.client import get_job_info
+
+    info = get_job_info()
+    if info is None:
+        raise RuntimeError("not inside an Iris task: IRIS_TASK_ID is not set")
+    hosts = max(1, int(os.environ.get(HOSTS_ENV, "1")))
+    return JobInfo(
+        job_id=info.job_id.to_wire(),
+        name=os.environ.get("FRAY_JOB_NAME") or info.job_id.name,
+        replica_index=info.task_index // hosts,
+        replica_count=int(os.environ.get("FRAY_REPLICA_COUNT") or max(1, info.num_tasks // hosts)),
+        namespace=info.job_id.namespace,
+        attempt=info.attempt_id,
+    )
+
+
+def enter() -> JobInfo:
+    """Publish this task's identity in the environment, where :func:`fray.current_job` reads it."""
+    info = identity()
+    os.environ.update(job_env(info))
+    return info
+
+
+def write_end() -> None:
+    """Write the end lines (see the module's docstring)."""
+    for stream in (sys.stdout, sys.stderr):
+        stream.write(f"{END_TAG}\n")
+        stream.flush()
+
+
+def exit_with_failure(exc: BaseException) -> None:
+    """Write ``exc``'s traceback, its failure line and the end lines, then end the process with FAILED_EXIT."""
+    failure = RemoteFailure.capture(exc)
+    try:
+        sys.stdout.flush()
+        text = failure.traceback_text or "".join(traceback.format_exception(exc))
+        sys.stderr.write(text if text.endswith("\n") else text + "\n")
+        sys.stderr.write(encode_failure_line(failure) + "\n")
+        write_end()
+    finally:
+        # os._exit: the job has failed; threads the user's code left running must not keep it alive.
+        os._exit(FAILED_EXIT)
+
+
+def run_callable(payload: bytes) -> None:
+    """Iris's entrypoint for a Fray callable job: unpickle ``(fn, args, kwargs)`` and call it."""
+    enter()
+    try:
+        fn, args, kwargs = _load(payload)
+        fn(*args, **kwargs)
+    except SystemExit:
+        write_end()
+        raise  # an explicit exit keeps its exit code; the client reports it as one
+    except BaseException as exc:
+        exit_with_failure(exc)
+    write_end()
+
+
+def _load(payload: bytes) -> Any:
+    return cloudpickle.loads(payload)

@@ -1,0 +1,297 @@
+"""Actors on Iris: each actor is an Iris job serving its instance with Iris's actor server.
+
+The host side (:func:`host_actor`, run as the job's callable) constructs the instance
+(a raising constructor fails the job at once, with the exception on its failure line),
+serves it with ``iris.actor.server.ActorServer`` on the port Iris allocated (``ports=
+["actor"]``) and registers the address in Iris's endpoint registry under the
+namespace-qualified name ``/user/root-job/<actor name>``. Calls run one at a time in
+arrival order (one server thread); ``async def`` methods run on the actor's own loop.
+
+The caller side (:class:`IrisActorHandle`) is deferred: it is returned at once and its
+first call waits until the endpoint is registered, or fails with ActorDiedError when
+the job ended first. It pickles by name (plus the actor's job id and class); inside an
+Iris task it resolves through the task's Iris context. Calls travel over Iris's
+``ActorClient``; a method's exception comes back as a :class:`RemoteFailure` and is
+raised as the shared dual ``RemoteError``.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any
+
+import cloudpickle
+from iris.cluster.types import JobName
+
+from fray._eventloop import ActorLoop, invoke
+from fray._remote import RemoteFailure, remote_error
+from fray._serialization import actor_call_label, check_call_picklable, check_result_picklable
+from fray.actor import ActorFuture, check_actor_method
+from fray.errors import ActorDiedError, ActorUnavailableError, SerializationError
+from fray.iris import _connect, _task
+from fray.iris.job import IrisJobHandle, terminated_here
+from fray.job import JobStatus
+
+if TYPE_CHECKING:
+    from iris.actor.client import ActorClient
+    from iris.client import IrisClient as IrisLib
+
+__all__ = ["IrisActorHandle", "endpoint_name", "host_actor"]
+
+#: Upper bound of the backoff between endpoint lookups while an actor starts.
+READY_POLL = 0.25
+
+
+def endpoint_name(job_id: str, actor_name: str) -> str:
+    """The registry name of actor ``actor_name`` hosted by job ``job_id``: its namespace, then its name."""
+    return f"{JobName.from_wire(job_id).namespace}/{actor_name}"
+
+
+# ----- host side: runs inside the actor's Iris task -------------------------------------------------
+
+
+class _Dispatch:
+    """What Iris's actor server serves for one Fray actor: a single method that runs the actor's methods.
+
+    Arguments arrive pickled by the caller (so an unpicklable one is refused there,
+    before anything is sent); results and exceptions leave as bytes, so that a result
+    that cannot be pickled and a method that raised are told apart from transport errors.
+    """
+
+    def __init__(self, name: str, instance: object) -> None:
+        self._name = name
+        self._instance = instance
+        self._loop = ActorLoop(name)
+
+    def fray_call(self, method: str, payload: bytes) -> tuple[bool, bytes]:
+        try:
+            args, kwargs = cloudpickle.loads(payload)
+            value = invoke(self._instance, method, args, kwargs, self._loop)
+        except Exception as exc:
+            return False, RemoteFailure.capture(exc).encode()
+        try:
+            return True, cloudpickle.dumps(value)
+        except Exception as exc:
+            try:
+                check_result_picklable(self._name, method, value)
+            except SerializationError as err:
+                return False, RemoteFailure.capture(err).encode()
+            return False, RemoteFailure.capture(exc).encode()
+
+
+def host_actor(payload: bytes, name: str) -> None:
+    """Iris's entrypoint for a Fray actor job: construct, serve, register, then serve until killed."""
+    from iris.actor.server import ActorServer
+    from iris.client.client import iris_ctx
+    from iris.cluster.client import get_job_info
+
+    info = _task.enter()
+    try:
+        actor_class, args, kwargs = cloudpickle.loads(payload)
+        instance = actor_class(*args, **kwargs)
+    except BaseException as exc:
+        _task.exit_with_failure(exc)
+    ctx = iris_ctx()
+    job_info = get_job_info()
+    assert job_info is not None  # enter() succeeded, so this is an Iris task
+    # Bind only the address Iris advertises for this task: peers are told to use it, nothing else needs it.
+    host = job_info.advertise_host
+    endpoint = endpoint_name(info.job_id, name)
+    server = ActorServer(host=host, port=ctx.get_port("actor"), max_concurrency=1)
+    server.register(endpoint, _Dispatch(name, instance))
+    port = server.serve_background()
+    ctx.registry.register(endpoint, f"http://{host}:{port}")
+    print(f"[fray] actor {name!r} serving at {host}:{port}", flush=True)
+    threading.Event().wait()  # until Iris kills the job (terminate / shutdown)
+
+
+# ----- caller side ---------------------------------------------------------------------------------
+
+
+class IrisActorHandle:
+    """A deferred, picklable handle to a Fray actor running as an Iris job."""
+
+    def __init__(
+        self,
+        name: str,
+        job: IrisJobHandle,
+        actor_class: type,
+        address: str | None,
+        iris: IrisLib | None = None,
+    ) -> None:
+        self._name = name
+        self._job = job
+        self._class = actor_class
+        self._address = address
+        self._iris_client = iris
+        self._endpoint = endpoint_name(job.job_id, name)
+        self._lock = threading.Lock()
+        self._ready: Future[None] = Future()
+        self._calls: queue.SimpleQueue[tuple[ActorFuture, str, bytes]] = queue.SimpleQueue()
+        self._sender: threading.Thread | None = None
+        self._rpc: ActorClient | None = None
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (IrisActorHandle, (self._name, self._job, self._class, self._address))
+
+    def __repr__(self) -> str:
+        return f"IrisActorHandle({self._name!r}, job={self._job.job_id!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, IrisActorHandle) and (other._name, other._job.job_id) == (self._name, self._job.job_id)
+
+    def __hash__(self) -> int:
+        return hash((self._name, self._job.job_id))
+
+    def __getattr__(self, method: str) -> _IrisActorMethod:
+        if method.startswith("__"):
+            raise AttributeError(method)
+        check_actor_method(self._class, method)
+        return _IrisActorMethod(self, method)
+
+    @property
+    def job(self) -> IrisJobHandle:
+        """The Iris job hosting the actor."""
+        return self._job
+
+    def _fray_ready(self) -> Future[None]:
+        self._start()
+        return self._ready
+
+    def _iris(self) -> IrisLib:
+        if self._iris_client is None:
+            self._iris_client = _connect.iris_client(self._address)
+        return self._iris_client
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._sender is None:
+                self._sender = threading.Thread(target=self._send_loop, name=f"fray-iris-{self._name}", daemon=True)
+                self._sender.start()
+
+    def _submit(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ActorFuture:
+        try:
+            payload = cloudpickle.dumps((args, kwargs))
+        except Exception as exc:
+            check_call_picklable(self._name, method, args, kwargs)
+            raise SerializationError(f"{actor_call_label(self._name, method)}: arguments cannot be pickled") from exc
+        future = ActorFuture()
+        if terminated_here(self._job.job_id):
+            future.set_exception(self._death(JobStatus.STOPPED))
+            return future
+        self._start()
+        self._calls.put((future, method, payload))
+        return future
+
+    # The sender thread: waits for the endpoint, then sends this handle's calls one by one, in order.
+
+    def _send_loop(self) -> None:
+        self._await_endpoint()
+        while True:
+            future, method, payload = self._calls.get()
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(self._call(method, payload))
+            except BaseException as exc:
+                future.set_exception(exc)
+
+    def _await_endpoint(self) -> None:
+        delay = 0.02
+        while not self._ready.done():
+            try:
+                if terminated_here(self._job.job_id):
+                    self._ready.set_exception(self._death(JobStatus.STOPPED))
+                    return
+                if (
+                    not self._iris()
+                    .resolver_for_job(JobName.from_wire(self._job.job_id))
+                    .resolve(self._endpoint)
+                    .is_empty
+                ):
+                    self._ready.set_result(None)
+                    return
+                status = self._job.status()
+                if status.finished:
+                    self._ready.set_exception(self._death(status))
+                    return
+            except Exception as exc:  # the controller is unreachable: say so rather than wait forever
+                self._ready.set_exception(ActorUnavailableError(f"actor {self._name!r}: cannot reach Iris: {exc}"))
+                return
+            time.sleep(delay)
+            delay = min(delay * 1.5, READY_POLL)
+
+    def _client(self) -> ActorClient:
+        if self._rpc is None:
+            from iris.actor.client import ActorClient
+
+            resolver = self._iris().resolver_for_job(JobName.from_wire(self._job.job_id))
+            self._rpc = ActorClient(resolver, self._endpoint, max_call_attempts=1)
+        return self._rpc
+
+    def _call(self, method: str, payload: bytes) -> Any:
+        error = self._ready.exception()
+        if error is not None:
+            raise self._copy(error)
+        if terminated_here(self._job.job_id):
+            raise self._death(JobStatus.STOPPED)
+        try:
+            ok, blob = self._client().fray_call(method, payload)
+        except Exception as exc:
+            self._rpc = None  # resolve again next time: a retried actor registers a new address
+            raise self._explain_unreachable(method, exc) from exc
+        if not ok:
+            raise remote_error(RemoteFailure.decode(blob))
+        try:
+            return cloudpickle.loads(blob)
+        except Exception as exc:
+            label = actor_call_label(self._name, method)
+            raise SerializationError(f"{label}: the return value cannot be unpickled here ({exc})") from exc
+
+    def _explain_unreachable(self, method: str, exc: Exception) -> BaseException:
+        try:
+            status = self._job.status()
+        except Exception:
+            status = JobStatus.RUNNING
+        if status.finished:
+            return self._death(status)
+        return ActorUnavailableError(f"{actor_call_label(self._name, method)}: the actor did not answer: {exc}")
+
+    def _death(self, status: JobStatus) -> ActorDiedError:
+        if status == JobStatus.FAILED:
+            try:
+                failure = self._job.failure()
+            except Exception as exc:  # the controller is gone too: still a dead actor
+                return ActorDiedError(f"actor {self._name!r} died: its job {self._job.job_id!r} failed ({exc})")
+            died = ActorDiedError(f"actor {self._name!r} died: {failure.message}")
+            died.__cause__ = failure.error(self._job.job_id)
+            return died
+        return ActorDiedError(f"actor {self._name!r} is dead: its job {self._job.job_id!r} was {status.value}")
+
+    @staticmethod
+    def _copy(error: BaseException) -> BaseException:
+        # A fresh exception per raise: one object raised from many threads tangles its traceback.
+        if isinstance(error, ActorDiedError):
+            copy = ActorDiedError(*error.args)
+            copy.__cause__ = error.__cause__
+            return copy
+        return error
+
+
+class _IrisActorMethod:
+    """One method of an Iris actor, bound to its handle."""
+
+    def __init__(self, handle: IrisActorHandle, method: str) -> None:
+        self._handle = handle
+        self._method = method
+
+    def remote(self, *args: Any, **kwargs: Any) -> ActorFuture:
+        """Queue the call behind this handle's earlier ones; returns its future at once."""
+        return self._handle._submit(self._method, args, kwargs)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Make the call and block for its result."""
+        return self._handle._submit(self._method, args, kwargs).result()

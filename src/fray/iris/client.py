@@ -1,0 +1,273 @@
+"""Fray's :class:`~fray.client.Client` on an Iris cluster, wrapping Iris's own client (``iris.client.IrisClient``).
+
+Jobs are Iris jobs (one task per replica, gang-submitted as Iris ``replicas``), actors
+are Iris jobs serving with Iris's actor server (``fray.iris.actor``), and everything
+about a job after submit -- status, retries, logs, cancel -- is Iris's. This module
+only translates: ``fray.iris.mapping`` holds the field-by-field table.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import threading
+import weakref
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+import cloudpickle
+from connectrpc.code import Code
+from connectrpc.errors import ConnectError
+from iris.client import JobAlreadyExists as IrisJobAlreadyExists
+from iris.cluster.types import Entrypoint as IrisEntrypoint
+
+from fray._runtime import check_terminated
+from fray._serialization import call_parts, check_picklable
+from fray.actor import ActorGroup, check_actor_request, group_member_names
+from fray.errors import ConfigError, FrayError, JobAlreadyExists, SerializationError
+from fray.iris import _connect, _task
+from fray.iris.actor import IrisActorHandle, host_actor
+from fray.iris.job import IrisJobHandle, JobMeta, forget_terminated
+from fray.iris.mapping import environment_spec, placement
+from fray.job import (
+    CallableEntrypoint,
+    EnvironmentConfig,
+    JobInfo,
+    JobRequest,
+    replica_env,
+)
+from fray.resources import ResourceConfig
+
+if TYPE_CHECKING:
+    from iris.client import IrisClient as IrisLib
+
+    from fray.client import ClientSpec
+
+__all__ = ["IN_TASK_SPEC", "IrisClient"]
+
+#: The spec jobs get in ``FRAY_CLIENT_SPEC``: "the Iris cluster this task runs in", found
+#: from the task's Iris context (the controller address seen from inside the cluster may
+#: differ from the one the submitter used).
+IN_TASK_SPEC = "iris"
+
+_live_clients: weakref.WeakSet[IrisClient] = weakref.WeakSet()
+
+
+@atexit.register
+def _release_actors_at_exit() -> None:
+    # A driver's actors serve only that driver: stop them when it exits, as the other
+    # backends do. Inside an Iris task Iris does this itself (child jobs end with their parent).
+    for client in list(_live_clients):
+        client._terminate_owned(actors_only=True)
+
+
+class IrisClient:
+    """A Fray client of the Iris cluster whose controller is at ``address`` (``HOST:PORT``).
+
+    ``address=None`` means the cluster the calling Iris task runs in (what
+    ``current_client()`` picks inside a task). ``workspace`` is a directory Iris bundles
+    and ships to the workers with every job (Iris's ``IrisClient.remote(workspace=...)``).
+    Inside a task, jobs and actors are children of the task's job, in its namespace.
+    """
+
+    def __init__(self, address: str | None = None, *, workspace: str | None = None) -> None:
+        in_task = _connect.in_task()
+        if address is None and not in_task:
+            raise ConfigError(
+                "IrisClient() without an address works only inside an Iris task; "
+                "elsewhere give the controller's HOST:PORT (FRAY_CLIENT_SPEC=iris://HOST:PORT)"
+            )
+        self.address: str | None = address or _connect.task_controller()
+        self.workspace = str(Path(workspace).resolve()) if workspace else None
+        self._in_task = in_task
+        if self.workspace is None:
+            self._iris: IrisLib = _connect.iris_client(address)
+        else:
+            from iris.client import IrisClient as IrisLib
+
+            self._iris = IrisLib.remote(_connect.controller_url(self.address or ""), workspace=Path(self.workspace))
+        self._owned: list[tuple[IrisJobHandle, bool]] = []  # (job, is an actor)
+        self._lock = threading.Lock()
+        self._closed = False
+        _live_clients.add(self)
+
+    @classmethod
+    def from_spec(cls, spec: ClientSpec) -> IrisClient:
+        """Build from ``iris://HOST:PORT[?workspace=PATH]``, or ``iris`` inside an Iris task."""
+        unknown = set(spec.options) - {"workspace"}
+        if unknown:
+            raise spec.invalid(f"unknown option(s) {sorted(unknown)} for iris://")
+        if spec.address is None and not _connect.in_task():
+            raise spec.invalid("'iris' names the Iris cluster of the task it runs in; outside one use iris://HOST:PORT")
+        return cls(spec.address, workspace=spec.options.get("workspace") or None)
+
+    def __repr__(self) -> str:
+        return f"IrisClient({self.address!r})"
+
+    @property
+    def iris(self) -> IrisLib:
+        """The wrapped ``iris.client.IrisClient``."""
+        return self._iris
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`shutdown` was called."""
+        return self._closed
+
+    def __enter__(self) -> IrisClient:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.shutdown(wait=exc_type is None)
+
+    # ----- jobs ---------------------------------------------------------------------------------------
+
+    def submit(self, request: JobRequest) -> IrisJobHandle:
+        """Submit the job to Iris; returns at once."""
+        check_terminated()
+        if not isinstance(request, JobRequest):
+            raise ConfigError(f"submit() takes a JobRequest, got {type(request).__name__}")
+        entry = request.entrypoint
+        if isinstance(entry, CallableEntrypoint):
+            payload = _pickled(f"job {request.name!r}", entry.callable, entry.args, dict(entry.kwargs))
+            entrypoint = IrisEntrypoint.from_callable(_task.run_callable, payload)
+            label = getattr(entry.callable, "__qualname__", None) or repr(entry.callable)
+        else:
+            entrypoint = IrisEntrypoint.from_command("bash", "-c", _task.BINARY_WRAPPER, "fray-iris", *entry.argv)
+            label = entry.command
+        return self._launch(request, entrypoint, label, binary=not isinstance(entry, CallableEntrypoint))
+
+    def _launch(
+        self,
+        request: JobRequest,
+        entrypoint: IrisEntrypoint,
+        label: str,
+        *,
+        binary: bool,
+        ports: list[str] | None = None,
+    ) -> IrisJobHandle:
+        if self._closed:
+            raise FrayError("this IrisClient is shut down; create a new one")
+        place = placement(request.resources, request.replicas)
+        env_cfg = request.environment or EnvironmentConfig()
+        info = JobInfo(job_id="", name=request.name, replica_count=request.replicas)
+        env = replica_env(info, IN_TASK_SPEC, env_cfg.env_vars)
+        env[_task.HOSTS_ENV] = str(place.hosts_per_replica)
+        environment, image = environment_spec(env_cfg, env, workspace=self.workspace, in_task=self._in_task)
+        try:
+            job = self._iris.submit(
+                entrypoint,
+                request.name,
+                place.resources,
+                environment=environment,
+                ports=ports,
+                # None, not []: inside a task an empty list would drop the parent's constraints.
+                constraints=place.constraints or None,
+                coscheduling=place.coscheduling,
+                replicas=place.replicas,
+                max_retries_failure=request.max_retries_failure,
+                max_retries_preemption=request.max_retries_preemption,
+                # Fray's failure budget is per job; Iris's job-wide allowance of failed attempts matches it.
+                max_task_failures=request.max_retries_failure,
+                task_image=image,
+            )
+        except IrisJobAlreadyExists as exc:
+            raise JobAlreadyExists(
+                f"{request.name!r}: an Iris job with this name is still live here ({exc}); "
+                "Iris names are unique among live jobs: pick another name or terminate it first"
+            ) from exc
+        except ConnectError as exc:
+            if exc.code in (Code.INVALID_ARGUMENT, Code.FAILED_PRECONDITION, Code.OUT_OF_RANGE):
+                raise ConfigError(f"Iris refused job {request.name!r}: {exc.message}") from exc
+            raise FrayError(f"Iris did not accept job {request.name!r}: {exc.code.name}: {exc.message}") from exc
+        except ValueError as exc:
+            raise ConfigError(f"Iris refused job {request.name!r}: {exc}") from exc
+        job_id = job.job_id.to_wire()
+        forget_terminated(job_id)
+        meta = JobMeta(
+            name=request.name,
+            label=label,
+            binary=binary,
+            replicas=request.replicas,
+            hosts_per_replica=place.hosts_per_replica,
+            max_retries_failure=request.max_retries_failure,
+            max_retries_preemption=request.max_retries_preemption,
+        )
+        handle = IrisJobHandle(job_id, meta, self.address, self._iris)
+        with self._lock:
+            self._owned.append((handle, ports is not None))
+        return handle
+
+    # ----- actors -------------------------------------------------------------------------------------
+
+    def create_actor(
+        self,
+        actor_class: type,
+        *args: Any,
+        name: str,
+        resources: ResourceConfig = ResourceConfig(),  # noqa: B008 - frozen, so sharing the default is safe
+        **kwargs: Any,
+    ) -> IrisActorHandle:
+        """Start the actor as an Iris job; the handle works at once (calls wait until it serves)."""
+        check_terminated()
+        check_actor_request(actor_class, name, resources, args, kwargs)
+        payload = _pickled(f"actor {name!r}", actor_class, args, kwargs, "the class")
+        request = JobRequest(
+            name=name,
+            entrypoint=CallableEntrypoint(host_actor, (payload, name)),
+            resources=resources,
+        )
+        entrypoint = IrisEntrypoint.from_callable(host_actor, payload, name)
+        job = self._launch(request, entrypoint, actor_class.__qualname__, binary=False, ports=["actor"])
+        return IrisActorHandle(name, job, actor_class, self.address, self._iris)
+
+    def create_actor_group(
+        self,
+        actor_class: type,
+        *args: Any,
+        name: str,
+        count: int,
+        resources: ResourceConfig = ResourceConfig(),  # noqa: B008
+        **kwargs: Any,
+    ) -> ActorGroup:
+        """Start ``count`` actors ``{name}-0`` ... ``{name}-{count-1}``, each its own Iris job."""
+        members = group_member_names(name, count)
+        handles = [
+            self.create_actor(actor_class, *args, name=member, resources=resources, **kwargs) for member in members
+        ]
+        return ActorGroup(handles, [handle.job for handle in handles])
+
+    # ----- shutdown -----------------------------------------------------------------------------------
+
+    def _terminate_owned(self, *, actors_only: bool) -> None:
+        """Best effort: terminate this client's actors (and its jobs unless ``actors_only``)."""
+        with self._lock:
+            owned = [job for job, is_actor in self._owned if is_actor or not actors_only]
+        for job in owned:
+            with contextlib.suppress(Exception):  # a controller that went away has nothing left to stop
+                job.terminate()
+
+    def shutdown(self, wait: bool = True) -> None:
+        """Stop this client's actors (and, unless ``wait``, its running jobs); refuse new work."""
+        self._closed = True
+        with self._lock:
+            owned = list(self._owned)
+        for job, is_actor in owned:
+            with contextlib.suppress(Exception):
+                if wait and not is_actor:
+                    job.wait(raise_on_failure=False)
+                else:
+                    job.terminate()
+        _live_clients.discard(self)
+
+
+def _pickled(what: str, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], label: str = "the callable") -> bytes:
+    """``(fn, args, kwargs)`` cloudpickled; a piece that cannot be is named in a SerializationError."""
+    try:
+        return bytes(cloudpickle.dumps((fn, args, kwargs)))
+    except Exception as exc:
+        check_picklable(what, call_parts(fn, args, kwargs, label))
+        raise SerializationError(f"{what}: cannot be pickled ({type(exc).__name__}: {exc})") from exc
