@@ -39,7 +39,8 @@ def info(as_json: bool) -> None:
         problem = ""
     except fray.ConfigError as exc:
         problem = str(exc)
-    engines = {name: importlib.util.find_spec(name) is not None for name in ("ray", "monarch", "iris")}
+    modules = {"ray": "ray", "monarch": "monarch", "iris": "iris.client"}
+    engines = {name: _importable(module) for name, module in modules.items()}
     if as_json:
         click.echo(json.dumps({"version": fray.__version__, "spec": spec, "problem": problem, "engines": engines}))
         return
@@ -49,6 +50,13 @@ def info(as_json: bool) -> None:
     for name, present in engines.items():
         table.add_row(f"engine {name}", "[green]installed[/green]" if present else "not installed")
     _console.print(table)
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ImportError:  # the parent package is missing
+        return False
 
 
 # ----- cluster processes ---------------------------------------------------------------------------

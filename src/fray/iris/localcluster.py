@@ -96,7 +96,9 @@ class LocalIrisCluster:
         config.write_text(self._config)
         home = self.workdir / "home"
         home.mkdir(exist_ok=True)
-        env = {**os.environ, "HOME": str(home), "PYTHONUNBUFFERED": "1", **self._env}
+        # Fray's own variables describe the launching process, not the cluster's tasks.
+        inherited = {k: v for k, v in os.environ.items() if not k.startswith("FRAY_")}
+        env = {**inherited, "HOME": str(home), "PYTHONUNBUFFERED": "1", **self._env}
         command = "from iris.cli import main; main()"
         with self.log_path.open("wb") as log:
             self._process = subprocess.Popen(

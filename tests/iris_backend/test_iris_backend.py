@@ -1,0 +1,148 @@
+"""What the Iris backend does beyond the conformance suite: spec, in-task detection, Iris's own budgets."""
+
+from __future__ import annotations
+
+import pickle
+import sys
+from pathlib import Path
+
+import pytest
+from iris.client import IrisClient as IrisLib
+from iris.cluster.types import Entrypoint as IrisEntrypoint
+from iris.cluster.types import EnvironmentSpec, JobName, ResourceSpec
+
+import fray
+from fray import ConfigError, Entrypoint, JobAlreadyExists, JobFailed, JobRequest, JobStatus, ResourceConfig
+from fray._lifecycle import Failure, RetryBudget
+from fray.iris import IrisClient
+from fray.iris._task import END_TAG, FAILURE_TAG
+from support import wait_until
+
+
+class Counter:
+    def __init__(self, start: int = 0) -> None:
+        self.value = start
+
+    def add(self, amount: int) -> int:
+        self.value += amount
+        return self.value
+
+
+def add(a: int, b: int) -> int:
+    return a + b
+
+
+def fail(message: str) -> None:
+    print("about to fail")
+    raise ValueError(message)
+
+
+def probe_from_a_plain_iris_task(out: str) -> None:
+    """Runs in a task Iris started on its own: no FRAY_CLIENT_SPEC, yet current_client() is Iris-backed."""
+    import os
+
+    import fray as fray_in_task
+
+    client = fray_in_task.current_client()
+    child = client.submit(
+        fray_in_task.JobRequest(name="child", entrypoint=fray_in_task.Entrypoint.from_callable(add, args=(1, 2)))
+    )
+    status = child.wait(timeout=120)
+    Path(out).write_text(f"{type(client).__name__} {os.environ.get('FRAY_CLIENT_SPEC')} {child.job_id} {status.value}")
+
+
+def test_spec_builds_an_iris_client_and_iris_alone_needs_a_task(iris_cluster):
+    client = fray.client_from_spec(iris_cluster.spec)
+    assert isinstance(client, IrisClient) and client.address == iris_cluster.address
+    with pytest.raises(ConfigError, match="iris://HOST:PORT"):
+        fray.client_from_spec("iris")
+    with pytest.raises(ConfigError, match="unknown option"):
+        fray.client_from_spec(f"{iris_cluster.spec}?ws=/tmp")
+
+
+def test_code_in_a_plain_iris_task_gets_an_iris_client(iris_cluster, tmp_path: Path, uid):
+    iris = IrisLib.remote(iris_cluster.url)
+    out = tmp_path / "probe"
+    job = iris.submit(
+        IrisEntrypoint.from_callable(probe_from_a_plain_iris_task, str(out)),
+        f"plain-{uid}",
+        ResourceSpec(cpu=0.5, memory="256m"),
+        environment=EnvironmentSpec(setup_scripts=[]),
+    )
+    job.wait(timeout=180, poll_interval=0.5)
+    kind, spec, child_id, status = out.read_text().split()
+    assert (kind, spec, status) == ("IrisClient", "None", "succeeded")
+    assert child_id == f"{job.job_id.to_wire()}/child"  # a child of the task's job, in its namespace
+
+
+def test_handles_pickle_and_work_where_they_are_unpickled(iris_client, uid):
+    counter = iris_client.create_actor(Counter, 1, name=f"ctr-{uid}")
+    again = pickle.loads(pickle.dumps(counter))
+    assert again.add(2) == 3 and counter.add(0) == 3
+    job = iris_client.submit(JobRequest(name=f"add-{uid}", entrypoint=Entrypoint.from_callable(add, args=(1, 2))))
+    copy = pickle.loads(pickle.dumps(job))
+    assert copy.job_id == job.job_id and copy.wait(timeout=120) == JobStatus.SUCCEEDED
+
+
+def test_preemptions_count_against_the_preemption_budget(iris_client, uid):
+    job = iris_client.submit(
+        JobRequest(
+            name=f"preempt-{uid}",
+            entrypoint=Entrypoint.from_binary("sleep", ["300"]),
+            max_retries_preemption=1,
+        )
+    )
+    task = iris_client.iris.job(JobName.from_wire(job.job_id)).task(0)
+    for attempt in (0, 1):
+        wait_until(
+            lambda a=attempt: task.status().current_attempt_number == a and job.status() == JobStatus.RUNNING,
+            timeout=120,
+            what=f"attempt {attempt} to run",
+        )
+        assert task.preempt(reason="test preemption").accepted
+    with pytest.raises(JobFailed) as info:
+        job.wait(timeout=120)
+    budget = RetryBudget(0, 1, preemptions=1)
+    expected = budget.exhausted_message(Failure.lost("x"))
+    assert str(info.value).endswith(expected[expected.index(" (gave up") :])
+
+
+def test_placement_iris_cannot_satisfy_is_refused_at_submit(iris_client, uid):
+    with pytest.raises(ConfigError, match="us-east1"):
+        iris_client.submit(
+            JobRequest(
+                name=f"nowhere-{uid}",
+                entrypoint=Entrypoint.from_callable(add, args=(1, 2)),
+                resources=ResourceConfig(regions=["us-east1"]),
+            )
+        )
+
+
+def test_a_live_jobs_name_is_taken(iris_client, uid):
+    job = iris_client.submit(JobRequest(name=f"busy-{uid}", entrypoint=Entrypoint.from_binary("sleep", ["300"])))
+    try:
+        with pytest.raises(JobAlreadyExists):
+            iris_client.submit(JobRequest(name=f"busy-{uid}", entrypoint=Entrypoint.from_binary("true")))
+    finally:
+        job.terminate()
+
+
+def test_logs_show_the_traceback_but_not_frays_own_lines(iris_client, uid):
+    job = iris_client.submit(JobRequest(name=f"fail-{uid}", entrypoint=Entrypoint.from_callable(fail, args=("x",))))
+    with pytest.raises(ValueError):
+        job.wait(timeout=120)
+    lines = job.logs()
+    assert "about to fail" in lines and "ValueError: x" in lines
+    assert not [line for line in lines if FAILURE_TAG.strip() in line or END_TAG in line]
+    assert job.logs(max_lines=1) == ["ValueError: x"]
+
+
+def test_a_binary_that_exits_non_zero_quotes_its_last_output(iris_client, uid):
+    script = "import sys; print('line one'); print('line two', file=sys.stderr); sys.exit(4)"
+    job = iris_client.submit(
+        JobRequest(name=f"exit-{uid}", entrypoint=Entrypoint.from_binary(sys.executable, ["-c", script]))
+    )
+    with pytest.raises(JobFailed) as info:
+        job.wait(timeout=120)
+    assert info.value.exit_code == 4
+    assert info.value.message.endswith("exit code 4; last output:\nline one\nline two")
