@@ -78,7 +78,7 @@ def main() -> None:
 
     import fray
     from fray import Entrypoint, JobRequest, ResourceConfig
-    from fray.iris import IrisClient
+    from fray.iris.client import IrisClient
     from fray.iris.localcluster import LocalIrisCluster
 
     resources = ResourceConfig(cpu=0.1, ram="128m")

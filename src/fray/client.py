@@ -104,7 +104,7 @@ _BACKENDS: dict[str, tuple[str, str, str]] = {
     "local": ("fray.local", "LocalClient", ""),
     "ray": ("fray.ray", "RayClient", 'pip install "fray[ray]"'),
     "fray": ("fray.cluster.client", "ClusterClient", ""),
-    "iris": ("fray.iris", "IrisClient", 'pip install "fray[iris]" (Python >= 3.12)'),
+    "iris": ("fray.iris.client", "IrisClient", 'pip install "fray[iris]" (Python >= 3.12)'),
 }
 
 

@@ -44,7 +44,7 @@ def iris_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 @pytest.fixture
 def iris_client(iris_cluster: Any) -> Iterator[Any]:
     """A Fray IrisClient of the shared cluster; its jobs and actors are stopped after the test."""
-    from fray.iris import IrisClient
+    from fray.iris.client import IrisClient
 
     client = IrisClient(iris_cluster.address)
     yield client

@@ -14,8 +14,8 @@ from iris.cluster.types import EnvironmentSpec, JobName, ResourceSpec
 import fray
 from fray import ConfigError, Entrypoint, JobAlreadyExists, JobFailed, JobRequest, JobStatus, ResourceConfig
 from fray._lifecycle import Failure, RetryBudget
-from fray.iris import IrisClient
 from fray.iris._task import END_TAG, FAILURE_TAG
+from fray.iris.client import IrisClient
 from support import wait_until
 
 
@@ -146,3 +146,13 @@ def test_a_binary_that_exits_non_zero_quotes_its_last_output(iris_client, uid):
         job.wait(timeout=120)
     assert info.value.exit_code == 4
     assert info.value.message.endswith("exit code 4; last output:\nline one\nline two")
+
+
+def test_an_idle_handle_lets_its_sender_thread_go_and_starts_another(iris_client, uid, monkeypatch):
+    from fray.iris import actor as iris_actor
+
+    monkeypatch.setattr(iris_actor, "SENDER_IDLE", 0.2)
+    counter = iris_client.create_actor(Counter, name=f"idle-{uid}")
+    assert counter.add(1) == 1
+    wait_until(lambda: counter._sender is None, timeout=30, what="the idle sender to end")
+    assert counter.add(1) == 2

@@ -151,11 +151,14 @@ if not iris_installed():
         output = (run.stdout + run.stderr).strip().splitlines()
         summary = output[-1] if output else "(no output)"
         if not junit.exists():
-            pytest.fail(f"the Iris suite did not run (exit {run.returncode}):\n" + "\n".join(output[-40:]))
+            pytest.fail(
+                f"the Iris suite did not run (exit {run.returncode}):\n" + "\n".join(output[-40:]), pytrace=False
+            )
         total, failed = failures_in(junit)
         if failed or run.returncode != 0 or total == 0:
             pytest.fail(
                 f"Iris suite on {found}: {len(failed)} of {total} failed ({summary})\n"
-                + "\n".join(failed or output[-40:])
+                + "\n".join(failed or output[-40:]),
+                pytrace=False,
             )
         print(f"Iris suite on {found}, venv {built}: {summary} in {time.monotonic() - started:.0f}s")

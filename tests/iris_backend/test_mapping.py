@@ -88,3 +88,23 @@ def test_failure_line_round_trips_and_fray_lines_are_hidden_from_logs():
     assert _task.decode_failure_line(_task.FAILURE_TAG + "not base64!") is None
     assert _visible(line) == [] and _visible(_task.END_TAG) == []
     assert _visible("partial" + _task.END_TAG) == ["partial"] and _visible("plain") == ["plain"]
+
+
+@pytest.mark.parametrize("task_id", ["/alice/job/0:0", "/alice/job/3:2", "/bob/root/child/grand/5", "/u/r/c/7:1"])
+def test_task_identity_reads_the_environment_as_iris_does(monkeypatch, task_id):
+    from iris.cluster.client import job_info
+
+    monkeypatch.setenv("IRIS_TASK_ID", task_id)
+    monkeypatch.setenv("IRIS_NUM_TASKS", "8")
+    monkeypatch.setenv(_task.HOSTS_ENV, "2")
+    monkeypatch.delenv("FRAY_JOB_NAME", raising=False)
+    monkeypatch.delenv("FRAY_REPLICA_COUNT", raising=False)
+    monkeypatch.setattr(job_info, "_job_info", job_info.ContextVar("job_info", default=None))
+    iris_view = job_info.get_job_info()
+    assert iris_view is not None
+    mine = _task.identity()
+    assert mine.job_id == iris_view.job_id.to_wire()
+    assert mine.namespace == iris_view.job_id.namespace
+    assert mine.name == iris_view.job_id.name
+    assert (mine.replica_index, mine.attempt) == (iris_view.task_index // 2, iris_view.attempt_id)
+    assert mine.replica_count == 4

@@ -43,6 +43,8 @@ __all__ = ["IrisActorHandle", "endpoint_name", "host_actor"]
 
 #: Upper bound of the backoff between endpoint lookups while an actor starts.
 READY_POLL = 0.25
+#: A handle's sender thread ends after this long without calls (the next call starts another).
+SENDER_IDLE = 30.0
 
 
 def endpoint_name(job_id: str, actor_name: str) -> str:
@@ -147,9 +149,10 @@ class IrisActorHandle:
         return hash((self._name, self._job.job_id))
 
     def __getattr__(self, method: str) -> _IrisActorMethod:
-        if method.startswith("__"):
+        actor_class = self.__dict__.get("_class")
+        if actor_class is None or method.startswith("__"):
             raise AttributeError(method)
-        check_actor_method(self._class, method)
+        check_actor_method(actor_class, method)
         return _IrisActorMethod(self, method)
 
     @property
@@ -158,7 +161,8 @@ class IrisActorHandle:
         return self._job
 
     def _fray_ready(self) -> Future[None]:
-        self._start()
+        with self._lock:
+            self._start()
         return self._ready
 
     def _iris(self) -> IrisLib:
@@ -167,10 +171,10 @@ class IrisActorHandle:
         return self._iris_client
 
     def _start(self) -> None:
-        with self._lock:
-            if self._sender is None:
-                self._sender = threading.Thread(target=self._send_loop, name=f"fray-iris-{self._name}", daemon=True)
-                self._sender.start()
+        # Caller holds self._lock.
+        if self._sender is None:
+            self._sender = threading.Thread(target=self._send_loop, name=f"fray-iris-{self._name}", daemon=True)
+            self._sender.start()
 
     def _submit(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ActorFuture:
         try:
@@ -182,8 +186,9 @@ class IrisActorHandle:
         if terminated_here(self._job.job_id):
             future.set_exception(self._death(JobStatus.STOPPED))
             return future
-        self._start()
-        self._calls.put((future, method, payload))
+        with self._lock:  # with the sender's idle check: a queued call always has a sender
+            self._start()
+            self._calls.put((future, method, payload))
         return future
 
     # The sender thread: waits for the endpoint, then sends this handle's calls one by one, in order.
@@ -191,7 +196,14 @@ class IrisActorHandle:
     def _send_loop(self) -> None:
         self._await_endpoint()
         while True:
-            future, method, payload = self._calls.get()
+            try:
+                future, method, payload = self._calls.get(timeout=SENDER_IDLE)
+            except queue.Empty:
+                with self._lock:
+                    if self._calls.empty():
+                        self._sender = None
+                        return
+                continue
             if not future.set_running_or_notify_cancel():
                 continue
             try:
