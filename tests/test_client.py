@@ -51,7 +51,7 @@ def test_parse_valid_specs(text, scheme, address, options):
 
 @pytest.mark.parametrize(
     "text",
-    ["", "iris://x:1", "locl", "fray://nohost", "fray://host:notaport", "fray://host:99999", "local?threads"],
+    ["", "nosuch://x:1", "locl", "fray://nohost", "fray://host:notaport", "fray://host:99999", "local?threads"],
 )
 def test_malformed_specs_list_the_valid_forms(text):
     with pytest.raises(ConfigError) as info:

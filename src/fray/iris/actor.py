@@ -29,7 +29,7 @@ from iris.cluster.types import JobName
 from fray._eventloop import ActorLoop, invoke
 from fray._remote import RemoteFailure, remote_error
 from fray._serialization import actor_call_label, check_call_picklable, check_result_picklable
-from fray.actor import ActorFuture, check_actor_method
+from fray.actor import ActorFuture, RemoteMethod, check_actor_method
 from fray.errors import ActorDiedError, ActorUnavailableError, SerializationError
 from fray.iris import _connect, _task
 from fray.iris.job import IrisJobHandle, terminated_here
@@ -148,12 +148,12 @@ class IrisActorHandle:
     def __hash__(self) -> int:
         return hash((self._name, self._job.job_id))
 
-    def __getattr__(self, method: str) -> _IrisActorMethod:
+    def __getattr__(self, method: str) -> RemoteMethod:
         actor_class = self.__dict__.get("_class")
         if actor_class is None or method.startswith("__"):
             raise AttributeError(method)
         check_actor_method(actor_class, method)
-        return _IrisActorMethod(self, method)
+        return RemoteMethod(self, method)
 
     @property
     def job(self) -> IrisJobHandle:
@@ -176,7 +176,8 @@ class IrisActorHandle:
             self._sender = threading.Thread(target=self._send_loop, name=f"fray-iris-{self._name}", daemon=True)
             self._sender.start()
 
-    def _submit(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ActorFuture:
+    def _fray_call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ActorFuture:
+        """Queue one call behind this handle's earlier ones (what ``handle.method.remote`` does)."""
         try:
             payload = cloudpickle.dumps((args, kwargs))
         except Exception as exc:
@@ -291,19 +292,3 @@ class IrisActorHandle:
             copy.__cause__ = error.__cause__
             return copy
         return error
-
-
-class _IrisActorMethod:
-    """One method of an Iris actor, bound to its handle."""
-
-    def __init__(self, handle: IrisActorHandle, method: str) -> None:
-        self._handle = handle
-        self._method = method
-
-    def remote(self, *args: Any, **kwargs: Any) -> ActorFuture:
-        """Queue the call behind this handle's earlier ones; returns its future at once."""
-        return self._handle._submit(self._method, args, kwargs)
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """Make the call and block for its result."""
-        return self._handle._submit(self._method, args, kwargs).result()
