@@ -156,3 +156,13 @@ def test_an_idle_handle_lets_its_sender_thread_go_and_starts_another(iris_client
     assert counter.add(1) == 1
     wait_until(lambda: counter._sender is None, timeout=30, what="the idle sender to end")
     assert counter.add(1) == 2
+
+
+def test_a_job_iris_does_not_know_is_not_found(iris_client, uid):
+    from fray import NotFound
+    from fray.iris.job import IrisJobHandle, JobMeta
+
+    meta = JobMeta(f"gone-{uid}", "gone", False, 1, 1, 0, 0)
+    job = IrisJobHandle(f"/nobody/gone-{uid}", meta, iris_client.address)
+    with pytest.raises(NotFound, match=f"gone-{uid}"):
+        job.status()

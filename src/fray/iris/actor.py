@@ -96,16 +96,19 @@ def host_actor(payload: bytes, name: str) -> None:
         instance = actor_class(*args, **kwargs)
     except BaseException as exc:
         _task.exit_with_failure(exc)
-    ctx = iris_ctx()
-    job_info = get_job_info()
-    assert job_info is not None  # enter() succeeded, so this is an Iris task
-    # Bind only the address Iris advertises for this task: peers are told to use it, nothing else needs it.
-    host = job_info.advertise_host
-    endpoint = endpoint_name(info.job_id, name)
-    server = ActorServer(host=host, port=ctx.get_port("actor"), max_concurrency=1)
-    server.register(endpoint, _Dispatch(name, instance))
-    port = server.serve_background()
-    ctx.registry.register(endpoint, f"http://{host}:{port}")
+    try:
+        ctx = iris_ctx()
+        job_info = get_job_info()
+        assert job_info is not None  # enter() succeeded, so this is an Iris task
+        # Bind only the address Iris advertises for this task: peers are told to use it, nothing else needs it.
+        host = job_info.advertise_host
+        endpoint = endpoint_name(info.job_id, name)
+        server = ActorServer(host=host, port=ctx.get_port("actor"), max_concurrency=1)
+        server.register(endpoint, _Dispatch(name, instance))
+        port = server.serve_background()
+        ctx.registry.register(endpoint, f"http://{host}:{port}")
+    except BaseException as exc:  # callers must learn why the actor never served, as for its constructor
+        _task.exit_with_failure(exc)
     print(f"[fray] actor {name!r} serving at {host}:{port}", flush=True)
     threading.Event().wait()  # until Iris kills the job (terminate / shutdown)
 

@@ -13,15 +13,19 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from connectrpc.code import Code
+from connectrpc.errors import ConnectError
 from iris.client.workload import TaskStatus
 from iris.cluster.types import JobName
 from iris.resources.state import JobState, TaskState
 
 from fray._lifecycle import Failure, FailureKind, RetryBudget
+from fray.errors import FrayError, NotFound
 from fray.iris import _connect
 from fray.iris._task import END_TAG, FAILURE_TAG, decode_failure_line
 from fray.iris.mapping import fray_status
@@ -61,6 +65,17 @@ def forget_terminated(job_id: str) -> None:
     """A new job took the id ``job_id`` (Iris reuses the ids of finished jobs)."""
     with _terminated_lock:
         _terminated.discard(job_id)
+
+
+@contextmanager
+def iris_errors(job_id: str) -> Iterator[None]:
+    """Iris's RPC errors about one job as Fray errors: NotFound for a job Iris does not know."""
+    try:
+        yield
+    except ConnectError as exc:
+        if exc.code == Code.NOT_FOUND:
+            raise NotFound(f"Iris knows no job {job_id!r}: {exc.message}") from exc
+        raise FrayError(f"Iris: job {job_id!r}: {exc.code.name}: {exc.message}") from exc
 
 
 @dataclass(frozen=True)
@@ -117,7 +132,8 @@ class IrisJobHandle:
         """The job's current status: one state query to the controller."""
         if self._final is not None:
             return fray_status(self._final.state)
-        return fray_status(self._iris().job_state(self._name()))
+        with iris_errors(self._job_id):
+            return fray_status(self._iris().job_state(self._name()))
 
     def wait(self, timeout: float | None = None, *, raise_on_failure: bool = True) -> JobStatus:
         """Block until the job finished; raise the job's failure (JobFailed) if it failed, unless told not to."""
@@ -147,9 +163,9 @@ class IrisJobHandle:
             return
         with _terminated_lock:
             _terminated.add(self._job_id)
-        if fray_status(self._iris().job_state(self._name())).finished:
-            return
-        self._iris().cancel_job(self._name())
+        with iris_errors(self._job_id):
+            if not fray_status(self._iris().job_state(self._name())).finished:
+                self._iris().cancel_job(self._name())
 
     def logs(self, max_lines: int | None = None) -> list[str]:
         """The job's stdout and stderr lines (every task and attempt, by time), the last ``max_lines`` if given.
@@ -158,6 +174,10 @@ class IrisJobHandle:
         """
         if max_lines is not None and max_lines <= 0:
             return []
+        with iris_errors(self._job_id):
+            return self._logs(max_lines)
+
+    def _logs(self, max_lines: int | None) -> list[str]:
         if not self._settled and self.status() in (JobStatus.SUCCEEDED, JobStatus.FAILED):
             tasks = self._iris().list_tasks(self._name())
             self._await_end({t.task_id: t.current_attempt_number for t in tasks if t.state in _ENDED})
@@ -206,7 +226,7 @@ class IrisJobHandle:
 
     def failure(self) -> Failure:
         """Why the (FAILED) job failed, worded by the shared retry budget; computed once."""
-        with self._lock:
+        with self._lock, iris_errors(self._job_id):
             if self._failure is None:
                 final = self._final or self._iris().job_status(self._name())
                 self._failure = self._explain(final)
