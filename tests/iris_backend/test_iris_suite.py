@@ -162,3 +162,13 @@ if not iris_installed():
                 pytrace=False,
             )
         print(f"Iris suite on {found}, venv {built}: {summary} in {time.monotonic() - started:.0f}s")
+
+
+def test_without_python312_the_reason_names_what_was_tried(monkeypatch, tmp_path: Path):
+    monkeypatch.delenv("FRAY_PYTHON312", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(Path, "home", lambda: tmp_path)
+    python, reason = find_python312()
+    assert python is None and "no Python >= 3.12 found" in reason and "pyenv" in reason
+    monkeypatch.setenv("FRAY_PYTHON312", str(tmp_path / "missing-python"))
+    assert find_python312()[0] is None
