@@ -427,7 +427,8 @@ class ClusterClient:
             entrypoint=Entrypoint.from_callable(_host_actor, args=(actor_class, args, kwargs, name)),
             resources=resources,
         )
-        job = self._submit(JobSpec.from_request(request, actor_name=name), is_actor=True)
+        spec = JobSpec.from_request(request, actor_name=name, command=f"actor {actor_class.__qualname__}")
+        job = self._submit(spec, is_actor=True)
         handle = ClusterActorHandle(self.address, self.namespace, name, job.job_id, actor_class, self._token)
         handle._watch()
         return handle

@@ -20,8 +20,11 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from fray.cluster._retention import RetentionPolicy
 from fray.cluster.capacity import WorkerInfo
+from fray.cluster.controller_client import OPS_ACTOR
 from fray.cluster.messages import CONTROLLER_ACTOR, JobSpec, JobView, TaskAssignment, WorkerCommands, WorkerReport
+from fray.cluster.ops import OpsService
 from fray.cluster.records import Effects, Endpoint, JobRecord, TaskKey, TaskRecord, TaskState, WorkerRecord
 from fray.cluster.scheduler import schedule
 from fray.cluster.store import ClusterStore
@@ -436,12 +439,22 @@ class Controller:
         token: str | bytes | None = None,
         worker_timeout: float = 10.0,
         advertise_host: str | None = None,
+        retention: RetentionPolicy | None = None,
     ) -> None:
         self.store = ClusterStore(db_path)
         self.service = ControllerService(self.store, worker_timeout=worker_timeout)
         self.server = ActorServer(host, port, token, namespace=SYSTEM_NAMESPACE, advertise_host=advertise_host)
         self.server.register(CONTROLLER_ACTOR, self.service, max_concurrency=_MAX_CONCURRENCY)
         self.server.register(REGISTRY_ACTOR_NAME, self.service, max_concurrency=64)
+        # The operator API (listings, status, retention): its own object, served beside the controller's.
+        self.ops = OpsService(
+            self.store,
+            spec_command=lambda job_id: getattr(self.service._spec(job_id), "command", ""),
+            controller=self.service,
+            retention=retention,
+            address=self.server.address,
+        )
+        self.server.register(OPS_ACTOR, self.ops, max_concurrency=16)
 
     @property
     def address(self) -> str:
@@ -451,11 +464,13 @@ class Controller:
     def start(self) -> Controller:
         """Serve in background threads."""
         self.service.start()
+        self.ops.start()
         self.server.start()
         return self
 
     def stop(self) -> None:
         """Stop serving and close the store."""
         self.service.stop()
+        self.ops.stop()
         self.server.stop()
         self.store.close()
