@@ -50,8 +50,15 @@ controller_option = click.option(
 
 
 def stdout_console() -> Console:
-    """A rich console on stdout, for tables (no syntax highlighting of ids and numbers)."""
-    return Console(highlight=False)
+    """A rich console on stdout, for tables (no syntax highlighting of ids and numbers).
+
+    Piped into a file or another program, tables are laid out 240 columns wide, so
+    ids and commands are not wrapped mid-word for ``grep``.
+    """
+    console = Console(highlight=False)
+    if not console.is_terminal:
+        console = Console(highlight=False, width=240)
+    return console
 
 
 def echo_json(data: Any) -> None:

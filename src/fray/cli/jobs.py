@@ -111,7 +111,7 @@ def job_submit(
         click.echo(handle.job_id)
         return
     click.echo(f"job {handle.job_id} submitted; streaming its output (Ctrl-C stops watching, not the job)", err=True)
-    final = follow(session, handle.job_id)
+    final = follow(session, handle.job_id, output_to_stderr=as_json)  # --json keeps stdout for the JSON
     _finish(final, as_json)
 
 
@@ -136,7 +136,7 @@ def _progress_line(job_id: str) -> Iterator[Any]:
         yield status
 
 
-def follow(session: Session, job_id: str, after_id: int = 0) -> dict[str, Any]:
+def follow(session: Session, job_id: str, after_id: int = 0, *, output_to_stderr: bool = False) -> dict[str, Any]:
     """Print the job's output as it is written until the job ends (and its processes are gone); return it."""
     started = time.monotonic()
     last_id = after_id
@@ -145,7 +145,7 @@ def follow(session: Session, job_id: str, after_id: int = 0) -> dict[str, Any]:
         while True:
             view = session.controller.wait([job_id], 0.25)[0]
             for line_id, text in session.controller.logs(job_id, None, last_id):
-                click.echo(text)
+                click.echo(text, err=output_to_stderr)
                 last_id = line_id
             if view.state.finished and view.settled:
                 break
