@@ -8,10 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from support import wait_until
-
 from fray.cluster.client import ClusterClient
 from fray.cluster.launcher import LocalCluster
+from support import wait_until
 
 
 class Greeter:

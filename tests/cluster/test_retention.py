@@ -6,7 +6,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support import wait_until
 
 from fray.cluster._retention import RetentionPolicy, prune_finished_jobs
 from fray.cluster.capacity import TaskResources
@@ -14,6 +13,7 @@ from fray.cluster.ops import OpsService
 from fray.cluster.records import JobRecord, TaskKey
 from fray.cluster.store import ClusterStore
 from fray.errors import ConfigError, NotFound
+from support import wait_until
 
 DAY = 86400.0
 
