@@ -42,7 +42,8 @@ CLI_RETRY_SECONDS = 1.0
 # How long the CLI waits to open a connection before it says the controller is unreachable.
 _CONNECT_SECONDS = 2.0
 
-console = Console(stderr=True)
+# Messages are never wrapped mid-sentence (they are read by people and by grep).
+console = Console(stderr=True, soft_wrap=True)
 
 controller_option = click.option(
     "--controller", "address", default=None, help="HOST:PORT (default: FRAY_CLIENT_SPEC, then `fray cluster up`'s)."
