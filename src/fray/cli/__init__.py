@@ -24,7 +24,7 @@ from fray.cli._errors import CliError, debug_enabled, report, set_debug
 from fray.cli.cluster import cluster
 from fray.cli.daemons import controller, worker
 from fray.cli.jobs import job
-from fray.cli.status import endpoint, status
+from fray.cli.status import dashboard, endpoint, status
 from fray.client import VALID_SPECS, parse_client_spec
 
 __all__ = ["main"]
@@ -83,5 +83,5 @@ def info(as_json: bool) -> None:
     stdout_console().print(table)
 
 
-for _command in (cluster, controller, worker, job, status, endpoint):
+for _command in (cluster, controller, worker, job, status, dashboard, endpoint):
     main.add_command(_command)

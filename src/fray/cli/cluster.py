@@ -11,12 +11,10 @@ controller (and dead workers) on the same database and port.
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
 import secrets
 import signal
-import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -26,7 +24,8 @@ import click
 from fray._procident import ProcessIdentity, identify
 from fray.cli._common import STATE_FILE, TOKEN_FILE, console, echo_json, read_state
 from fray.cli._errors import CliError
-from fray.cli.daemons import busy_port_error
+from fray.cli.daemons import check_port_free
+from fray.cluster.controller_client import ops_client
 from fray.cluster.launcher import LocalCluster
 from fray.errors import FrayError
 
@@ -44,19 +43,6 @@ def cluster() -> None:
     """Start, stop and restart a Fray cluster on this machine."""
 
 
-def _check_port_free(port: int) -> None:
-    if port == 0:
-        return
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError as exc:
-            if exc.errno == errno.EADDRINUSE:
-                raise busy_port_error("127.0.0.1", port) from None
-            raise
-
-
 def _token() -> str:
     token = os.environ.get("FRAY_TOKEN") or (TOKEN_FILE.read_text().strip() if TOKEN_FILE.exists() else "")
     if not token:
@@ -72,7 +58,9 @@ def _recorded(state: dict[str, Any]) -> dict[str, ProcessIdentity]:
     return {name: ProcessIdentity.from_json(data) for name, data in state.get("processes", {}).items()}
 
 
-def _write_state(launcher: LocalCluster, worker_args: list[str], ready_seconds: float) -> dict[str, Any]:
+def _write_state(
+    launcher: LocalCluster, worker_args: list[str], ready_seconds: float, dashboard: str
+) -> dict[str, Any]:
     procs = {"controller": launcher.controller, **launcher.workers}
     identities = {}
     for name, proc in procs.items():
@@ -88,6 +76,7 @@ def _write_state(launcher: LocalCluster, worker_args: list[str], ready_seconds: 
         "worker_args": worker_args,
         "workers": sorted(launcher.workers),
         "processes": identities,
+        "dashboard": dashboard,
         "ready_seconds": round(ready_seconds, 3),
     }
     STATE_FILE.parent.mkdir(parents=True, exist_ok=True)
@@ -136,6 +125,10 @@ def _retention_args(days: float | None, jobs: int | None) -> list[str]:
 @click.option("--worker-option", "worker_options", multiple=True, help="Extra option for every worker, e.g. '--cpu 4'.")
 @click.option("--retention-days", type=float, default=None, help="Keep finished jobs this many days [default: 7].")
 @click.option("--retention-jobs", type=int, default=None, help="Keep at most N finished jobs [default: 10000].")
+@click.option(
+    "--dashboard-port", type=click.IntRange(0, 65535), default=0, show_default=True, help="Dashboard port (0: any)."
+)
+@click.option("--no-dashboard", is_flag=True, help="Serve no web dashboard.")
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 def cluster_up(
     workers: int,
@@ -144,6 +137,8 @@ def cluster_up(
     worker_options: tuple[str, ...],
     retention_days: float | None,
     retention_jobs: int | None,
+    dashboard_port: int,
+    no_dashboard: bool,
     as_json: bool,
 ) -> None:
     """Start a controller and N workers in the background and print how to use them."""
@@ -165,11 +160,17 @@ def cluster_up(
             console.print(f"  {note}")
         STATE_FILE.unlink(missing_ok=True)
     directory = directory or str(DEFAULT_DIR)
-    _check_port_free(port)
+    check_port_free("127.0.0.1", port)
+    if not no_dashboard:
+        check_port_free("127.0.0.1", dashboard_port, "--dashboard-port")
     token = _token()
     started = time.monotonic()
     launcher = LocalCluster(
-        directory, token=token, port=port, controller_args=_retention_args(retention_days, retention_jobs)
+        directory,
+        token=token,
+        port=port,
+        controller_args=_retention_args(retention_days, retention_jobs)
+        + (["--no-dashboard"] if no_dashboard else ["--dashboard-port", str(dashboard_port)]),
     )
     extra = [part for option in worker_options for part in option.split()]
     if not any(part.startswith("preemptible=") for part in extra):
@@ -184,7 +185,7 @@ def cluster_up(
         launcher.stop()
         raise CliError(str(exc), f"read the logs in {directory}") from None
     elapsed = time.monotonic() - started
-    state = _write_state(launcher, extra, elapsed)
+    state = _write_state(launcher, extra, elapsed, _dashboard_address(launcher))
     if as_json:
         echo_json(state)
         return
@@ -194,7 +195,19 @@ def cluster_up(
     console.print(f"  use it:   export FRAY_CLIENT_SPEC=fray://{launcher.address}")
     console.print(f"  token:    {'$FRAY_TOKEN' if os.environ.get('FRAY_TOKEN') else TOKEN_FILE}")
     console.print(f"  state:    {directory}/controller.db   logs: {directory}/*.log")
+    if state["dashboard"]:
+        console.print(f"  dashboard: http://{state['dashboard']}/   (log in: `fray dashboard`)")
     console.print("  stop it:  fray cluster down")
+
+
+def _dashboard_address(launcher: LocalCluster) -> str:
+    """Where the new controller serves its dashboard ("" if it serves none)."""
+    ops = ops_client(launcher.address, launcher.token)
+    try:
+        health: dict[str, Any] = ops.health()
+    finally:
+        ops.close()
+    return str(health.get("dashboard", ""))
 
 
 @cluster.command("down")
@@ -234,7 +247,7 @@ def cluster_restart() -> None:
     started = time.monotonic()
     try:
         if "controller" in dead:
-            _check_port_free(int(state["port"]))
+            check_port_free("127.0.0.1", int(state["port"]))
             launcher.start_controller()
         for name in dead:
             if name != "controller":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import signal
+import socket
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -18,7 +19,7 @@ from fray.cli._errors import CliError
 from fray.cluster._retention import DEFAULT_MAX_JOBS
 from fray.errors import ConfigError
 
-__all__ = ["DEFAULT_DB", "busy_port_error", "controller", "worker"]
+__all__ = ["DEFAULT_DB", "busy_port_error", "check_port_free", "controller", "worker"]
 
 #: Where ``fray controller`` keeps its SQLite file unless told.
 DEFAULT_DB = Path.home() / ".local" / "state" / "fray" / "controller.db"
@@ -46,6 +47,20 @@ def busy_port_error(host: str, port: int, option: str = "--port") -> CliError:
     )
 
 
+def check_port_free(host: str, port: int, option: str = "--port") -> None:
+    """Raise the busy-port error now if ``host:port`` cannot be bound (0 is always free)."""
+    if port == 0:
+        return
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise busy_port_error(host, port, option) from None
+            raise
+
+
 @click.command()
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (loopback unless told).")
 @click.option("--port", default=7100, show_default=True, type=click.IntRange(0, 65535), help="Port (0: any free).")
@@ -56,6 +71,10 @@ def busy_port_error(host: str, port: int, option: str = "--port") -> CliError:
 @click.option(
     "--retention-jobs", type=int, default=DEFAULT_MAX_JOBS, show_default=True, help="Keep at most N finished jobs."
 )
+@click.option(
+    "--dashboard-port", type=click.IntRange(0, 65535), default=0, show_default=True, help="Dashboard port (0: any)."
+)
+@click.option("--no-dashboard", is_flag=True, help="Serve no web dashboard.")
 def controller(
     host: str,
     port: int,
@@ -64,6 +83,8 @@ def controller(
     address_file: str | None,
     retention_days: float,
     retention_jobs: int,
+    dashboard_port: int,
+    no_dashboard: bool,
 ) -> None:
     """Run the cluster controller in the foreground (state in SQLite; needs FRAY_TOKEN)."""
     from fray.cluster._retention import RetentionPolicy
@@ -81,9 +102,17 @@ def controller(
     except ConfigError as exc:
         raise CliError(str(exc), "e.g. --retention-days 7 --retention-jobs 10000") from None
     Path(db_path).parent.mkdir(parents=True, exist_ok=True)
+    if not no_dashboard:
+        check_port_free(host, dashboard_port, "--dashboard-port")
     try:
         ctl = Controller(
-            db_path, host=host, port=port, token=token, worker_timeout=worker_timeout, retention=retention
+            db_path,
+            host=host,
+            port=port,
+            token=token,
+            worker_timeout=worker_timeout,
+            retention=retention,
+            dashboard_port=None if no_dashboard else dashboard_port,
         ).start()
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:
@@ -94,6 +123,8 @@ def controller(
         tmp.write_text(ctl.address)
         tmp.replace(address_file)
     click.echo(f"fray controller serving on {ctl.address} (state: {db_path})", err=True)
+    if ctl.dashboard is not None:
+        click.echo(f"fray dashboard on {ctl.dashboard.url} (`fray dashboard` prints a log-in link)", err=True)
     wait_for_signal(ctl.stop)
 
 

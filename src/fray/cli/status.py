@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import webbrowser
 from typing import Any
 
 import click
 from rich.table import Table
 
 from fray.cli._common import Session, controller_option, echo_json, format_duration, stdout_console
+from fray.cli._errors import CliError
 from fray.resources import format_size
 
-__all__ = ["endpoint", "status"]
+__all__ = ["dashboard", "endpoint", "status"]
 
 
 def _use(used: float, total: float, fmt: Any = lambda v: f"{v:g}") -> str:
@@ -94,3 +96,22 @@ def endpoint_list(address: str | None, namespace: str | None, as_json: bool) -> 
     for row in rows:
         table.add_row(row["namespace"], row["name"], row["address"], row["job_id"])
     stdout_console().print(table)
+
+
+@click.command()
+@controller_option
+@click.option("--open", "open_browser", is_flag=True, help="Open the link in a browser on this machine.")
+def dashboard(address: str | None, open_browser: bool) -> None:
+    """Print a one-time link that logs a browser in to the cluster's web dashboard."""
+    session = Session.open(address)
+    link: str = session.ops.dashboard_login()
+    if not link:
+        raise CliError(
+            f"the controller at {session.address} serves no dashboard",
+            "install it (pip install 'fray[dashboard]') and restart the controller (`fray cluster restart` "
+            "after stopping it), without --no-dashboard",
+        )
+    click.echo(link)
+    click.echo("(the link logs in once, within five minutes; or log in with the cluster token)", err=True)
+    if open_browser:
+        webbrowser.open(link)

@@ -19,10 +19,11 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from fray.cluster._retention import RetentionPolicy
 from fray.cluster.capacity import WorkerInfo
-from fray.cluster.controller_client import OPS_ACTOR
+from fray.cluster.controller_client import OPS_ACTOR, load_token
 from fray.cluster.messages import CONTROLLER_ACTOR, JobSpec, JobView, TaskAssignment, WorkerCommands, WorkerReport
 from fray.cluster.ops import OpsService
 from fray.cluster.records import Effects, Endpoint, JobRecord, TaskKey, TaskRecord, TaskState, WorkerRecord
@@ -440,7 +441,12 @@ class Controller:
         worker_timeout: float = 10.0,
         advertise_host: str | None = None,
         retention: RetentionPolicy | None = None,
+        dashboard_port: int | None = None,
+        dashboard_host: str = "127.0.0.1",
     ) -> None:
+        self._token = token
+        self._dashboard_at = None if dashboard_port is None else (dashboard_host, dashboard_port)
+        self.dashboard: Any = None
         self.store = ClusterStore(db_path)
         self.service = ControllerService(self.store, worker_timeout=worker_timeout)
         self.server = ActorServer(host, port, token, namespace=SYSTEM_NAMESPACE, advertise_host=advertise_host)
@@ -462,14 +468,31 @@ class Controller:
         return self.server.address
 
     def start(self) -> Controller:
-        """Serve in background threads."""
+        """Serve in background threads (and the dashboard, when one was asked for)."""
+        if self._dashboard_at is not None:
+            self._start_dashboard(*self._dashboard_at)
         self.service.start()
         self.ops.start()
         self.server.start()
         return self
 
+    def _start_dashboard(self, host: str, port: int) -> None:
+        """Serve the dashboard beside the controller; without the dashboard extra, say so and go on."""
+        try:
+            from fray.dashboard import Dashboard  # optional: needs fray[dashboard]
+        except ImportError as exc:
+            logger.warning("no dashboard: %s (install it with: pip install 'fray[dashboard]')", exc)
+            return
+        token = load_token(self._token)
+        assert token is not None, "the controller always has a token"
+        self.dashboard = Dashboard(self.ops, token, host, port).start()
+        self.ops.login_link = self.dashboard.login_link
+        self.ops.dashboard_address = self.dashboard.address
+
     def stop(self) -> None:
         """Stop serving and close the store."""
+        if self.dashboard is not None:
+            self.dashboard.stop()
         self.service.stop()
         self.ops.stop()
         self.server.stop()

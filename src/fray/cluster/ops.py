@@ -76,7 +76,7 @@ class OpsService:
         store: ClusterStore,
         *,
         spec_command: Callable[[str], str],
-        controller: object | None = None,
+        controller: Any = None,
         retention: RetentionPolicy | None = None,
         address: str = "",
         clock: Callable[[], float] = time.time,
@@ -228,6 +228,18 @@ class OpsService:
         if stats is None:
             return None
         return list(stats())
+
+    def logs(self, job_id: str, last: int | None = None, after_id: int = 0) -> list[tuple[int, str]]:
+        """The job's output lines as ``(line_id, text)`` (the controller's own call; for the dashboard)."""
+        if self._controller is None:
+            return []
+        lines: list[tuple[int, str]] = self._controller.logs(job_id, last, after_id)
+        return lines
+
+    def terminate(self, job_id: str) -> None:
+        """Stop the job, its tasks and its child jobs (the controller's own call; for the dashboard)."""
+        if self._controller is not None:
+            self._controller.terminate(job_id, "stopped from the dashboard")
 
     def dashboard_login(self) -> str:
         """A one-time URL that logs a browser in to the dashboard ("" when no dashboard runs)."""
