@@ -16,7 +16,9 @@ from rich.table import Table
 import fray
 from fray.cli._common import Session, controller_option, echo_json, stdout_console
 from fray.cli._errors import CliError
+from fray.cluster._environments import runtime_available
 from fray.cluster._retention import DEFAULT_MAX_JOBS
+from fray.cluster._shipping import CONTAINER_RUNTIME_ATTRIBUTE
 from fray.errors import ConfigError
 
 __all__ = ["DEFAULT_DB", "busy_port_error", "check_port_free", "controller", "worker"]
@@ -179,6 +181,10 @@ def worker(
         if not sep or not key:
             raise CliError(f"--attr {item!r} is not KEY=VALUE", "e.g. --attr preemptible=false")
         attributes[key] = value
+    if CONTAINER_RUNTIME_ATTRIBUTE not in attributes:
+        runtime = runtime_available()  # lets the scheduler's users know docker_image jobs can run here
+        if runtime is not None:
+            attributes[CONTAINER_RUNTIME_ATTRIBUTE] = runtime
     if cpu is not None and cpu <= 0:
         raise CliError(f"--cpu {cpu:g} must be a positive number of cores", "e.g. --cpu 4")
     node = Worker(

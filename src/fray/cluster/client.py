@@ -26,6 +26,7 @@ from fray._runtime import check_terminated
 from fray._serialization import check_call_picklable
 from fray.actor import ActorFuture, ActorGroup, check_actor_method, check_actor_request, group_member_names
 from fray.client import ClientSpec
+from fray.cluster._shipping import ship_environment
 from fray.cluster.controller_client import connect_controller, load_token
 from fray.cluster.messages import JobSpec, JobView
 from fray.cluster.records import TaskKey
@@ -409,7 +410,8 @@ class ClusterClient:
         check_terminated()
         if not isinstance(request, JobRequest):
             raise ConfigError(f"submit() takes a JobRequest, got {type(request).__name__}")
-        return self._submit(JobSpec.from_request(request), is_actor=False)
+        spec = ship_environment(JobSpec.from_request(request), self.address, self._token, self._controller)
+        return self._submit(spec, is_actor=False)
 
     def create_actor(
         self,

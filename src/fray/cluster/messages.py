@@ -48,6 +48,8 @@ class JobSpec:
     actor_name: str = ""
     #: What the job runs, for people: the command line, or the callable's qualified name.
     command: str = ""
+    #: The packed workspace stored by the controller (``sha256:<hex>``), when the job has one.
+    workspace_digest: str = ""
 
     @classmethod
     def from_request(cls, request: JobRequest, *, actor_name: str = "", command: str | None = None) -> JobSpec:

@@ -17,12 +17,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from fray.cluster import _views
+from fray.cluster import _blobs, _views
 from fray.cluster._retention import RetentionPolicy, prune_finished_jobs
 from fray.cluster._schema import read_job
+from fray.cluster._workspace import digest_of
 from fray.cluster.records import JobRecord, TaskRecord
 from fray.cluster.store import ClusterStore
-from fray.errors import ConfigError
+from fray.errors import ConfigError, NotFound
 
 __all__ = ["PRUNE_INTERVAL_SECONDS", "OpsService", "job_history"]
 
@@ -94,6 +95,7 @@ class OpsService:
         self._thread: threading.Thread | None = None
         self.login_link: Callable[[], str] | None = None
         self.dashboard_address = ""
+        store.write_with(_blobs.ensure_table)
 
     # ----- lifecycle ----------------------------------------------------------------------------
 
@@ -126,6 +128,8 @@ class OpsService:
             total += len(deleted)
             if not deleted:
                 break
+        unused_since = self._clock() - self.retention.max_age_seconds
+        self._store.write_with(lambda cur: _blobs.prune_blobs(cur, unused_since))
         if total:
             logger.info("pruned %d finished jobs (retention: %s)", total, self.retention)
         return total
@@ -240,6 +244,28 @@ class OpsService:
         """Stop the job, its tasks and its child jobs (the controller's own call; for the dashboard)."""
         if self._controller is not None:
             self._controller.terminate(job_id, "stopped from the dashboard")
+
+    # ----- workspaces: opaque bytes by content hash ---------------------------------------------
+
+    def has_blob(self, digest: str) -> bool:
+        """True if the blob ``digest`` (``sha256:<hex>``) is stored: a client then need not upload it."""
+        return self._store.read_with(lambda cur: _blobs.has_blob(cur, digest))
+
+    def put_blob(self, digest: str, data: bytes) -> bool:
+        """Store ``data`` under its digest, which is checked; returns True."""
+        if not isinstance(data, bytes) or digest_of(data) != digest:
+            raise ConfigError(f"put_blob({digest!r}): the data does not have that sha256 digest")
+        now = self._clock()
+        self._store.write_with(lambda cur: _blobs.put_blob(cur, digest, data, now))
+        return True
+
+    def get_blob(self, digest: str) -> bytes:
+        """The blob ``digest``; raises NotFound (for example after it was pruned)."""
+        now = self._clock()
+        data = self._store.write_with(lambda cur: _blobs.get_blob(cur, digest, now))
+        if data is None:
+            raise NotFound(f"no blob {digest!r} on this controller (pruned, or never uploaded)")
+        return data
 
     def dashboard_login(self) -> str:
         """A one-time URL that logs a browser in to the dashboard ("" when no dashboard runs)."""
