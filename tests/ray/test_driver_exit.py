@@ -1,0 +1,28 @@
+"""The driver-exit rule on Ray: binary jobs outlive the driver unless detached=False; the exit hook stops the
+attached ones and names the ones that keep running."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fray.job import Entrypoint, JobRequest, JobStatus
+from fray.ray import _driver_exit
+from support import wait_until
+
+
+def test_the_exit_hook_stops_attached_binary_jobs_and_names_the_detached_ones(ray_client: Any, capsys: Any):
+    def sleeper(name: str) -> JobRequest:
+        return JobRequest(name=name, entrypoint=Entrypoint.from_binary("sleep", ["300"]))
+
+    kept = ray_client.submit(sleeper("kept"))
+    attached = ray_client.submit(sleeper("attached"), detached=False)
+    try:
+        wait_until(lambda: attached.status() == JobStatus.RUNNING and kept.status() == JobStatus.RUNNING, 120)
+        _driver_exit._at_exit()  # what runs when the script exits
+        wait_until(lambda: attached.status() == JobStatus.STOPPED, 120, "the attached job to stop")
+        assert kept.status() == JobStatus.RUNNING
+        notice = capsys.readouterr().err
+        assert f"keeps running on Ray: {kept.job_id}" in notice
+        assert f"stopped 1 job submitted with detached=False: {attached.job_id}" in notice
+    finally:
+        kept.terminate()
