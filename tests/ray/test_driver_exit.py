@@ -5,12 +5,22 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from fray.job import Entrypoint, JobRequest, JobStatus
 from fray.ray import _driver_exit
 from support import wait_until
 
 
-def test_the_exit_hook_stops_attached_binary_jobs_and_names_the_detached_ones(ray_client: Any, capsys: Any):
+def test_the_exit_hook_stops_attached_binary_jobs_and_names_the_detached_ones(
+    ray_client: Any, capsys: Any, monkeypatch: pytest.MonkeyPatch
+):
+    import ray
+
+    # Binary jobs go through Ray's job API, which finds the cluster by itself and gives up when another
+    # Ray runs on the same machine: name ours.
+    monkeypatch.setenv("RAY_ADDRESS", ray.get_runtime_context().gcs_address)
+
     def sleeper(name: str) -> JobRequest:
         return JobRequest(name=name, entrypoint=Entrypoint.from_binary("sleep", ["300"]))
 
