@@ -14,6 +14,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from fray._progress import watch_ready
 from fray._runtime import check_terminated
 from fray._serialization import call_parts, check_picklable
 from fray.errors import ActorDiedError, ConfigError
@@ -154,18 +155,23 @@ class ActorGroup:
         """How many members have started and are serving."""
         return sum(1 for f in self._ready if f.done() and f.exception() is None)
 
-    def wait_ready(self, count: int | None = None, timeout: float | None = 300.0) -> list[ActorHandle]:
+    def wait_ready(
+        self, count: int | None = None, timeout: float | None = 300.0, *, progress: bool = False
+    ) -> list[ActorHandle]:
         """Block until at least ``count`` members (default: all) are ready; return the ready handles.
 
         The returned list is a snapshot in member order; it does not grow later. Raises
         ``TimeoutError`` after ``timeout`` seconds and :class:`ActorDiedError` as soon
-        as so many members died that ``count`` can no longer be reached.
+        as so many members died that ``count`` can no longer be reached. ``progress``
+        draws a progress bar on a terminal (nothing when stderr is not a TTY).
         """
         total = len(self._handles)
         want = total if count is None else count
         if isinstance(want, bool) or not isinstance(want, int) or not 0 <= want <= total:
             raise ValueError(f"wait_ready(count={count!r}): this group has {total} members")
         deadline = None if timeout is None else time.monotonic() + timeout
+        if progress:
+            watch_ready(self._ready, want, timeout)
         while True:
             ready = [i for i, f in enumerate(self._ready) if f.done() and f.exception() is None]
             if len(ready) >= want:

@@ -34,8 +34,13 @@ __all__ = [
 class Client(Protocol):
     """Submits jobs and creates actors on one backend. Use it as a context manager to shut it down."""
 
-    def submit(self, request: JobRequest) -> JobHandle:
-        """Submit a job; returns at once with its handle."""
+    def submit(self, request: JobRequest, *, detached: bool = True) -> JobHandle:
+        """Submit a job; returns at once with its handle.
+
+        ``detached`` (default) lets the job outlive the script where the backend runs it
+        outside the script; ``detached=False`` stops it when the script exits or the
+        client shuts down. See :mod:`fray._driver_exit` for the rule on every backend.
+        """
         ...
 
     def create_actor(

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
 
+from fray._progress import progress_bar
 from fray.errors import ConfigError, JobFailed
 from fray.resources import ResourceConfig
 
@@ -206,19 +207,31 @@ class JobHandle(Protocol):
 
 
 def wait_all(
-    jobs: Sequence[JobHandle], *, timeout: float | None = None, raise_on_failure: bool = True
+    jobs: Sequence[JobHandle],
+    *,
+    timeout: float | None = None,
+    raise_on_failure: bool = True,
+    progress: bool = False,
 ) -> list[JobStatus]:
     """Wait for all ``jobs`` to finish, watching them all at once.
 
     Raises :class:`JobFailed` as soon as any job fails (not after the earlier ones
     finish) when ``raise_on_failure``, and ``TimeoutError`` when ``timeout`` seconds
-    pass first. Returns the final statuses in input order.
+    pass first. Returns the final statuses in input order. ``progress`` draws a
+    progress bar of finished jobs on a terminal (nothing when stderr is not a TTY).
 
     Backends whose handles can wait for many jobs in one go (a class method
     ``_fray_wait_some(jobs, timeout) -> list[JobStatus]`` that blocks until at least one
     of ``jobs`` finished or ``timeout`` passed) are waited on that way; others are polled.
     """
     jobs = list(jobs)
+    with progress_bar("jobs finished", len(jobs), progress) as update:
+        return _wait_all(jobs, timeout, raise_on_failure, update)
+
+
+def _wait_all(
+    jobs: list[JobHandle], timeout: float | None, raise_on_failure: bool, update: Callable[[int], None]
+) -> list[JobStatus]:
     deadline = None if timeout is None else time.monotonic() + timeout
     final: dict[int, JobStatus] = {}
     kinds = {type(job) for job in jobs}
@@ -237,6 +250,7 @@ def wait_all(
                 raise JobFailed(jobs[index].job_id, "failed")  # pragma: no cover - a backend that did not raise above
             if status.finished:
                 final[index] = status
+        update(len(final))
         if len(final) == len(jobs):
             return [final[i] for i in range(len(jobs))]
         if deadline is not None and time.monotonic() >= deadline:

@@ -8,6 +8,7 @@ and their handles live in :mod:`fray._local_job`, actors in :mod:`fray._local_ac
 
 from __future__ import annotations
 
+import atexit
 import collections
 import contextvars
 import importlib.metadata
@@ -17,11 +18,13 @@ import re
 import subprocess
 import threading
 import uuid
+import weakref
 from collections.abc import Callable
 from functools import partial
 from types import TracebackType
 from typing import Any
 
+from fray._driver_exit import report_leftovers
 from fray._lifecycle import Failure
 from fray._local_actor import LocalActor, LocalActorHandle
 from fray._local_job import Attempt, LocalJob, LocalJobHandle, stop_deadline, wait_for_stop
@@ -204,6 +207,7 @@ class LocalClient:
         self._slots = threading.Condition(self._lock)
         self._busy_threads = 0
         self._closed = False
+        _live_clients.add(self)
 
     @classmethod
     def from_spec(cls, spec: ClientSpec) -> LocalClient:
@@ -239,8 +243,13 @@ class LocalClient:
 
     # ----- jobs -------------------------------------------------------------------------------
 
-    def submit(self, request: JobRequest) -> LocalJobHandle:
-        """Start a job; returns at once. See the class docstring for what runs where."""
+    def submit(self, request: JobRequest, *, detached: bool = True) -> LocalJobHandle:
+        """Start a job; returns at once. See the class docstring for what runs where.
+
+        Jobs run inside this process, so they end with it whatever ``detached`` says
+        (the driver-exit rule, :mod:`fray._driver_exit`); at exit, Fray names the ones
+        that were still running.
+        """
         check_terminated()
         if not isinstance(request, JobRequest):
             raise ConfigError(f"submit() takes a JobRequest, got {type(request).__name__}")
@@ -488,3 +497,23 @@ class LocalClient:
                 if not job.lifecycle.finished:
                     job.request_stop()
             wait_for_stop(group, deadline)
+
+
+_live_clients: weakref.WeakSet[LocalClient] = weakref.WeakSet()
+
+
+@atexit.register
+def _report_jobs_ending_with_the_script() -> None:
+    # Registered after fray._local_job's hook, so it runs before that hook kills the processes.
+    for client in list(_live_clients):
+        with client._lock:
+            ending = [
+                job_id
+                for job_id, job in client._jobs.items()
+                if job_id not in client._actors_by_job and not job.lifecycle.finished
+            ]
+        report_leftovers(
+            f"the local backend ({client.namespace})",
+            ended=ending,
+            why_ended="the local backend runs jobs inside the script's process",
+        )

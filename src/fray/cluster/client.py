@@ -20,12 +20,14 @@ from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
 
+from fray._driver_exit import report_leftovers
 from fray._lifecycle import Failure
 from fray._remote import job_failed
 from fray._runtime import check_terminated
 from fray._serialization import check_call_picklable
 from fray.actor import ActorFuture, ActorGroup, check_actor_method, check_actor_request, group_member_names
 from fray.client import ClientSpec
+from fray.cluster._shipping import ship_environment
 from fray.cluster.controller_client import connect_controller, load_token
 from fray.cluster.messages import JobSpec, JobView
 from fray.cluster.records import TaskKey
@@ -338,11 +340,11 @@ _live_clients: weakref.WeakSet[ClusterClient] = weakref.WeakSet()
 
 
 @atexit.register
-def _release_actors_at_exit() -> None:
-    # A driver's actors serve only that driver: stop them when it exits, as Ray does
-    # with non-detached actors. Jobs are left running: submitting and leaving is normal.
+def _release_at_exit() -> None:
+    # The driver-exit rule (fray._driver_exit): a script's actors and its detached=False jobs
+    # end with it; its other jobs keep running, and it says which and how to stop them.
     for client in list(_live_clients):
-        client._terminate_owned(actors_only=True, timeout=2.0)
+        client._release_at_exit(timeout=2.0)
 
 
 class ClusterClient:
@@ -350,7 +352,8 @@ class ClusterClient:
 
     The token comes from ``token``, ``FRAY_TOKEN`` or ``~/.config/fray/token``. Inside a
     cluster job the client submits child jobs of that job, in its namespace. Actors it
-    created are stopped when the process exits (or at :meth:`shutdown`); jobs are not.
+    created are stopped when the process exits (or at :meth:`shutdown`); jobs keep running
+    unless submitted with ``detached=False`` (see :mod:`fray._driver_exit`).
     """
 
     def __init__(
@@ -365,7 +368,7 @@ class ClusterClient:
         self.namespace = (
             namespace or (os.environ.get("FRAY_NAMESPACE") if inside else None) or f"{self.user}-{uuid.uuid4().hex[:8]}"
         )
-        self._owned: list[tuple[str, bool]] = []  # (job id, is actor)
+        self._owned: list[tuple[str, bool, bool]] = []  # (job id, is actor, detached)
         self._lock = threading.Lock()
         self._closed = False
         _live_clients.add(self)
@@ -396,20 +399,25 @@ class ClusterClient:
     ) -> None:
         self.shutdown(wait=exc_type is None)
 
-    def _submit(self, spec: JobSpec, is_actor: bool) -> ClusterJobHandle:
+    def _submit(self, spec: JobSpec, is_actor: bool, detached: bool = True) -> ClusterJobHandle:
         if self._closed:
             raise FrayError("this ClusterClient is shut down; create a new one")
         view: JobView = self._controller.submit(spec, user=self.user, parent_id=self._parent, namespace=self.namespace)
         with self._lock:
-            self._owned.append((view.job_id, is_actor))
+            self._owned.append((view.job_id, is_actor, detached))
         return ClusterJobHandle(self.address, view.job_id, self._token)
 
-    def submit(self, request: JobRequest) -> ClusterJobHandle:
-        """Submit a job to the cluster; returns at once."""
+    def submit(self, request: JobRequest, *, detached: bool = True) -> ClusterJobHandle:
+        """Submit a job to the cluster; returns at once.
+
+        The job outlives this script unless ``detached=False``, which stops it when the
+        script exits (or at :meth:`shutdown`).
+        """
         check_terminated()
         if not isinstance(request, JobRequest):
             raise ConfigError(f"submit() takes a JobRequest, got {type(request).__name__}")
-        return self._submit(JobSpec.from_request(request), is_actor=False)
+        spec = ship_environment(JobSpec.from_request(request), self.address, self._token, self._controller)
+        return self._submit(spec, is_actor=False, detached=detached)
 
     def create_actor(
         self,
@@ -427,7 +435,8 @@ class ClusterClient:
             entrypoint=Entrypoint.from_callable(_host_actor, args=(actor_class, args, kwargs, name)),
             resources=resources,
         )
-        job = self._submit(JobSpec.from_request(request, actor_name=name), is_actor=True)
+        spec = JobSpec.from_request(request, actor_name=name, command=f"actor {actor_class.__qualname__}")
+        job = self._submit(spec, is_actor=True)
         handle = ClusterActorHandle(self.address, self.namespace, name, job.job_id, actor_class, self._token)
         handle._watch()
         return handle
@@ -449,23 +458,43 @@ class ClusterClient:
         jobs = [ClusterJobHandle(self.address, h._job_id, self._token) for h in handles]
         return ActorGroup(handles, jobs)
 
-    def _terminate_owned(self, *, actors_only: bool, timeout: float) -> None:
-        """Best effort, bounded: terminate this client's actors (and jobs unless ``actors_only``)."""
+    def _release_at_exit(self, *, timeout: float) -> None:
+        """Best effort, bounded: end this client's actors and attached jobs; say which jobs keep running."""
         with self._lock:
-            owned = [job_id for job_id, is_actor in self._owned if is_actor or not actors_only]
+            owned = list(self._owned)
         if not owned:
             return
         rpc = self._controller.bounded(timeout)
-        for job_id in owned:
-            with contextlib.suppress(FrayError, OSError):
-                rpc.terminate(job_id)
+        stopped, kept = [], []
+        try:
+            jobs = [job_id for job_id, is_actor, _ in owned if not is_actor]
+            live = {v.job_id for v in rpc.wait(jobs, 0.0) if not v.state.finished} if jobs else set()
+            for job_id, is_actor, detached in owned:
+                if is_actor or not detached:
+                    with contextlib.suppress(FrayError, OSError):
+                        rpc.terminate(job_id, "its script exited")
+                    if not is_actor and job_id in live:
+                        stopped.append(job_id)
+                elif job_id in live:
+                    kept.append(job_id)
+        except (FrayError, OSError):
+            return  # the controller is gone: there is nothing left to stop or to report
+        if self._parent is not None:
+            return  # inside a job: its children end with it, and its log is no place for CLI advice
+        report_leftovers(
+            f"the Fray cluster at {self.address}",
+            kept=kept,
+            stopped=stopped,
+            list_hint=f"list them: fray job list --namespace {self.namespace}",
+            stop_hint=f"stop them: fray job stop --namespace {self.namespace}",
+        )
 
     def shutdown(self, wait: bool = True) -> None:
         """Stop this client's actors (and, unless ``wait``, its running jobs); refuse new work."""
         self._closed = True
         with self._lock:
             owned = list(self._owned)
-        for job_id, is_actor in owned:
+        for job_id, is_actor, _ in owned:
             handle = ClusterJobHandle(self.address, job_id, self._token)
             try:
                 if wait and not is_actor:

@@ -19,9 +19,13 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
+from fray.cluster._retention import RetentionPolicy
 from fray.cluster.capacity import WorkerInfo
+from fray.cluster.controller_client import OPS_ACTOR, load_token
 from fray.cluster.messages import CONTROLLER_ACTOR, JobSpec, JobView, TaskAssignment, WorkerCommands, WorkerReport
+from fray.cluster.ops import OpsService
 from fray.cluster.records import Effects, Endpoint, JobRecord, TaskKey, TaskRecord, TaskState, WorkerRecord
 from fray.cluster.scheduler import schedule
 from fray.cluster.store import ClusterStore
@@ -436,12 +440,27 @@ class Controller:
         token: str | bytes | None = None,
         worker_timeout: float = 10.0,
         advertise_host: str | None = None,
+        retention: RetentionPolicy | None = None,
+        dashboard_port: int | None = None,
+        dashboard_host: str = "127.0.0.1",
     ) -> None:
+        self._token = token
+        self._dashboard_at = None if dashboard_port is None else (dashboard_host, dashboard_port)
+        self.dashboard: Any = None
         self.store = ClusterStore(db_path)
         self.service = ControllerService(self.store, worker_timeout=worker_timeout)
         self.server = ActorServer(host, port, token, namespace=SYSTEM_NAMESPACE, advertise_host=advertise_host)
         self.server.register(CONTROLLER_ACTOR, self.service, max_concurrency=_MAX_CONCURRENCY)
         self.server.register(REGISTRY_ACTOR_NAME, self.service, max_concurrency=64)
+        # The operator API (listings, status, retention): its own object, served beside the controller's.
+        self.ops = OpsService(
+            self.store,
+            spec_command=lambda job_id: getattr(self.service._spec(job_id), "command", ""),
+            controller=self.service,
+            retention=retention,
+            address=self.server.address,
+        )
+        self.server.register(OPS_ACTOR, self.ops, max_concurrency=16)
 
     @property
     def address(self) -> str:
@@ -449,13 +468,32 @@ class Controller:
         return self.server.address
 
     def start(self) -> Controller:
-        """Serve in background threads."""
+        """Serve in background threads (and the dashboard, when one was asked for)."""
+        if self._dashboard_at is not None:
+            self._start_dashboard(*self._dashboard_at)
         self.service.start()
+        self.ops.start()
         self.server.start()
         return self
 
+    def _start_dashboard(self, host: str, port: int) -> None:
+        """Serve the dashboard beside the controller; without the dashboard extra, say so and go on."""
+        try:
+            from fray.dashboard import Dashboard  # optional: needs fray[dashboard]
+        except ImportError as exc:
+            logger.warning("no dashboard: %s (install it with: pip install 'fray[dashboard]')", exc)
+            return
+        token = load_token(self._token)
+        assert token is not None, "the controller always has a token"
+        self.dashboard = Dashboard(self.ops, token, host, port).start()
+        self.ops.login_link = self.dashboard.login_link
+        self.ops.dashboard_address = self.dashboard.address
+
     def stop(self) -> None:
         """Stop serving and close the store."""
+        if self.dashboard is not None:
+            self.dashboard.stop()
         self.service.stop()
+        self.ops.stop()
         self.server.stop()
         self.store.close()

@@ -20,7 +20,18 @@ from fray.rpc.client import ActorClient, RpcOptions
 from fray.rpc.registry import SYSTEM_NAMESPACE
 from fray.rpc.resolver import FixedResolver
 
-__all__ = ["CONTROLLER_RETRY_SECONDS", "ControllerHandle", "connect_controller", "controller_client", "load_token"]
+__all__ = [
+    "CONTROLLER_RETRY_SECONDS",
+    "OPS_ACTOR",
+    "ControllerHandle",
+    "connect_controller",
+    "controller_client",
+    "load_token",
+    "ops_client",
+]
+
+#: The actor name (in the system namespace) of the controller's operator API (:mod:`fray.cluster.ops`).
+OPS_ACTOR = "fray-ops"
 
 _TOKEN_FILE = Path.home() / ".config" / "fray" / "token"
 
@@ -49,15 +60,25 @@ def controller_client(address: str, token: str | bytes | None = None, timeout: f
     return ActorClient(resolver, CONTROLLER_ACTOR, RpcOptions(timeout=timeout), token=token)
 
 
+def ops_client(address: str, token: str | bytes | None = None, timeout: float = 30.0) -> ActorClient[Any]:
+    """A raw RPC handle on the controller's operator API (:mod:`fray.cluster.ops`) at ``address``."""
+    resolver = FixedResolver({OPS_ACTOR: f"actor://{address}/{OPS_ACTOR}"}, namespace=SYSTEM_NAMESPACE)
+    return ActorClient(resolver, OPS_ACTOR, RpcOptions(timeout=timeout), token=load_token(token))
+
+
 class ControllerHandle:
     """Calls the controller, riding out its restarts.
 
-    A call that provably was not sent is retried until :data:`CONTROLLER_RETRY_SECONDS`
-    pass; one that may have run is retried only if repeating it is harmless.
+    A call that provably was not sent is retried until ``retry_seconds`` (default
+    :data:`CONTROLLER_RETRY_SECONDS`) pass; one that may have run is retried only if
+    repeating it is harmless. Jobs and scripts keep the patient default, so a
+    controller restart does not fail them; the CLI passes a short budget, so a
+    controller that is not there is reported at once.
     """
 
-    def __init__(self, address: str, token: bytes | None) -> None:
+    def __init__(self, address: str, token: bytes | None, retry_seconds: float = CONTROLLER_RETRY_SECONDS) -> None:
         self.address = address
+        self.retry_seconds = retry_seconds
         self._rpc = controller_client(address, token)
 
     def bounded(self, timeout: float) -> Any:
@@ -68,7 +89,7 @@ class ControllerHandle:
         call = getattr(self._rpc, method)
 
         def retrying(*args: Any, **kwargs: Any) -> Any:
-            deadline = time.monotonic() + CONTROLLER_RETRY_SECONDS
+            deadline = time.monotonic() + self.retry_seconds
             delay = 0.02
             while True:
                 try:
@@ -83,16 +104,22 @@ class ControllerHandle:
         return retrying
 
 
-# One controller connection per (address, token) per process, shared by every handle.
-_handles: dict[tuple[str, bytes | None], ControllerHandle] = {}
+# One controller connection per (address, token, retry budget) per process, shared by every handle.
+_handles: dict[tuple[str, bytes | None, float], ControllerHandle] = {}
 _handles_lock = threading.Lock()
 
 
-def connect_controller(address: str, token: str | bytes | None = None) -> ControllerHandle:
-    """The process's shared, retrying handle on the controller at ``address`` (token: see :func:`load_token`)."""
+def connect_controller(
+    address: str, token: str | bytes | None = None, *, retry_seconds: float = CONTROLLER_RETRY_SECONDS
+) -> ControllerHandle:
+    """The process's shared, retrying handle on the controller at ``address`` (token: see :func:`load_token`).
+
+    ``retry_seconds`` is how long a call keeps retrying while the controller is unreachable.
+    """
     resolved = load_token(token)
+    key = (address, resolved, retry_seconds)
     with _handles_lock:
-        handle = _handles.get((address, resolved))
+        handle = _handles.get(key)
         if handle is None:
-            handle = _handles[(address, resolved)] = ControllerHandle(address, resolved)
+            handle = _handles[key] = ControllerHandle(address, resolved, retry_seconds)
         return handle

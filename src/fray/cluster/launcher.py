@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from fray.cluster.controller_client import controller_client
@@ -20,8 +21,10 @@ class LocalCluster:
     """A controller plus workers, each its own process, state and logs under ``directory``.
 
     The controller binds 127.0.0.1 and requires ``token`` (a fresh random one by
-    default); ``env`` is added to every process's environment (and so to its tasks'). Processes are started detached (own session) so that tests can kill
-    them with SIGKILL one by one, as a machine failure would.
+    default); ``env`` is added to every process's environment (and so to its tasks');
+    ``controller_args`` are more ``fray controller`` options. Processes are started
+    detached (own session) so that tests can kill them with SIGKILL one by one, as a
+    machine failure would.
     """
 
     def __init__(
@@ -32,6 +35,7 @@ class LocalCluster:
         port: int = 0,
         worker_timeout: float = 10.0,
         env: dict[str, str] | None = None,
+        controller_args: Sequence[str] = (),
     ) -> None:
         self.extra_env = dict(env or {})
         self.directory = Path(directory)
@@ -39,6 +43,7 @@ class LocalCluster:
         self.token = token or secrets.token_hex(16)
         self.port = port
         self.worker_timeout = worker_timeout
+        self.controller_args = list(controller_args)
         self.controller: subprocess.Popen[bytes] | None = None
         self.workers: dict[str, subprocess.Popen[bytes]] = {}
         self.address = ""
@@ -78,14 +83,16 @@ class LocalCluster:
             str(address_file),
             "--worker-timeout",
             str(self.worker_timeout),
+            *self.controller_args,
         ]
         self.controller = self._spawn(args, "controller.log")
         deadline = time.monotonic() + timeout
         while not address_file.exists():
             if self.controller.poll() is not None:
-                raise FrayError(
-                    f"the controller exited with {self.controller.returncode}; see {self.directory / 'controller.log'}"
-                )
+                log = self.directory / "controller.log"
+                said = [line for line in log.read_text(errors="replace").splitlines() if line.startswith("error: ")]
+                why = f": {said[-1].removeprefix('error: ')}" if said else ""
+                raise FrayError(f"the controller exited with {self.controller.returncode}{why}; see {log}")
             if time.monotonic() > deadline:
                 raise FrayError(
                     f"the controller did not start within {timeout}s; see {self.directory / 'controller.log'}"

@@ -8,6 +8,7 @@ it without the user's modules installed.
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass, field
 
 import cloudpickle
@@ -25,6 +26,7 @@ __all__ = [
     "TaskExit",
     "WorkerCommands",
     "WorkerReport",
+    "describe_entrypoint",
 ]
 
 #: The actor name (in the system namespace) under which the controller serves its API.
@@ -44,10 +46,18 @@ class JobSpec:
     argv: tuple[str, ...] | None = None
     payload: bytes | None = None
     actor_name: str = ""
+    #: What the job runs, for people: the command line, or the callable's qualified name.
+    command: str = ""
+    #: The packed workspace stored by the controller (``sha256:<hex>``), when the job has one.
+    workspace_digest: str = ""
 
     @classmethod
-    def from_request(cls, request: JobRequest, *, actor_name: str = "") -> JobSpec:
-        """Encode ``request``; raises SerializationError naming what cannot be pickled."""
+    def from_request(cls, request: JobRequest, *, actor_name: str = "", command: str | None = None) -> JobSpec:
+        """Encode ``request``; raises SerializationError naming what cannot be pickled.
+
+        ``command`` describes the job for listings (default: the command line, or the
+        callable's qualified name).
+        """
         entry = request.entrypoint
         argv: tuple[str, ...] | None = None
         payload: bytes | None = None
@@ -65,7 +75,18 @@ class JobSpec:
             argv=argv,
             payload=payload,
             actor_name=actor_name,
+            command=command if command is not None else describe_entrypoint(entry),
         )
+
+
+def describe_entrypoint(entry: BinaryEntrypoint | CallableEntrypoint) -> str:
+    """A one-line description of what ``entry`` runs: ``python train.py --lr 3e-4`` or ``mymod.train``."""
+    if isinstance(entry, BinaryEntrypoint):
+        return shlex.join(entry.argv)
+    fn = entry.callable
+    name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+    module = getattr(fn, "__module__", None)
+    return f"{module}.{name}" if module and module != "builtins" else str(name)
 
 
 def encode_callable(job_name: str, entry: CallableEntrypoint) -> bytes:

@@ -32,6 +32,7 @@ import sqlite3
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from typing import TypeVar
 
 from fray._lifecycle import Failure
 from fray.cluster import _tables
@@ -76,6 +77,8 @@ from fray.errors import NotFound, StoreError
 from fray.job import JobStatus, validate_name
 
 __all__ = ["ClusterStore"]
+
+_T = TypeVar("_T")
 
 
 class ClusterStore:
@@ -683,3 +686,15 @@ class ClusterStore:
         """
         with self._read() as cur:
             return _tables.check_invariants(cur)
+
+    # -- extensions ----------------------------------------------------------------------------
+
+    def read_with(self, query: Callable[[sqlite3.Cursor], _T]) -> _T:
+        """Run ``query`` on one consistent read snapshot (read models living in their own modules)."""
+        with self._read() as cur:
+            return query(cur)
+
+    def write_with(self, change: Callable[[sqlite3.Cursor], _T]) -> _T:
+        """Run ``change`` in one write transaction (maintenance living in its own module, e.g. retention)."""
+        with self._txn() as cur:
+            return change(cur)

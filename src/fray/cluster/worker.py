@@ -29,6 +29,7 @@ from pathlib import Path
 
 from fray._lifecycle import Failure
 from fray._process import kill_process_group
+from fray.cluster._environments import prepare as prepare_environment
 from fray.cluster.capacity import Device, WorkerInfo
 from fray.cluster.controller_client import controller_client
 from fray.cluster.messages import TaskAssignment, TaskExit, WorkerCommands, WorkerReport
@@ -379,8 +380,23 @@ class Worker:
         with self._lock:
             self._tasks[key] = task
         cwd = spec.environment.workspace or str(task_dir)
-        if spec.argv is None and not any(
-            k.startswith("PYTHON") and k != "PYTHONUNBUFFERED" for k in spec.environment.env_vars
+        try:  # pip_packages, workspace, docker_image: see fray.cluster._environments
+            ready = prepare_environment(
+                spec, argv, env, cwd, workdir=self.workdir, controller=self.controller, token=self._token,
+                log=lambda line: self._queue_logs(key, [line]),
+            )  # fmt: skip
+            argv, env, cwd = ready.argv, ready.env, ready.cwd
+        except (FrayError, OSError) as exc:
+            with self._lock:
+                del self._tasks[key]
+            message = f"cannot prepare the job's environment: {exc}"
+            self._queue_logs(key, [f"[fray] {line}" for line in message.splitlines()])
+            self._queue_exit(TaskExit(key, 127, Failure(message, exit_code=127).encode()))
+            return
+        if (
+            ready.forkable
+            and spec.argv is None
+            and not any(k.startswith("PYTHON") and k != "PYTHONUNBUFFERED" for k in spec.environment.env_vars)
         ):
             forked = self._fork(argv[-2], argv[-1], env, cwd)
             if forked is not None:
@@ -393,7 +409,7 @@ class Worker:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env=env,
-                cwd=spec.environment.workspace or str(task_dir),
+                cwd=cwd,
                 start_new_session=True,
                 preexec_fn=_die_with_worker,
             )

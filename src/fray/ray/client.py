@@ -58,6 +58,7 @@ from fray.job import (
     validate_name,
 )
 from fray.ray import _worker
+from fray.ray._driver_exit import track
 from fray.ray._errors import attach_traceback, is_preemption, translate
 from fray.ray.resources import bundle, head_node_resource, ray_options
 from fray.resources import ResourceConfig, TpuConfig
@@ -1364,8 +1365,17 @@ class RayClient:
 
     # ----- jobs -------------------------------------------------------------------------------
 
-    def submit(self, request: JobRequest) -> RayJobHandle:
-        """Start a job on the cluster; returns at once."""
+    def submit(self, request: JobRequest, *, detached: bool = True) -> RayJobHandle:
+        """Start a job on the cluster; returns at once.
+
+        Binary jobs outlive this script unless ``detached=False``; callable jobs are Ray
+        tasks of this driver and end with it (see :mod:`fray.ray._driver_exit`).
+        """
+        job = self._submit(request)
+        track(job, self.namespace, detached=detached, outlives_driver=isinstance(job, _BinaryJob))
+        return job
+
+    def _submit(self, request: JobRequest) -> RayJobHandle:
         self._check_open()
         if not isinstance(request, JobRequest):
             raise ConfigError(f"submit() takes a JobRequest, got {type(request).__name__}")

@@ -1,0 +1,269 @@
+"""``fray cluster up`` / ``down`` / ``restart``: a controller and workers on this machine, in the background.
+
+``up`` records every process it starts in ``~/.config/fray/cluster.json`` with its
+identity (PID, start time, command line; :mod:`fray._procident`). ``down`` signals a
+process only while it still has that identity, so a PID reused by another program
+is never touched. ``up`` after a crash finds the stale record, says so and starts a
+fresh cluster on the same database (history kept); ``restart`` brings back a dead
+controller (and dead workers) on the same database and port.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from fray._procident import ProcessIdentity, identify
+from fray.cli._common import STATE_FILE, TOKEN_FILE, console, echo_json, read_state
+from fray.cli._errors import CliError
+from fray.cli.daemons import check_port_free
+from fray.cluster.controller_client import ops_client
+from fray.cluster.launcher import LocalCluster
+from fray.errors import FrayError
+
+__all__ = ["DEFAULT_DIR", "cluster"]
+
+#: Where ``fray cluster up`` keeps the controller's database and every process's log.
+DEFAULT_DIR = Path.home() / ".local" / "state" / "fray" / "cluster"
+
+# Seconds a process gets to exit after SIGTERM before `down` sends SIGKILL.
+_STOP_GRACE = 10.0
+
+
+@click.group()
+def cluster() -> None:
+    """Start, stop and restart a Fray cluster on this machine."""
+
+
+def _token() -> str:
+    token = os.environ.get("FRAY_TOKEN") or (TOKEN_FILE.read_text().strip() if TOKEN_FILE.exists() else "")
+    if not token:
+        token = secrets.token_hex(16)
+        TOKEN_FILE.parent.mkdir(parents=True, exist_ok=True)
+        TOKEN_FILE.touch(mode=0o600)
+        TOKEN_FILE.write_text(token)
+    return token
+
+
+def _recorded(state: dict[str, Any]) -> dict[str, ProcessIdentity]:
+    """The processes a state file names (none for a file written before identities were recorded)."""
+    return {name: ProcessIdentity.from_json(data) for name, data in state.get("processes", {}).items()}
+
+
+def _write_state(
+    launcher: LocalCluster, worker_args: list[str], ready_seconds: float, dashboard: str
+) -> dict[str, Any]:
+    procs = {"controller": launcher.controller, **launcher.workers}
+    identities = {}
+    for name, proc in procs.items():
+        found = identify(proc.pid) if proc is not None else None
+        if found is not None:
+            identities[name] = found.to_json()
+    state = {
+        "version": 2,
+        "address": launcher.address,
+        "port": launcher.port,
+        "directory": str(launcher.directory),
+        "controller_args": launcher.controller_args,
+        "worker_args": worker_args,
+        "workers": sorted(launcher.workers),
+        "processes": identities,
+        "dashboard": dashboard,
+        "ready_seconds": round(ready_seconds, 3),
+    }
+    STATE_FILE.parent.mkdir(parents=True, exist_ok=True)
+    tmp = STATE_FILE.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state, indent=2))
+    tmp.replace(STATE_FILE)
+    return state
+
+
+def _stop(processes: dict[str, ProcessIdentity]) -> list[str]:
+    """SIGTERM the processes that still are who they were, SIGKILL those left after the grace; return notes."""
+    notes = []
+    ours = {}
+    for name, identity in processes.items():
+        if identity.alive():
+            ours[name] = identity
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(identity.pid, signal.SIGTERM)
+        elif identify(identity.pid) is not None:
+            notes.append(f"pid {identity.pid} is no longer the cluster's {name} (another program has it): left alone")
+    deadline = time.monotonic() + _STOP_GRACE
+    for identity in ours.values():
+        while identity.alive() and time.monotonic() < deadline:
+            time.sleep(0.02)  # polling another process's exit: there is nothing to block on
+        if identity.alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(identity.pid, signal.SIGKILL)
+    return notes
+
+
+def _retention_args(days: float | None, jobs: int | None) -> list[str]:
+    args = []
+    if days is not None:
+        args += ["--retention-days", f"{days:g}"]
+    if jobs is not None:
+        args += ["--retention-jobs", str(jobs)]
+    return args
+
+
+@cluster.command("up")
+@click.option("--workers", type=click.IntRange(min=0), default=2, show_default=True, help="How many workers.")
+@click.option(
+    "--port", type=click.IntRange(0, 65535), default=7100, show_default=True, help="Controller port (0: any)."
+)
+@click.option("--dir", "directory", default=None, help=f"State and logs [default: {DEFAULT_DIR}].")
+@click.option("--worker-option", "worker_options", multiple=True, help="Extra option for every worker, e.g. '--cpu 4'.")
+@click.option("--retention-days", type=float, default=None, help="Keep finished jobs this many days [default: 7].")
+@click.option("--retention-jobs", type=int, default=None, help="Keep at most N finished jobs [default: 10000].")
+@click.option(
+    "--dashboard-port", type=click.IntRange(0, 65535), default=0, show_default=True, help="Dashboard port (0: any)."
+)
+@click.option("--no-dashboard", is_flag=True, help="Serve no web dashboard.")
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+def cluster_up(
+    workers: int,
+    port: int,
+    directory: str | None,
+    worker_options: tuple[str, ...],
+    retention_days: float | None,
+    retention_jobs: int | None,
+    dashboard_port: int,
+    no_dashboard: bool,
+    as_json: bool,
+) -> None:
+    """Start a controller and N workers in the background and print how to use them."""
+    state = read_state()
+    if state is not None:
+        processes = _recorded(state)
+        controller = processes.get("controller")
+        if controller is not None and controller.alive():
+            raise CliError(
+                f"a cluster is already up at {state.get('address')} (recorded in {STATE_FILE})",
+                "use it (FRAY_CLIENT_SPEC=fray://" + str(state.get("address")) + "), or `fray cluster down` first",
+            )
+        directory = directory or state.get("directory")
+        console.print(
+            f"[yellow]the cluster recorded in {STATE_FILE} is not running[/yellow] (its controller is gone); "
+            f"starting a fresh one on the same database, history kept"
+        )
+        for note in _stop(processes):
+            console.print(f"  {note}")
+        STATE_FILE.unlink(missing_ok=True)
+    directory = directory or str(DEFAULT_DIR)
+    check_port_free("127.0.0.1", port)
+    if not no_dashboard:
+        check_port_free("127.0.0.1", dashboard_port, "--dashboard-port")
+    token = _token()
+    started = time.monotonic()
+    launcher = LocalCluster(
+        directory,
+        token=token,
+        port=port,
+        controller_args=_retention_args(retention_days, retention_jobs)
+        + (["--no-dashboard"] if no_dashboard else ["--dashboard-port", str(dashboard_port)]),
+    )
+    extra = [part for option in worker_options for part in option.split()]
+    if not any(part.startswith("preemptible=") for part in extra):
+        # Workers on this one machine are never preempted; saying so lets
+        # ResourceConfig(preemptible=False) actors (curriculum, coordinators) run here.
+        extra += ["--attr", "preemptible=false"]
+    try:
+        status = console.status(f"starting a controller and {workers} workers...")
+        with status if not as_json else contextlib.nullcontext():
+            launcher.start(workers, *extra)
+    except FrayError as exc:
+        launcher.stop()
+        raise CliError(str(exc), f"read the logs in {directory}") from None
+    elapsed = time.monotonic() - started
+    state = _write_state(launcher, extra, elapsed, _dashboard_address(launcher))
+    if as_json:
+        echo_json(state)
+        return
+    console.print(
+        f"[green]Fray cluster up[/green] in {elapsed:.2f}s: controller [bold]{launcher.address}[/bold], {workers} workers"
+    )
+    console.print(f"  use it:   export FRAY_CLIENT_SPEC=fray://{launcher.address}")
+    console.print(f"  token:    {'$FRAY_TOKEN' if os.environ.get('FRAY_TOKEN') else TOKEN_FILE}")
+    console.print(f"  state:    {directory}/controller.db   logs: {directory}/*.log")
+    if state["dashboard"]:
+        console.print(f"  dashboard: http://{state['dashboard']}/   (log in: `fray dashboard`)")
+    console.print("  stop it:  fray cluster down")
+
+
+def _dashboard_address(launcher: LocalCluster) -> str:
+    """Where the new controller serves its dashboard ("" if it serves none)."""
+    ops = ops_client(launcher.address, launcher.token)
+    try:
+        health: dict[str, Any] = ops.health()
+    finally:
+        ops.close()
+    return str(health.get("dashboard", ""))
+
+
+@cluster.command("down")
+def cluster_down() -> None:
+    """Stop the cluster started by `fray cluster up` (only processes that are still the ones it started)."""
+    state = read_state()
+    if state is None:
+        raise CliError(f"no cluster is up (nothing recorded in {STATE_FILE})", "start one with `fray cluster up`")
+    processes = _recorded(state)
+    if not processes:
+        console.print(
+            f"[yellow]{STATE_FILE} was written by an older Fray and names no process identities; "
+            "nothing was signalled[/yellow] (stop its processes by hand if they still run)"
+        )
+    for note in _stop(processes):
+        console.print(note)
+    STATE_FILE.unlink(missing_ok=True)
+    click.echo(f"Fray cluster at {state.get('address')} stopped")
+
+
+@cluster.command("restart")
+def cluster_restart() -> None:
+    """Restart a dead controller (and dead workers) of the recorded cluster, on the same database and port."""
+    state = read_state()
+    if state is None or "processes" not in state:
+        raise CliError(f"no cluster is recorded in {STATE_FILE}", "start one with `fray cluster up`")
+    processes = _recorded(state)
+    dead = sorted(name for name, identity in processes.items() if not identity.alive())
+    dead += [name for name in state.get("workers", []) if name not in processes]
+    if not dead:
+        click.echo(f"nothing to restart: the cluster at {state['address']} is running")
+        return
+    launcher = LocalCluster(
+        state["directory"], token=_token(), port=int(state["port"]), controller_args=state.get("controller_args", [])
+    )
+    launcher.address = state["address"]
+    started = time.monotonic()
+    try:
+        if "controller" in dead:
+            check_port_free("127.0.0.1", int(state["port"]))
+            launcher.start_controller()
+        for name in dead:
+            if name != "controller":
+                launcher.add_worker(name, *state.get("worker_args", []))
+        launcher.wait_for_workers(len(state.get("workers", [])))
+    except FrayError as exc:
+        raise CliError(str(exc), f"read the logs in {state['directory']}") from None
+    # Keep the identities of the processes that survived; record the new ones.
+    survivors = {name: identity.to_json() for name, identity in processes.items() if name not in dead}
+    for name, proc in {"controller": launcher.controller, **launcher.workers}.items():
+        found = identify(proc.pid) if proc is not None else None
+        if found is not None:
+            survivors[name] = found.to_json()
+    state["processes"] = survivors
+    STATE_FILE.write_text(json.dumps(state, indent=2))
+    console.print(
+        f"[green]restarted[/green] {', '.join(dead)} in {time.monotonic() - started:.2f}s: "
+        f"controller {state['address']} (same database, same port)"
+    )

@@ -1,0 +1,229 @@
+"""``fray controller`` and ``fray worker``: the cluster's daemons, run in the foreground; ``fray worker list``."""
+
+from __future__ import annotations
+
+import errno
+import signal
+import socket
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.table import Table
+
+import fray
+from fray.cli._common import Session, controller_option, echo_json, stdout_console
+from fray.cli._errors import CliError
+from fray.cluster._environments import runtime_available
+from fray.cluster._retention import DEFAULT_MAX_JOBS
+from fray.cluster._shipping import CONTAINER_RUNTIME_ATTRIBUTE
+from fray.errors import ConfigError
+
+__all__ = ["DEFAULT_DB", "busy_port_error", "check_port_free", "controller", "worker"]
+
+#: Where ``fray controller`` keeps its SQLite file unless told.
+DEFAULT_DB = Path.home() / ".local" / "state" / "fray" / "controller.db"
+
+
+def wait_for_signal(stop: Callable[[], None]) -> None:
+    """Block until SIGTERM or SIGINT, then call ``stop``."""
+    done = threading.Event()
+
+    def handler(signum: int, frame: object) -> None:
+        done.set()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+    done.wait()
+    stop()
+
+
+def busy_port_error(host: str, port: int, option: str = "--port") -> CliError:
+    """The error for a port something else already listens on."""
+    return CliError(
+        f"port {port} on {host} is already in use",
+        f"choose another with {option} N ({option} 0 picks a free one), or stop what listens there "
+        f"(`ss -ltnp 'sport = :{port}'` shows it)",
+    )
+
+
+def check_port_free(host: str, port: int, option: str = "--port") -> None:
+    """Raise the busy-port error now if ``host:port`` cannot be bound (0 is always free)."""
+    if port == 0:
+        return
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise busy_port_error(host, port, option) from None
+            raise
+
+
+@click.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (loopback unless told).")
+@click.option("--port", default=7100, show_default=True, type=click.IntRange(0, 65535), help="Port (0: any free).")
+@click.option("--db", "db_path", default=str(DEFAULT_DB), show_default=True, help="The SQLite file with all state.")
+@click.option("--worker-timeout", default=10.0, show_default=True, help="Seconds of silence before a worker is lost.")
+@click.option("--address-file", type=click.Path(dir_okay=False), help="Write HOST:PORT here once serving.")
+@click.option("--retention-days", type=float, default=7.0, show_default=True, help="Keep finished jobs this many days.")
+@click.option(
+    "--retention-jobs", type=int, default=DEFAULT_MAX_JOBS, show_default=True, help="Keep at most N finished jobs."
+)
+@click.option(
+    "--dashboard-port", type=click.IntRange(0, 65535), default=0, show_default=True, help="Dashboard port (0: any)."
+)
+@click.option("--no-dashboard", is_flag=True, help="Serve no web dashboard.")
+def controller(
+    host: str,
+    port: int,
+    db_path: str,
+    worker_timeout: float,
+    address_file: str | None,
+    retention_days: float,
+    retention_jobs: int,
+    dashboard_port: int,
+    no_dashboard: bool,
+) -> None:
+    """Run the cluster controller in the foreground (state in SQLite; needs FRAY_TOKEN)."""
+    from fray.cluster._retention import RetentionPolicy
+    from fray.cluster.controller import Controller
+    from fray.cluster.controller_client import load_token
+
+    token = load_token()
+    if token is None:
+        raise CliError(
+            "the controller needs a cluster token and found none",
+            "set FRAY_TOKEN or write one to ~/.config/fray/token: the controller never runs unauthenticated",
+        )
+    try:
+        retention = RetentionPolicy(max_age_seconds=retention_days * 86400, max_jobs=retention_jobs)
+    except ConfigError as exc:
+        raise CliError(str(exc), "e.g. --retention-days 7 --retention-jobs 10000") from None
+    Path(db_path).parent.mkdir(parents=True, exist_ok=True)
+    if not no_dashboard:
+        check_port_free(host, dashboard_port, "--dashboard-port")
+    try:
+        ctl = Controller(
+            db_path,
+            host=host,
+            port=port,
+            token=token,
+            worker_timeout=worker_timeout,
+            retention=retention,
+            dashboard_port=None if no_dashboard else dashboard_port,
+        ).start()
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise busy_port_error(host, port) from None
+        raise
+    if address_file:
+        tmp = Path(address_file + ".tmp")
+        tmp.write_text(ctl.address)
+        tmp.replace(address_file)
+    click.echo(f"fray controller serving on {ctl.address} (state: {db_path})", err=True)
+    if ctl.dashboard is not None:
+        click.echo(f"fray dashboard on {ctl.dashboard.url} (`fray dashboard` prints a log-in link)", err=True)
+    wait_for_signal(ctl.stop)
+
+
+def _parse_device(text: str) -> Any:
+    from fray.cluster.capacity import Device
+
+    parts = text.split(":")
+    if len(parts) != 3 or parts[0] not in ("gpu", "tpu") or not parts[2].isdigit():
+        raise CliError(f"--device {text!r} is not KIND:TYPE:COUNT", "e.g. --device gpu:H100:8 or tpu:v5litepod-16:4")
+    return Device(parts[0], parts[1], int(parts[2]))
+
+
+def _size(option: str, text: str | None) -> int | None:
+    if text is None:
+        return None
+    try:
+        return fray.parse_size(text)
+    except ConfigError as exc:
+        raise CliError(f"{option} {text!r}: {exc}", f"e.g. {option} 16g") from None
+
+
+@click.group(invoke_without_command=True)
+@click.option("--controller", "address", default=None, help="The controller's HOST:PORT.")
+@click.option("--id", "worker_id", default=None, help="Worker id (default: host name plus a random suffix).")
+@click.option("--cpu", type=float, default=None, help="Cores to offer (default: all).")
+@click.option("--ram", default=None, help="Memory to offer, e.g. 16g (default: all).")
+@click.option("--disk", default=None, help="Disk to offer, e.g. 100g (default: free space).")
+@click.option("--device", "devices", multiple=True, help="An accelerator, KIND:TYPE:COUNT (repeatable).")
+@click.option("--attr", "attrs", multiple=True, help="An attribute KEY=VALUE, e.g. preemptible=false (repeatable).")
+@click.option("--workdir", default=None, help="Where task directories and cached environments go.")
+def worker(
+    address: str,
+    worker_id: str | None,
+    cpu: float | None,
+    ram: str | None,
+    disk: str | None,
+    devices: tuple[str, ...],
+    attrs: tuple[str, ...],
+    workdir: str | None,
+) -> None:
+    """Run a worker that takes tasks from the controller at --controller (or: fray worker list)."""
+    if click.get_current_context().invoked_subcommand is not None:
+        return
+    if not address:
+        raise CliError("fray worker needs the controller's address", "fray worker --controller HOST:PORT")
+    from fray.cluster.controller_client import load_token
+    from fray.cluster.worker import Worker
+
+    attributes = {}
+    for item in attrs:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise CliError(f"--attr {item!r} is not KEY=VALUE", "e.g. --attr preemptible=false")
+        attributes[key] = value
+    if CONTAINER_RUNTIME_ATTRIBUTE not in attributes:
+        runtime = runtime_available()  # lets the scheduler's users know docker_image jobs can run here
+        if runtime is not None:
+            attributes[CONTAINER_RUNTIME_ATTRIBUTE] = runtime
+    if cpu is not None and cpu <= 0:
+        raise CliError(f"--cpu {cpu:g} must be a positive number of cores", "e.g. --cpu 4")
+    node = Worker(
+        address,
+        token=load_token(),
+        worker_id=worker_id,
+        cpu=cpu,
+        ram_bytes=_size("--ram", ram),
+        disk_bytes=_size("--disk", disk),
+        devices=tuple(_parse_device(d) for d in devices),
+        attributes=attributes,
+        workdir=workdir,
+    ).start()
+    click.echo(f"fray worker {node.worker_id} taking tasks from {address}", err=True)
+    wait_for_signal(node.stop)
+
+
+@worker.command("list")
+@controller_option
+@click.option("--json", "as_json", is_flag=True)
+def worker_list(address: str | None, as_json: bool) -> None:
+    """List the workers the controller knows, with their resources and attributes."""
+    rows = [
+        {
+            "worker_id": w.info.worker_id,
+            "state": w.state.value,
+            "cpu": w.info.cpu_millis / 1000,
+            "ram": fray.resources.format_size(w.info.ram_bytes),
+            "devices": [f"{d.kind}:{d.type}:{d.count}" for d in w.info.devices],
+            "attributes": w.info.attributes,
+            "last_heartbeat": w.last_heartbeat,
+        }
+        for w in Session.open(address).controller.list_workers()
+    ]
+    if as_json:
+        echo_json(rows)
+        return
+    table = Table("worker", "state", "cpu", "ram", "devices", "attributes")
+    for row in rows:
+        attrs = " ".join(f"{k}={v}" for k, v in row["attributes"].items())
+        table.add_row(row["worker_id"], row["state"], f"{row['cpu']:g}", row["ram"], " ".join(row["devices"]), attrs)
+    stdout_console().print(table)

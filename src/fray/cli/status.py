@@ -1,0 +1,117 @@
+"""``fray status`` (the cluster at a glance) and ``fray endpoint list``."""
+
+from __future__ import annotations
+
+import webbrowser
+from typing import Any
+
+import click
+from rich.table import Table
+
+from fray.cli._common import Session, controller_option, echo_json, format_duration, stdout_console
+from fray.cli._errors import CliError
+from fray.resources import format_size
+
+__all__ = ["dashboard", "endpoint", "status"]
+
+
+def _use(used: float, total: float, fmt: Any = lambda v: f"{v:g}") -> str:
+    return f"{fmt(used)} / {fmt(total)}"
+
+
+@click.command()
+@controller_option
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+def status(address: str | None, as_json: bool) -> None:
+    """The cluster at a glance: workers and their resources, jobs by state, actors, queues, the controller."""
+    data: dict[str, Any] = Session.open(address).ops.status()
+    if as_json:
+        echo_json(data)
+        return
+    out = stdout_console()
+    health = data["controller"]
+    read_only = {None: "", True: "  [red]READ-ONLY[/red]", False: ""}[health["read_only"]]
+    out.print(
+        f"[bold]controller[/bold] {health['address']}  up {format_duration(health['uptime_seconds'])}  "
+        f"db {health['database']}{read_only}"
+    )
+    if health["dashboard"]:
+        out.print(f"  dashboard http://{health['dashboard']}/  (`fray dashboard` prints a log-in link)")
+    cap = data["capacity"]
+    out.print(
+        f"[bold]capacity[/bold] {cap['workers_alive']} workers alive ({cap['workers_lost']} lost)  "
+        f"cpu {_use(cap['cpu_used'], cap['cpu_total'])} used  "
+        f"ram {_use(cap['ram_used'], cap['ram_total'], format_size)} used"
+    )
+    jobs = data["jobs"]
+    out.print("[bold]jobs[/bold] " + "  ".join(f"{state} {count}" for state, count in jobs.items()))
+    workers = Table(
+        "worker", "state", "tasks", "cpu used/total", "ram used/total", "devices used/total", title="workers"
+    )
+    for w in data["workers"]:
+        devices = f"{w['devices_used']} / {w['devices_total']} {' '.join(w['devices'])}" if w["devices"] else ""
+        workers.add_row(
+            w["worker_id"],
+            w["state"],
+            str(w["tasks"]),
+            _use(w["cpu_used"], w["cpu_total"]),
+            _use(w["ram_used"], w["ram_total"], format_size),
+            devices,
+        )
+    out.print(workers)
+    actors = Table("actor", "namespace", "state", "job", "endpoint", title="actors")
+    for a in data["actors"]:
+        actors.add_row(
+            a["name"], a["namespace"], a["state"], a["job_id"], " ".join(e["address"] for e in a["endpoints"])
+        )
+    out.print(actors)
+    if data["queues"] is None:
+        out.print("[bold]queues[/bold] (this controller has no queues)")
+    else:
+        queues = Table(*(data["queues"][0].keys() if data["queues"] else ["queue"]), title="queues")
+        for q in data["queues"]:
+            queues.add_row(*(str(v) for v in q.values()))
+        out.print(queues)
+
+
+@click.group()
+def endpoint() -> None:
+    """Inspect registered actor endpoints."""
+
+
+@endpoint.command("list")
+@controller_option
+@click.option("--namespace", default=None, help="Only this namespace (default: all).")
+@click.option("--json", "as_json", is_flag=True)
+def endpoint_list(address: str | None, namespace: str | None, as_json: bool) -> None:
+    """List actor endpoints by namespace."""
+    rows = [
+        {"namespace": e.namespace, "name": e.name, "address": e.address, "job_id": e.task.job_id}
+        for e in Session.open(address).controller.list_endpoints(namespace)
+    ]
+    if as_json:
+        echo_json(rows)
+        return
+    table = Table("namespace", "name", "address", "job")
+    for row in rows:
+        table.add_row(row["namespace"], row["name"], row["address"], row["job_id"])
+    stdout_console().print(table)
+
+
+@click.command()
+@controller_option
+@click.option("--open", "open_browser", is_flag=True, help="Open the link in a browser on this machine.")
+def dashboard(address: str | None, open_browser: bool) -> None:
+    """Print a one-time link that logs a browser in to the cluster's web dashboard."""
+    session = Session.open(address)
+    link: str = session.ops.dashboard_login()
+    if not link:
+        raise CliError(
+            f"the controller at {session.address} serves no dashboard",
+            "install it (pip install 'fray[dashboard]') and restart the controller (`fray cluster restart` "
+            "after stopping it), without --no-dashboard",
+        )
+    click.echo(link)
+    click.echo("(the link logs in once, within five minutes; or log in with the cluster token)", err=True)
+    if open_browser:
+        webbrowser.open(link)
