@@ -125,10 +125,11 @@ def test_job_exception_keeps_its_type_and_remote_traceback(ray_client, uid) -> N
     handle = ray_client.submit(job(f"fail-{uid}", raise_task_failure))
     with pytest.raises(JobFailed) as info:
         handle.wait(timeout=60)
-    cause = info.value.cause
-    assert type(cause) is TaskFailure
-    assert "raise_task_failure" in str(cause.__cause__)  # the remote traceback, chained
-    assert not isinstance(cause, ray.exceptions.RayError)
+    err = info.value
+    assert isinstance(err, TaskFailure)  # the one error form: JobFailed and the user's class at once
+    assert type(err.cause) is TaskFailure
+    assert "raise_task_failure" in str(err.__cause__)  # the remote traceback, chained
+    assert not isinstance(err, ray.exceptions.RayError)
 
 
 def test_actor_exception_is_the_users_type_not_rays(ray_client, uid) -> None:
