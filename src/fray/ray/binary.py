@@ -64,7 +64,6 @@ class BinaryJob(RayJobHandle):
         self._entry: BinaryEntrypoint = request.entrypoint
         self._submissions: list[str] = []
         self._old_submissions: list[str] = []
-        self._stopping = False
 
     def start(self) -> None:
         """Submit the first attempt (raises if Ray's job API refuses it), then watch it."""
@@ -175,10 +174,8 @@ class BinaryJob(RayJobHandle):
 
     def terminate(self) -> None:
         """Ask Ray to stop every replica (SIGTERM, then SIGKILL) and wait until it has."""
-        with self._lock:
-            if self._lifecycle.finished:
-                return
-            self._stopping = True
+        if not self._begin_stop():
+            return
         self._stop_submissions()
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:

@@ -53,8 +53,8 @@ class RayJobHandle:
         self._log = LogBuffer(echo=False)
         # Reentrant: the lifecycle calls back (self._notify) from whichever thread ends the job.
         self._lock = threading.RLock()
-        self._changed = threading.Condition(self._lock)  # a new attempt started, or the job finished
-        self._waiters: list[Waiter] = []
+        self._waiters: list[Waiter] = []  # called whenever the job may have moved on
+        self._stopping = False  # terminate() began: nothing of this job may start any more
         self._lifecycle.add_done_callback(lambda _: self._notify())
         _LIVE[job_id] = self
 
@@ -86,6 +86,14 @@ class RayJobHandle:
         """Stop every replica of the job (a no-op once it finished)."""
         raise NotImplementedError
 
+    def _begin_stop(self) -> bool:
+        """Mark the job as stopping; False if it already finished (then there is nothing to stop)."""
+        with self._lock:
+            if self._lifecycle.finished:
+                return False
+            self._stopping = True
+            return True
+
     def logs(self, max_lines: int | None = None) -> list[str]:
         """The job's output lines so far, all attempts, stdout and stderr interleaved."""
         lines = self._log.lines() + self._live_logs()
@@ -99,8 +107,7 @@ class RayJobHandle:
     # ----- waiting for many jobs at once ------------------------------------------------------
 
     def _notify(self) -> None:
-        with self._changed:
-            self._changed.notify_all()
+        with self._lock:
             waiters = list(self._waiters)
         for waiter in waiters:
             waiter(self)
@@ -144,7 +151,7 @@ class RayJobHandle:
                 with lock:
                     look = sorted(moved)
                     moved.clear()
-                if any(jobs[i]._settle().finished for i in look):
+                if any([jobs[i]._settle().finished for i in look]):  # a list: settle each one that moved
                     break
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
@@ -186,7 +193,6 @@ class CallableJob(RayJobHandle):
         self._refs: list[Any] = []
         self._outcomes: dict[int, tuple[str, Any]] = {}
         self._placement_group: Any = None
-        self._stopping = False
         self._settle_lock = threading.Lock()
         self._armed: list[Any] | None = None  # the refs whose completion calls back (see _add_waiter)
         self._completed = False  # a ref completed since the job last looked (set by those callbacks)
@@ -233,18 +239,18 @@ class CallableJob(RayJobHandle):
 
     def _start_attempt(self, refs: list[Any]) -> None:
         """Watch the tasks of a new attempt; cancel them at once if terminate() came first."""
-        with self._changed:
+        with self._lock:
             stale = self._stopping or self._lifecycle.finished
             if not stale:
                 self._refs = refs  # never changed in place: a new list per attempt
                 self._outcomes = {}
-                self._changed.notify_all()
         if stale:
             _cancel(refs)
             self._remove_placement_group()
             return
         self._launcher.watch(self)
         self._arm()
+        self._notify()
 
     # Completion --------------------------------------------------------------------------------
     #
@@ -267,9 +273,8 @@ class CallableJob(RayJobHandle):
         if not pending or self._stopping:
             # No attempt running (slices being reserved, a retry starting), or terminate() is
             # finishing the job: wait for either to happen.
-            with self._changed:
-                if self._refs is refs and not self._lifecycle.finished and timeout != 0:
-                    self._changed.wait(timeout)
+            if timeout != 0:
+                self._wait_for_change(refs, timeout)
             return
         if len(refs) == 1:
             # The common case costs what raw Ray costs: one ray.get on the caller's thread.
@@ -287,6 +292,22 @@ class CallableJob(RayJobHandle):
         ready, _ = ray.wait(pending, num_returns=len(pending), timeout=0, fetch_local=False)
         if ready:
             self._collect(attempt, refs, ready)
+
+    def _wait_for_change(self, refs: list[Any], timeout: float | None) -> None:
+        """Block until a new attempt started (or the job finished), or ``timeout`` passed."""
+        changed = threading.Event()
+
+        def waiter(_job: RayJobHandle) -> None:
+            changed.set()
+
+        self._add_waiter(waiter)
+        try:
+            with self._lock:
+                moved = self._refs is not refs or self._lifecycle.finished
+            if not moved:
+                changed.wait(timeout)
+        finally:
+            self._remove_waiter(waiter)
 
     def _collect(self, attempt: int, refs: list[Any], ready: list[Any], fetched: tuple[str, Any] | None = None) -> None:
         """Record the outcomes of the ``ready`` replicas (``fetched``: of the only one, already got)."""
@@ -421,10 +442,9 @@ class CallableJob(RayJobHandle):
         """Cancel every replica with ``ray.cancel(force=True)`` (their worker processes are killed)."""
         import ray
 
+        if not self._begin_stop():
+            return
         with self._lock:
-            if self._lifecycle.finished:
-                return
-            self._stopping = True
             refs = self._refs
         _cancel(refs)
         # Return only once the work is really gone, so callers can rely on it.
@@ -508,9 +528,11 @@ class ActorJob(RayJobHandle):
         ready = self._handle._fray_ready()
         if ready.done() and ready.exception() is not None:
             self._finish_dead(ready.exception())
-        elif self._handle._ray_state() == "DEAD":
+            return self._lifecycle.status
+        state = self._handle._ray_state()
+        if state == "DEAD":
             self._finish_dead(None)
-        elif ready.done():
+        elif state == "ALIVE" or ready.done():
             self._lifecycle.start()
         return self._lifecycle.status
 
