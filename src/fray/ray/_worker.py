@@ -120,12 +120,16 @@ _REPORTER = _StartedReporter()
 
 @contextlib.contextmanager
 def _environment(env: dict[str, str]) -> Iterator[None]:
+    # Only what differs is set and restored: each is a system call, and Ray's workers
+    # already run with some of these (PYTHONUNBUFFERED).
     before = {key: os.environ.get(key) for key in env}
-    os.environ.update(env)
+    changed = {key: value for key, value in env.items() if before[key] != value}
+    os.environ.update(changed)
     try:
         yield
     finally:
-        for key, value in before.items():
+        for key in changed:
+            value = before[key]
             if value is None:
                 os.environ.pop(key, None)
             else:

@@ -346,7 +346,8 @@ class CallableJob(RayJobHandle):
         self._remove_placement_group()
         self._lifecycle.start()  # the attempt ran, whether or not status() saw it running
         if not failures:
-            if self._lifecycle.succeed():
+            # A first attempt that succeeded left no keys behind: each replica deleted its own.
+            if self._lifecycle.succeed() and self._lifecycle.attempt > 0:
                 self._forget_started_keys()
             return
         index = min(failures)
@@ -420,10 +421,10 @@ class CallableJob(RayJobHandle):
 
     def _forget_started_keys(self) -> None:
         # Replicas that end normally delete their own key. Only replicas that were killed
-        # (a lost worker, terminate()) may have left one behind.
+        # (a lost worker, a cancelled gang member, terminate()) may have left one behind.
         with self._lock:
-            clean = all(o[0] == "returned" for o in self._outcomes.values()) and not self._stopping
-            clean = clean and self._lifecycle.attempt == 0
+            ended = len(self._outcomes) == len(self._refs) and all(o[0] == "returned" for o in self._outcomes.values())
+            clean = ended and not self._stopping and self._lifecycle.attempt == 0
         if not clean:
             with contextlib.suppress(RuntimeError):  # the client is shutting down
                 self._launcher.monitor.submit(self._delete_started_keys)
