@@ -146,11 +146,16 @@ class Launcher:
         if self._jobs_api is None:
             from ray.job_submission import JobSubmissionClient
 
+            import ray
+
             prepare_token_auth(self.address)
-            address = None
             if self.address and self.address.startswith("ray://"):
                 host = self.address[len("ray://") :].rsplit(":", 1)[0]
                 address = os.environ.get("RAY_API_SERVER_ADDRESS") or f"http://{host}:8265"
+            else:
+                # The connected cluster's own GCS, which knows its dashboard: left to itself, Ray
+                # looks for "the" local cluster and gives up when this machine runs several.
+                address = ray.get_runtime_context().gcs_address
             self._jobs_api = JobSubmissionClient(address)
         return self._jobs_api
 

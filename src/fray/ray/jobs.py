@@ -26,6 +26,7 @@ from fray._remote import RemoteFailure
 from fray.errors import FrayError
 from fray.job import JobInfo, JobRequest, JobStatus, replica_env
 from fray.ray import _worker
+from fray.ray._board import BOARD
 from fray.ray._errors import first_line, is_preemption
 from fray.ray._launch import Launcher, unique_suffix, user_env
 from fray.ray.actors import RayActorHandle
@@ -35,8 +36,6 @@ __all__ = ["ActorJob", "CallableJob", "RayJobHandle"]
 
 # Every job handle of this process by id, so that an unpickled handle is the live one.
 _LIVE: weakref.WeakValueDictionary[str, RayJobHandle] = weakref.WeakValueDictionary()
-
-Waiter = Callable[["RayJobHandle"], None]
 
 
 class RayJobHandle:
@@ -53,7 +52,8 @@ class RayJobHandle:
         self._log = LogBuffer(echo=False)
         # Reentrant: the lifecycle calls back (self._notify) from whichever thread ends the job.
         self._lock = threading.RLock()
-        self._waiters: list[Waiter] = []  # called whenever the job may have moved on
+        self._on_board = False  # tells the board when it moves on (see _join_board)
+        self._moved = 0  # the board's generation when it last did
         self._stopping = False  # terminate() began: nothing of this job may start any more
         self._lifecycle.add_done_callback(lambda _: self._notify())
         _LIVE[job_id] = self
@@ -107,19 +107,12 @@ class RayJobHandle:
     # ----- waiting for many jobs at once ------------------------------------------------------
 
     def _notify(self) -> None:
-        with self._lock:
-            waiters = list(self._waiters)
-        for waiter in waiters:
-            waiter(self)
+        if self._on_board:
+            BOARD.moved(self)
 
-    def _add_waiter(self, waiter: Waiter) -> None:
-        """Call ``waiter(self)`` whenever the job may have moved on (until :meth:`_remove_waiter`)."""
-        with self._lock:
-            self._waiters.append(waiter)
-
-    def _remove_waiter(self, waiter: Waiter) -> None:
-        with self._lock, contextlib.suppress(ValueError):
-            self._waiters.remove(waiter)
+    def _join_board(self) -> None:
+        """From now on, tell the board whenever this job may have moved on."""
+        self._on_board = True
 
     def _settle(self) -> JobStatus:
         """Act on whatever Ray reported since the job last looked (cheap when nothing did)."""
@@ -129,37 +122,24 @@ class RayJobHandle:
     def _fray_wait_some(cls, jobs: Sequence[RayJobHandle], timeout: float | None) -> list[JobStatus]:
         """Block until one of ``jobs`` finished or ``timeout`` passed; their statuses (for ``fray.wait_all``).
 
-        No polling: each job calls back when it may have moved on (a replica completed,
-        an attempt started, the job finished) and only those jobs are looked at again.
+        No polling: each job tells the board when it may have moved on (a replica
+        completed, an attempt started, the job finished), and only those jobs are
+        looked at again.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
-        wake = threading.Event()
-        moved: set[int] = set(range(len(jobs)))
-        index = {id(job): i for i, job in enumerate(jobs)}
-        lock = threading.Lock()
-
-        def waiter(job: RayJobHandle) -> None:
-            with lock:
-                moved.add(index[id(job)])
-            wake.set()
-
         for job in jobs:
-            job._add_waiter(waiter)
-        try:
-            while True:
-                wake.clear()
-                with lock:
-                    look = sorted(moved)
-                    moved.clear()
-                if any([jobs[i]._settle().finished for i in look]):  # a list: settle each one that moved
-                    break
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    break
-                wake.wait(remaining)
-        finally:
-            for job in jobs:
-                job._remove_waiter(waiter)
+            if not job._on_board:
+                job._join_board()
+        look, seen = list(jobs), -1  # at first every job: some moved before they joined
+        while True:
+            generation = BOARD.generation
+            if any([job._settle().finished for job in look if job._moved > seen]):  # a list: settle each
+                break
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                break
+            BOARD.wait(generation, remaining)
+            seen = generation
         return [job._lifecycle.status for job in jobs]
 
 
@@ -194,7 +174,7 @@ class CallableJob(RayJobHandle):
         self._outcomes: dict[int, tuple[str, Any]] = {}
         self._placement_group: Any = None
         self._settle_lock = threading.Lock()
-        self._armed: list[Any] | None = None  # the refs whose completion calls back (see _add_waiter)
+        self._armed: list[Any] | None = None  # the refs whose completion calls back (see _arm)
         self._completed = False  # a ref completed since the job last looked (set by those callbacks)
 
     # Launching ---------------------------------------------------------------------------------
@@ -249,7 +229,8 @@ class CallableJob(RayJobHandle):
             self._remove_placement_group()
             return
         self._launcher.watch(self)
-        self._arm()
+        if self._on_board:
+            self._arm()
         self._notify()
 
     # Completion --------------------------------------------------------------------------------
@@ -295,19 +276,17 @@ class CallableJob(RayJobHandle):
 
     def _wait_for_change(self, refs: list[Any], timeout: float | None) -> None:
         """Block until a new attempt started (or the job finished), or ``timeout`` passed."""
-        changed = threading.Event()
-
-        def waiter(_job: RayJobHandle) -> None:
-            changed.set()
-
-        self._add_waiter(waiter)
-        try:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self._join_board()
+        while True:
+            generation = BOARD.generation
             with self._lock:
-                moved = self._refs is not refs or self._lifecycle.finished
-            if not moved:
-                changed.wait(timeout)
-        finally:
-            self._remove_waiter(waiter)
+                if self._refs is not refs or self._lifecycle.finished:
+                    return
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return
+            BOARD.wait(generation, remaining)
 
     def _collect(self, attempt: int, refs: list[Any], ready: list[Any], fetched: tuple[str, Any] | None = None) -> None:
         """Record the outcomes of the ``ready`` replicas (``fetched``: of the only one, already got)."""
@@ -376,14 +355,14 @@ class CallableJob(RayJobHandle):
 
     # Waiting for many (fray.wait_all) ------------------------------------------------------------
 
-    def _add_waiter(self, waiter: Waiter) -> None:
-        super()._add_waiter(waiter)
+    def _join_board(self) -> None:
+        super()._join_board()
         self._arm()
 
     def _arm(self) -> None:
-        """While anyone waits through ``_fray_wait_some``, have the current attempt's replicas call back."""
+        """Have the current attempt's replicas call back when they complete (for jobs on the board)."""
         with self._lock:
-            if not self._waiters or not self._refs or self._armed is self._refs:
+            if not self._refs or self._armed is self._refs:
                 return
             refs = self._armed = self._refs
         for ref in refs:
@@ -471,14 +450,18 @@ class CallableJob(RayJobHandle):
             return []
         with self._lock:
             pending = [ref for i, ref in enumerate(self._refs) if i not in self._outcomes]
-        lines: list[str] = []
-        with contextlib.suppress(Exception):
-            from ray.util.state import get_log
+        return [line for ref in pending for line in _ray_log(task_id=ref.task_id().hex())]
 
-            for ref in pending:
-                for chunk in get_log(task_id=ref.task_id().hex(), tail=1000, timeout=5):
-                    lines.extend(chunk.rstrip("\n").split("\n"))
-        return lines
+
+def _ray_log(*, task_id: str | None = None, actor_id: str | None = None) -> list[str]:
+    """The last lines Ray's log API has for a task or actor (none when it has no dashboard)."""
+    lines: list[str] = []
+    with contextlib.suppress(Exception):
+        from ray.util.state import get_log
+
+        for chunk in get_log(task_id=task_id, actor_id=actor_id, tail=1000, timeout=5):
+            lines.extend(chunk.rstrip("\n").split("\n"))
+    return lines
 
 
 def _cancel(refs: list[Any]) -> None:
@@ -563,8 +546,8 @@ class ActorJob(RayJobHandle):
                 self.status()
             delay = min(delay * 2, self._WATCH_MAX)
 
-    def _add_waiter(self, waiter: Waiter) -> None:
-        super()._add_waiter(waiter)
+    def _join_board(self) -> None:
+        super()._join_board()
         self._watch()
 
     def wait(self, timeout: float | None = None, *, raise_on_failure: bool = True) -> JobStatus:
@@ -591,15 +574,7 @@ class ActorJob(RayJobHandle):
 
     def _live_logs(self) -> list[str]:
         actor_id = self._handle._actor_id()
-        if actor_id is None:
-            return []
-        lines: list[str] = []
-        with contextlib.suppress(Exception):
-            from ray.util.state import get_log
-
-            for chunk in get_log(actor_id=actor_id, tail=1000, timeout=5):
-                lines.extend(chunk.rstrip("\n").split("\n"))
-        return lines
+        return [] if actor_id is None else _ray_log(actor_id=actor_id)
 
 
 def _restore_actor_job(job_id: str, handle: RayActorHandle) -> ActorJob:
