@@ -459,7 +459,11 @@ def _ray_log(*, task_id: str | None = None, actor_id: str | None = None) -> list
     with contextlib.suppress(Exception):
         from ray.util.state import get_log
 
-        for chunk in get_log(task_id=task_id, actor_id=actor_id, tail=1000, timeout=5):
+        import ray
+
+        # The connected cluster's GCS names its dashboard; Ray alone gives up when a machine runs several.
+        address = ray.get_runtime_context().gcs_address
+        for chunk in get_log(address=address, task_id=task_id, actor_id=actor_id, tail=1000, timeout=5):
             lines.extend(chunk.rstrip("\n").split("\n"))
     return lines
 
