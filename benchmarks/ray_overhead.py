@@ -9,7 +9,8 @@ Machines like ours are noisy (20-50 % drift between runs), so raw Ray and Fray a
 measured in one process: latency calls alternate one by one (raw, Fray, raw, ...),
 throughput batches alternate, and every row reports the median over rounds; the ratio
 column is what matters. "Tasks" on the Fray side are jobs
-(``client.submit(JobRequest(...))`` then ``wait()``), the only way Fray runs a function.
+(``client.submit(JobRequest(...))`` then ``wait()``, or ``fray.wait_all`` on the batch), the only
+way Fray runs a function; raw Ray gathers its tasks with one ``ray.get`` in both rows.
 Target: Fray adds <= 10 % latency and loses <= 10 % throughput.
 """
 
@@ -50,12 +51,10 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke test")
     parser.add_argument("--rounds", type=int, default=5, help="alternating raw/Fray rounds per measurement")
     args = parser.parse_args()
-    sync_calls, async_calls, sync_tasks, async_tasks = (
-        (300, 1000, 100, 300) if args.quick else (1000, 3000, 300, 1000)
-    )
+    sync_calls, async_calls, sync_tasks, async_tasks = (300, 1000, 100, 300) if args.quick else (1000, 3000, 300, 1000)
 
     import ray
-    from fray import Entrypoint, JobRequest, ResourceConfig
+    from fray import Entrypoint, JobRequest, ResourceConfig, wait_all
     from fray.ray import RayClient
 
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
@@ -94,6 +93,9 @@ def main() -> None:
             for job in [fray_job(i) for i in range(n)]:
                 job.wait()
 
+        def fray_wait_all_tasks(n: int) -> None:
+            wait_all([fray_job(i) for i in range(n)])
+
         rows: dict[str, dict[str, list[float]]] = {}
 
         def add(row: str, side: str, value: float) -> None:
@@ -121,6 +123,8 @@ def main() -> None:
                 add(f"async actor calls, {async_calls} in flight (calls/s)", side, throughput(batch, async_calls))
                 batch = raw_async_tasks if side == "raw" else fray_async_tasks
                 add(f"tasks, {async_tasks} submitted then gathered (tasks/s)", side, throughput(batch, async_tasks))
+                batch = raw_async_tasks if side == "raw" else fray_wait_all_tasks
+                add(f"tasks, {async_tasks} submitted then wait_all (tasks/s)", side, throughput(batch, async_tasks))
 
         print(f"\nRay {ray.__version__}, {args.rounds} alternating rounds, medians over rounds\n")
         print(f"| {'measurement':<52} | {'raw Ray':>10} | {'Fray-on-Ray':>11} | {'Fray / raw':>10} |")

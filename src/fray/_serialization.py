@@ -64,10 +64,15 @@ def check_picklable(what: str, parts: Mapping[str, Any]) -> None:
         try:
             cloudpickle.dumps(value)
         except Exception as exc:
-            raise SerializationError(
-                f"{what}: {label} cannot be pickled ({type(exc).__name__}: {exc}); Fray ships it to another "
-                "process. Pass picklable data (create locks, files, sockets and clients inside the job or actor)"
-            ) from exc
+            raise refused(what, label, exc) from exc
+
+
+def refused(what: str, label: str, exc: BaseException) -> SerializationError:
+    """The error for ``label`` of ``what``, which could not be pickled (``exc`` says why): worded once."""
+    return SerializationError(
+        f"{what}: {label} cannot be pickled ({type(exc).__name__}: {exc}); Fray ships it to another "
+        "process. Pass picklable data (create locks, files, sockets and clients inside the job or actor)"
+    )
 
 
 def actor_call_label(actor_name: str, method: str) -> str:
@@ -88,8 +93,16 @@ def check_call_picklable(actor_name: str, method: str, args: tuple[Any, ...], kw
     check_picklable(actor_call_label(actor_name, method), parts)
 
 
+_RESULT = "the return value"
+
+
 def check_result_picklable(actor_name: str, method: str, value: Any) -> None:
     """Refuse an actor method's return value that cannot be pickled; the same on every backend."""
     if _surely_picklable(value):
         return
-    check_picklable(actor_call_label(actor_name, method), {"the return value": value})
+    check_picklable(actor_call_label(actor_name, method), {_RESULT: value})
+
+
+def result_refused(actor_name: str, method: str, exc: BaseException) -> SerializationError:
+    """What :func:`check_result_picklable` raises, for backends that learn only afterwards that pickling failed."""
+    return refused(actor_call_label(actor_name, method), _RESULT, exc)

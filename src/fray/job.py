@@ -234,8 +234,10 @@ def _wait_all(
 ) -> list[JobStatus]:
     deadline = None if timeout is None else time.monotonic() + timeout
     final: dict[int, JobStatus] = {}
-    kinds = {type(job) for job in jobs}
-    batch = getattr(next(iter(kinds)), "_fray_wait_some", None) if len(kinds) == 1 else None
+    # One backend's handles may be of several classes (one per job kind) sharing one _fray_wait_some.
+    methods = [getattr(type(job), "_fray_wait_some", None) for job in jobs]
+    waits = {getattr(method, "__func__", method) for method in methods}
+    batch = methods[0] if len(waits) == 1 else None
     delay = 0.001
     while True:
         pending = [i for i in range(len(jobs)) if i not in final]

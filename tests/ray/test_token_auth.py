@@ -23,7 +23,7 @@ import pytest
 
 pytest.importorskip("ray", reason='the Ray backend needs Ray: pip install "fray[ray]"')
 
-from fray.ray.client import _is_local_address, _prepare_token_auth
+from fray.ray._connection import is_local_address, prepare_token_auth
 
 
 def free_port() -> int:
@@ -116,13 +116,13 @@ def test_the_local_token_is_never_sent_to_a_remote_address_by_fray(monkeypatch, 
     token.write_text("secret")
     monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
     monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(token))
-    _prepare_token_auth("10.1.2.3:6379")
+    prepare_token_auth("10.1.2.3:6379")
     assert "RAY_AUTH_MODE" not in os.environ
 
 
 def test_local_addresses_are_recognised() -> None:
-    assert _is_local_address(None)
-    assert _is_local_address("auto")
-    assert _is_local_address("127.0.0.1:6379")
-    assert _is_local_address(f"{socket.gethostname()}:6379")
-    assert not _is_local_address("10.255.1.2:6379")
+    assert is_local_address(None)
+    assert is_local_address("auto")
+    assert is_local_address("127.0.0.1:6379")
+    assert is_local_address(f"{socket.gethostname()}:6379")
+    assert not is_local_address("10.255.1.2:6379")

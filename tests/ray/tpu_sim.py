@@ -144,7 +144,7 @@ def main(output: str) -> None:
 
         # 0. preemptible=False pins actors and jobs to the node advertising "head_node".
         results["head_node"] = next(n["NodeID"] for n in ray.nodes() if "head_node" in n["Resources"])
-        results["pin_resource"] = client._pin_resource()
+        results["pin_resource"] = client._launcher.pin_resource()
         pinned = client.create_actor(WhereAmI, name="pinned", resources=ResourceConfig(cpu=0, preemptible=False))
         results["pinned_actor_node"] = pinned.node()
         path = os.path.join(workdir, "pinned.jsonl")

@@ -3,6 +3,8 @@
 Importing :mod:`fray` never imports Ray; importing this package does.
 """
 
-from fray.ray.client import RayActorHandle, RayClient, RayJobHandle
+from fray.ray.actors import RayActorHandle
+from fray.ray.client import RayClient
+from fray.ray.jobs import RayJobHandle
 
 __all__ = ["RayActorHandle", "RayClient", "RayJobHandle"]

@@ -10,22 +10,23 @@ variables are set once.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import inspect
-import io
 import os
 import pickle
 import sys
 import threading
 import time
-import traceback
 import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import cloudpickle
+
+from fray._eventloop import ActorLoop
+from fray._logcapture import LogBuffer, capture_to
+from fray._remote import RemoteFailure
 
 __all__ = ["STARTED_AFTER", "JobOutcome", "actor_class_for", "replica_arguments", "run_job_replica", "started_key"]
 
@@ -117,54 +118,25 @@ class _StartedReporter:
 _REPORTER = _StartedReporter()
 
 
-class _Tee(io.TextIOBase):
-    """Stands in for sys.stdout/sys.stderr during a job: keeps the text and still writes it through."""
-
-    def __init__(self, target: Any, sink: list[str]) -> None:
-        self.target = target
-        self.sink = sink
-
-    def write(self, text: str) -> int:
-        self.sink.append(text)
-        self.target.write(text)
-        return len(text)
-
-    def flush(self) -> None:
-        self.target.flush()
-
-    def isatty(self) -> bool:
-        return bool(self.target.isatty())
-
-    def fileno(self) -> int:
-        return int(self.target.fileno())
-
-
 @contextlib.contextmanager
 def _environment(env: dict[str, str]) -> Iterator[None]:
+    # Only what differs is set and restored: each is a system call, and Ray's workers
+    # already run with some of these (PYTHONUNBUFFERED).
     before = {key: os.environ.get(key) for key in env}
-    os.environ.update(env)
+    changed = {key: value for key, value in env.items() if before[key] != value}
+    os.environ.update(changed)
     try:
         yield
     finally:
-        for key, value in before.items():
+        for key in changed:
+            value = before[key]
             if value is None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
 
 
-@contextlib.contextmanager
-def _captured(sink: list[str]) -> Iterator[None]:
-    out, err = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = _Tee(out, sink), _Tee(err, sink)
-    try:
-        yield
-    finally:
-        sys.stdout, sys.stderr = out, err
-
-
-# What a replica returns: ("ok", log text) or
-# ("error", log text, pickled exception or None, "Type: message", traceback text).
+# What a replica returns: ("ok", log text) or ("error", log text, RemoteFailure.encode() of what it raised).
 JobOutcome = tuple[Any, ...]
 
 
@@ -198,23 +170,18 @@ def run_job_replica(pickled_fn: bytes, replica: bytes) -> JobOutcome:
     error of the task itself) and apply the right retry budget.
     """
     pickled_args, env, key = pickle.loads(replica)
-    sink: list[str] = []
+    logs = LogBuffer()
     _REPORTER.schedule(key)
     try:
-        with _environment(env), _captured(sink):
-            fn = _load_callable(pickled_fn)
-            args, kwargs = cloudpickle.loads(pickled_args)
+        with _environment(env), capture_to(logs):
             try:
+                fn = _load_callable(pickled_fn)
+                args, kwargs = cloudpickle.loads(pickled_args)
                 fn(*args, **kwargs)
             except BaseException as exc:
-                tb = exc.__traceback__.tb_next if exc.__traceback__ is not None else None
-                text = "".join(traceback.format_exception(type(exc), exc, tb))
-                sys.stderr.write(text)
-                try:
-                    pickled: bytes | None = cloudpickle.dumps(exc)
-                except Exception:
-                    pickled = None
-                return ("error", "".join(sink), pickled, f"{type(exc).__name__}: {exc}", text)
+                failure = RemoteFailure.capture(exc)
+                sys.stderr.write(failure.traceback_text)
+                return ("error", "\n".join(logs.lines()), failure.encode())
     finally:
         if _REPORTER.cancel(key):
             # Only replicas that ran STARTED_AFTER seconds get here, so this costs quick ones nothing.
@@ -222,25 +189,14 @@ def run_job_replica(pickled_fn: bytes, replica: bytes) -> JobOutcome:
                 from ray.experimental import internal_kv
 
                 internal_kv._internal_kv_del(key, namespace=KV_NAMESPACE)
-    return ("ok", "".join(sink))
-
-
-_actor_loop: asyncio.AbstractEventLoop | None = None
-
-
-def _run_coroutine(coro: Any) -> Any:
-    # One loop per actor process, kept for its life, so state bound to the loop
-    # (queues, locks, tasks) survives between calls.
-    global _actor_loop
-    if _actor_loop is None:
-        _actor_loop = asyncio.new_event_loop()
-    return _actor_loop.run_until_complete(coro)
+    return ("ok", "\n".join(logs.lines()))
 
 
 def _sync_method(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def method(self: Any, *args: Any, **kwargs: Any) -> Any:
-        return _run_coroutine(fn(self, *args, **kwargs))
+        # Not fray._eventloop.invoke: it looks the method up by name, which would find this stand-in.
+        return self._fray_actor_loop.run(fn(self, *args, **kwargs))
 
     return method
 
@@ -250,16 +206,23 @@ def actor_class_for(cls: type) -> type:
 
     The subclass keeps every method of ``cls`` and its name, so Ray's dashboard and
     error messages show the user's class. ``async def`` methods are run to completion
-    on the actor's own event loop: Ray runs the calls of an async actor concurrently
-    and out of order, while a Fray actor takes its calls one at a time, in order.
+    on the actor's own :class:`~fray._eventloop.ActorLoop`, as on every backend: Ray
+    runs the calls of an async actor concurrently and out of order, while a Fray actor
+    takes its calls one at a time, in order.
     """
+    coroutines = [
+        (name, value)
+        for name, value in inspect.getmembers(cls, inspect.iscoroutinefunction)
+        if not name.startswith("__")
+    ]
 
     def __init__(self: Any, fray_env: dict[str, str], /, *args: Any, **kwargs: Any) -> None:
         os.environ.update(fray_env)
+        if coroutines:
+            self._fray_actor_loop = ActorLoop(fray_env.get("FRAY_JOB_NAME", cls.__name__))
         cls.__init__(self, *args, **kwargs)  # type: ignore[misc]
 
     namespace: dict[str, Any] = {"__init__": __init__, "__module__": cls.__module__, "__qualname__": cls.__qualname__}
-    for name, value in inspect.getmembers(cls, inspect.iscoroutinefunction):
-        if not name.startswith("__"):
-            namespace[name] = _sync_method(value)
+    for name, value in coroutines:
+        namespace[name] = _sync_method(value)
     return type(cls.__name__, (cls,), namespace)

@@ -25,15 +25,13 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from fray.job import JobInfo, JobRequest, JobStatus, job_env
-from fray.ray import _worker
-from fray.ray.client import _CallableJob, _Failure
+from fray._lifecycle import Failure
+from fray.job import JobRequest
+from fray.ray._launch import Launcher
+from fray.ray.jobs import CallableJob
 from fray.resources import TpuConfig
-
-if TYPE_CHECKING:
-    from fray.ray.client import RayClient
 
 __all__ = ["MEGASCALE_PORT", "SLICE_NAME_LABEL", "WORKER_ID_LABEL", "TpuJob", "megascale_env"]
 
@@ -55,11 +53,15 @@ def megascale_env(coordinator_ip: str, num_slices: int, slice_id: int, port: int
     }
 
 
-class TpuJob(_CallableJob):
-    """A callable job on ``replicas`` whole TPU slices; see the module docstring."""
+class TpuJob(CallableJob):
+    """A callable job on ``replicas`` whole TPU slices; see the module docstring.
 
-    def __init__(self, client: RayClient, job_id: str, request: JobRequest, payload: tuple[bytes, bytes]) -> None:
-        super().__init__(client, job_id, request, payload)
+    Only the placement of an attempt is its own: settling, retrying and stopping are
+    the callable job's.
+    """
+
+    def __init__(self, launcher: Launcher, job_id: str, request: JobRequest, payload: tuple[bytes, bytes]) -> None:
+        super().__init__(launcher, job_id, request, payload)
         device = request.resources.device
         assert isinstance(device, TpuConfig)
         self._tpu = device
@@ -67,10 +69,7 @@ class TpuJob(_CallableJob):
 
     def _launch(self) -> None:
         # Waiting for slices can take as long as the cluster is busy: never on the caller's thread.
-        attempt = self._attempt
-        threading.Thread(
-            target=self._reserve_and_run, args=(attempt,), name=f"fray-tpu-{self._job_id}", daemon=True
-        ).start()
+        threading.Thread(target=self._reserve_and_run, name=f"fray-tpu-{self._job_id}", daemon=True).start()
 
     def _wait_group(self, group: Any) -> bool:
         import ray
@@ -82,15 +81,15 @@ class TpuJob(_CallableJob):
                 return True
         return False
 
-    def _reserve_and_run(self, attempt: int) -> None:
+    def _reserve_and_run(self) -> None:
         try:
-            self._reserve_and_run_inner(attempt)
+            self._reserve_and_run_inner()
         except Exception as exc:  # a bug or a refused request must end the job, not hang it
             self._remove_placement_group()
-            failure = _Failure(f"could not place the TPU job: {type(exc).__name__}: {exc}", exc)
-            self._state.finish(JobStatus.FAILED, failure)
+            message = f"could not place the TPU job: {type(exc).__name__}: {exc}"
+            self._lifecycle.fail(Failure.from_exception(exc).with_message(message))
 
-    def _reserve_and_run_inner(self, attempt: int) -> None:
+    def _reserve_and_run_inner(self) -> None:
         from ray.util.placement_group import placement_group, placement_group_table
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -101,7 +100,7 @@ class TpuJob(_CallableJob):
         slices = request.replicas
         head_resource = f"TPU-{self._tpu.type}-head"
         heads = placement_group([{head_resource: 1}] * slices, strategy="STRICT_SPREAD")
-        with self._state.lock:
+        with self._lock:
             self._head_group = heads
         if not self._wait_group(heads):
             return
@@ -114,7 +113,7 @@ class TpuJob(_CallableJob):
             per_host["CPU"] = float(request.resources.cpu)
         bundles = [{name: 1.0, **per_host} for name in slice_names for _ in range(shape.hosts)]
         hosts = placement_group(bundles, strategy="STRICT_SPREAD")
-        with self._state.lock:
+        with self._lock:
             self._placement_group = hosts
         if not self._wait_group(hosts):
             return
@@ -128,42 +127,29 @@ class TpuJob(_CallableJob):
             order += [(k, h, i) for h, i in enumerate(indices)]
         coordinator = str(head_nodes[0]["NodeManagerAddress"])
 
-        client = self._client
-        env_base = {**client._user_env(request), "FRAY_CLIENT_SPEC": client.spec}
         options = {
             "num_cpus": request.resources.cpu,
             "resources": {"TPU": float(shape.chips_per_host)},
             "name": request.name,
         }
-        remote = client._replica_fn()
+        remote = self._launcher.replica_fn()
         refs = []
         for process, (k, h, i) in enumerate(order):
-            info = JobInfo(self._job_id, request.name, k, slices, client.namespace, attempt)
-            env = {
-                **env_base,
-                **job_env(info),
+            tpu_env = {
                 "FRAY_TPU_SLICE_NAME": slice_names[k],
                 "FRAY_TPU_HOST_INDEX": str(h),
                 "FRAY_TPU_HOST_COUNT": str(shape.hosts),
                 "FRAY_TPU_NODE_ID": bundle_nodes[i],
             }
             if slices > 1:
-                env.update(megascale_env(coordinator, slices, k))
+                tpu_env.update(megascale_env(coordinator, slices, k))
             strategy = PlacementGroupSchedulingStrategy(hosts, placement_group_bundle_index=i)
-            key = _worker.started_key(self._uid, attempt, process)
-            replica = _worker.replica_arguments(self._payload[1], env, key)
-            refs.append(remote.options(**options, scheduling_strategy=strategy).remote(self._payload[0], replica))
-        with self._state.lock:
-            stale = self._stopping or attempt != self._attempt
-        if stale:
-            for ref in refs:
-                with contextlib.suppress(Exception):
-                    ray.cancel(ref, force=True)
-            return
-        self._start_attempt(refs)
+            arguments = self._replica_arguments(process, self._replica_env(k, slices, tpu_env))
+            refs.append(remote.options(**options, scheduling_strategy=strategy).remote(*arguments))
+        self._start_attempt(refs)  # cancels them at once if terminate() came meanwhile
 
     def _remove_placement_group(self) -> None:
-        with self._state.lock:
+        with self._lock:
             heads, self._head_group = self._head_group, None
         super()._remove_placement_group()
         if heads is not None:
@@ -174,7 +160,7 @@ class TpuJob(_CallableJob):
 
     def terminate(self) -> None:
         """Stop every host process and release the reserved slices."""
-        with self._state.lock:
+        with self._lock:
             self._stopping = True
         super().terminate()
         self._remove_placement_group()

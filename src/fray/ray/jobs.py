@@ -1,0 +1,586 @@
+"""Job handles of the Ray backend: what every job kind shares, callable jobs, and the job hosting an actor.
+
+Every kind keeps its state in a :class:`~fray._lifecycle.JobLifecycle` (the one state
+machine, retry budget and failure wording of every backend). Binary jobs live in
+``binary.py`` and TPU jobs, which are callable jobs placed on whole slices, in
+``tpu.py``.
+
+A callable job is one Ray task per replica; the replicas of one job are
+gang-scheduled in a placement group (all start or none) and live and die together.
+Fray runs the retry loop itself, so an exception raised by the job counts against
+``max_retries_failure`` and a lost worker or node against ``max_retries_preemption``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from fray._lifecycle import Failure, JobLifecycle
+from fray._logcapture import LogBuffer
+from fray._remote import RemoteFailure
+from fray.errors import FrayError
+from fray.job import JobInfo, JobRequest, JobStatus, replica_env
+from fray.ray import _worker
+from fray.ray._board import BOARD
+from fray.ray._errors import first_line, is_preemption
+from fray.ray._launch import Launcher, unique_suffix, user_env
+from fray.ray.actors import RayActorHandle
+from fray.ray.resources import bundle
+
+__all__ = ["ActorJob", "CallableJob", "RayJobHandle"]
+
+# Every job handle of this process by id, so that an unpickled handle is the live one.
+_LIVE: weakref.WeakValueDictionary[str, RayJobHandle] = weakref.WeakValueDictionary()
+
+
+class RayJobHandle:
+    """Handle to a job submitted through a :class:`~fray.ray.RayClient`.
+
+    ``wait`` blocks without polling for callable jobs (it waits on Ray itself); binary
+    jobs are watched through Ray's job API, actor jobs through the actor's state.
+    """
+
+    def __init__(self, job_id: str, name: str, max_retries_failure: int = 0, max_retries_preemption: int = 0) -> None:
+        self._job_id = job_id
+        self._name = name
+        self._lifecycle = JobLifecycle(job_id, max_retries_failure, max_retries_preemption)
+        self._log = LogBuffer(echo=False)
+        # Reentrant: the lifecycle calls back (self._notify) from whichever thread ends the job.
+        self._lock = threading.RLock()
+        self._on_board = False  # tells the board when it moves on (see _join_board)
+        self._moved = 0  # the board's generation when it last did
+        self._stopping = False  # terminate() began: nothing of this job may start any more
+        self._lifecycle.add_done_callback(lambda _: self._notify())
+        _LIVE[job_id] = self
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._job_id!r}, {self._lifecycle.status.value})"
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_restore_job_handle, (self._job_id,))
+
+    @property
+    def job_id(self) -> str:
+        """``{name}-{8 hex}``, prefixed by the parent job's id (and ``/``) for child jobs."""
+        return self._job_id
+
+    @property
+    def finished(self) -> bool:
+        """True once the job's status is final."""
+        return self._lifecycle.finished
+
+    def status(self) -> JobStatus:
+        """The job's current status."""
+        return self._lifecycle.status
+
+    def wait(self, timeout: float | None = None, *, raise_on_failure: bool = True) -> JobStatus:
+        """Block until the job finishes; raise JobFailed if it failed and ``raise_on_failure``."""
+        return self._lifecycle.wait(timeout, raise_on_failure=raise_on_failure)
+
+    def terminate(self) -> None:
+        """Stop every replica of the job (a no-op once it finished)."""
+        raise NotImplementedError
+
+    def _begin_stop(self) -> bool:
+        """Mark the job as stopping; False if it already finished (then there is nothing to stop)."""
+        with self._lock:
+            if self._lifecycle.finished:
+                return False
+            self._stopping = True
+            return True
+
+    def logs(self, max_lines: int | None = None) -> list[str]:
+        """The job's output lines so far, all attempts, stdout and stderr interleaved."""
+        lines = self._log.lines() + self._live_logs()
+        if max_lines is not None:
+            lines = lines[-max_lines:] if max_lines > 0 else []
+        return lines
+
+    def _live_logs(self) -> list[str]:
+        return []
+
+    # ----- waiting for many jobs at once ------------------------------------------------------
+
+    def _notify(self) -> None:
+        if self._on_board:
+            BOARD.moved(self)
+
+    def _join_board(self) -> None:
+        """From now on, tell the board whenever this job may have moved on."""
+        self._on_board = True
+
+    def _settle(self) -> JobStatus:
+        """Act on whatever Ray reported since the job last looked (cheap when nothing did)."""
+        return self._lifecycle.status
+
+    @classmethod
+    def _fray_wait_some(cls, jobs: Sequence[RayJobHandle], timeout: float | None) -> list[JobStatus]:
+        """Block until one of ``jobs`` finished or ``timeout`` passed; their statuses (for ``fray.wait_all``).
+
+        No polling: each job tells the board when it may have moved on (a replica
+        completed, an attempt started, the job finished), and only those jobs are
+        looked at again.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for job in jobs:
+            if not job._on_board:
+                job._join_board()
+        look, seen = list(jobs), -1  # at first every job: some moved before they joined
+        while True:
+            generation = BOARD.generation
+            if any([job._settle().finished for job in look if job._moved > seen]):  # a list: settle each
+                break
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                break
+            BOARD.wait(generation, remaining)
+            seen = generation
+        return [job._lifecycle.status for job in jobs]
+
+
+def _restore_job_handle(job_id: str) -> RayJobHandle:
+    job = _LIVE.get(job_id)
+    if job is None:
+        raise FrayError(
+            f"job {job_id!r} was submitted by another process; a Ray job handle can only be used in the process "
+            "that submitted it (pass actor handles, or the data the job needs, instead)"
+        )
+    return job
+
+
+# ----- callable jobs ---------------------------------------------------------------------------
+
+
+class CallableJob(RayJobHandle):
+    """A callable job: one Ray task per replica, retried by Fray within the job's two budgets.
+
+    Subclasses (TPU jobs) change how an attempt is placed by overriding :meth:`_launch`
+    and hand the attempt's tasks to :meth:`_start_attempt`; settling, retrying and
+    stopping stay here.
+    """
+
+    def __init__(self, launcher: Launcher, job_id: str, request: JobRequest, payload: tuple[bytes, bytes]) -> None:
+        super().__init__(job_id, request.name, request.max_retries_failure, request.max_retries_preemption)
+        self._launcher = launcher
+        self._request = request
+        self._payload = payload
+        self._uid = f"{job_id}.{unique_suffix()}"  # unique across every client of the cluster
+        self._refs: list[Any] = []
+        self._outcomes: dict[int, tuple[str, Any]] = {}
+        self._placement_group: Any = None
+        self._settle_lock = threading.Lock()
+        self._armed: list[Any] | None = None  # the refs whose completion calls back (see _arm)
+        self._completed = False  # a ref completed since the job last looked (set by those callbacks)
+
+    # Launching ---------------------------------------------------------------------------------
+
+    def _replica_env(self, index: int, count: int, extra: dict[str, str] | None = None) -> dict[str, str]:
+        """The environment of replica ``index`` of ``count`` in the current attempt."""
+        launcher, request = self._launcher, self._request
+        info = JobInfo(self._job_id, request.name, index, count, launcher.namespace, self._lifecycle.attempt)
+        return replica_env(info, launcher.spec, {**(extra or {}), **user_env(request)})
+
+    def _replica_arguments(self, index: int, env: dict[str, str]) -> tuple[bytes, bytes]:
+        """The two arguments of the Ray task running replica ``index`` (see ``_worker.run_job_replica``)."""
+        key = _worker.started_key(self._uid, self._lifecycle.attempt, index)
+        pickled_fn, pickled_args = self._payload
+        return pickled_fn, _worker.replica_arguments(pickled_args, env, key)
+
+    def _launch(self) -> None:
+        """Start one attempt: every replica at once, in a placement group when there are several."""
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        count = self._request.replicas
+        options, configured = self._launcher.task_remote(self._request)
+        remotes = [configured] * count
+        if count > 1:
+            from ray.util.placement_group import placement_group
+
+            # A placement group reserves every replica's resources at once: all start or none.
+            self._placement_group = placement_group([bundle(options)] * count, strategy="PACK")
+            remotes = [
+                self._launcher.replica_fn().options(
+                    **options,
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(
+                        self._placement_group, placement_group_bundle_index=i
+                    ),
+                )
+                for i in range(count)
+            ]
+        refs = [
+            remote.remote(*self._replica_arguments(i, self._replica_env(i, count))) for i, remote in enumerate(remotes)
+        ]
+        self._start_attempt(refs)
+
+    def _start_attempt(self, refs: list[Any]) -> None:
+        """Watch the tasks of a new attempt; cancel them at once if terminate() came first."""
+        with self._lock:
+            stale = self._stopping or self._lifecycle.finished
+            if not stale:
+                self._refs = refs  # never changed in place: a new list per attempt
+                self._outcomes = {}
+        if stale:
+            _cancel(refs)
+            self._remove_placement_group()
+            return
+        self._launcher.watch(self)
+        if self._on_board:
+            self._arm()
+        self._notify()
+
+    # Completion --------------------------------------------------------------------------------
+    #
+    # No callback per replica: Ray's per-object completion callbacks cost a thread switch
+    # each and cut task throughput by a third. Instead whoever waits (wait(), status(), or
+    # the launcher's reaper thread for jobs nobody watches) asks Ray with ray.wait and
+    # settles the outcome itself, under one lock, exactly once per attempt. Only while
+    # wait_all watches many jobs at once do their replicas call back (see _arm).
+
+    def _pending_refs(self) -> tuple[int, list[Any], list[Any]]:
+        with self._lock:
+            refs = self._refs
+            return self._lifecycle.attempt, refs, [r for i, r in enumerate(refs) if i not in self._outcomes]
+
+    def _poll(self, timeout: float | None) -> None:
+        """Wait up to ``timeout`` for replicas of the current attempt to finish, then act on them."""
+        import ray
+
+        attempt, refs, pending = self._pending_refs()
+        if not pending or self._stopping:
+            # No attempt running (slices being reserved, a retry starting), or terminate() is
+            # finishing the job: wait for either to happen.
+            if timeout != 0:
+                self._wait_for_change(refs, timeout)
+            return
+        if len(refs) == 1:
+            # The common case costs what raw Ray costs: one ray.get on the caller's thread.
+            try:
+                fetched: tuple[str, Any] = ("returned", ray.get(refs[0], timeout=timeout))
+            except ray.exceptions.GetTimeoutError:
+                return
+            except Exception as exc:
+                fetched = ("raised", exc)
+            self._collect(attempt, refs, refs, fetched)
+            return
+        # A gang is watched replica by replica, so one failure stops the others at once.
+        if timeout is None or timeout > 0:
+            ray.wait(pending, num_returns=1, timeout=timeout, fetch_local=False)
+        ready, _ = ray.wait(pending, num_returns=len(pending), timeout=0, fetch_local=False)
+        if ready:
+            self._collect(attempt, refs, ready)
+
+    def _wait_for_change(self, refs: list[Any], timeout: float | None) -> None:
+        """Block until a new attempt started (or the job finished), or ``timeout`` passed."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self._join_board()
+        while True:
+            generation = BOARD.generation
+            with self._lock:
+                if self._refs is not refs or self._lifecycle.finished:
+                    return
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return
+            BOARD.wait(generation, remaining)
+
+    def _collect(self, attempt: int, refs: list[Any], ready: list[Any], fetched: tuple[str, Any] | None = None) -> None:
+        """Record the outcomes of the ``ready`` replicas (``fetched``: of the only one, already got)."""
+        import ray
+
+        with self._settle_lock:
+            if attempt != self._lifecycle.attempt or self._lifecycle.finished or self._stopping:
+                return
+            for ref in ready:
+                index = refs.index(ref)
+                if index in self._outcomes:
+                    continue
+                if fetched is not None:
+                    outcome: tuple[str, Any] = fetched
+                else:
+                    try:
+                        outcome = ("returned", ray.get(ref))
+                    except Exception as exc:
+                        outcome = ("raised", exc)
+                if outcome[0] == "returned" and outcome[1][1]:
+                    self._log.write(outcome[1][1])
+                with self._lock:
+                    self._outcomes[index] = outcome
+            outcomes = dict(self._outcomes)
+            failures = {i: o for i, o in outcomes.items() if o[0] == "raised" or o[1][0] != "ok"}
+            if failures or len(outcomes) == len(refs):
+                self._end_attempt(attempt, refs, outcomes, failures)
+
+    def _end_attempt(
+        self, attempt: int, refs: list[Any], outcomes: dict[int, tuple[str, Any]], failures: dict[int, Any]
+    ) -> None:
+        """Decide what a finished (or partly failed) attempt means: success, retry, or failure."""
+        if failures and len(outcomes) < len(refs):
+            # A gang lives and dies together: stop the replicas that are still running.
+            _cancel([ref for i, ref in enumerate(refs) if i not in outcomes])
+        self._remove_placement_group()
+        self._lifecycle.start()  # the attempt ran, whether or not status() saw it running
+        if not failures:
+            # A first attempt that succeeded left no keys behind: each replica deleted its own.
+            if self._lifecycle.succeed() and self._lifecycle.attempt > 0:
+                self._forget_started_keys()
+            return
+        index = min(failures)
+        failure = _failure_of(failures[index]).in_replica(index, len(refs))
+        with self._lock:
+            if self._stopping:  # terminate() is ending the job as STOPPED
+                return
+            retry = self._lifecycle.attempt_failed(failure)
+            if retry:
+                self._refs, self._outcomes = [], {}
+        if not retry:
+            self._forget_started_keys()
+            return
+        self._log.write(f"[fray] attempt {attempt} failed, {self._lifecycle.pending_reason.splitlines()[0]}")
+        self._launch()
+
+    def wait(self, timeout: float | None = None, *, raise_on_failure: bool = True) -> JobStatus:
+        """Block until the job finishes; raise JobFailed if it failed and ``raise_on_failure``."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._lifecycle.finished:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                raise TimeoutError(f"job {self._job_id!r} still {self.status().value} after {timeout}s")
+            self._poll(remaining)
+        return self._lifecycle.result(raise_on_failure=raise_on_failure)
+
+    # Waiting for many (fray.wait_all) ------------------------------------------------------------
+
+    def _join_board(self) -> None:
+        super()._join_board()
+        self._arm()
+
+    def _arm(self) -> None:
+        """Have the current attempt's replicas call back when they complete (for jobs on the board)."""
+        with self._lock:
+            if not self._refs or self._armed is self._refs:
+                return
+            refs = self._armed = self._refs
+        for ref in refs:
+            ref._on_completed(self._ref_completed)
+
+    def _ref_completed(self, _data: Any) -> None:
+        self._completed = True
+        self._notify()
+
+    def _settle(self) -> JobStatus:
+        if self._completed:
+            self._completed = False
+            self._poll(0)
+        return self._lifecycle.status
+
+    # Status ------------------------------------------------------------------------------------
+
+    def status(self) -> JobStatus:
+        """PENDING until a replica has run for a moment (see ``_worker.STARTED_AFTER``), then RUNNING."""
+        lifecycle = self._lifecycle
+        if not lifecycle.finished:
+            self._poll(0)
+        if lifecycle.status != JobStatus.PENDING:
+            return lifecycle.status
+        from ray.experimental import internal_kv
+
+        attempt, refs, _ = self._pending_refs()
+        for index in range(len(refs)):
+            key = _worker.started_key(self._uid, attempt, index)
+            with contextlib.suppress(Exception):
+                if internal_kv._internal_kv_exists(key, namespace=_worker.KV_NAMESPACE):
+                    lifecycle.start()
+                    break
+        return lifecycle.status
+
+    def _forget_started_keys(self) -> None:
+        # Replicas that end normally delete their own key. Only replicas that were killed
+        # (a lost worker, a cancelled gang member, terminate()) may have left one behind.
+        with self._lock:
+            ended = len(self._outcomes) == len(self._refs) and all(o[0] == "returned" for o in self._outcomes.values())
+            clean = ended and not self._stopping and self._lifecycle.attempt == 0
+        if not clean:
+            with contextlib.suppress(RuntimeError):  # the client is shutting down
+                self._launcher.monitor.submit(self._delete_started_keys)
+
+    def _delete_started_keys(self) -> None:
+        from ray.experimental import internal_kv
+
+        with contextlib.suppress(Exception):
+            internal_kv._internal_kv_del(
+                f"started/{self._uid}/".encode(), del_by_prefix=True, namespace=_worker.KV_NAMESPACE
+            )
+
+    # Stopping ----------------------------------------------------------------------------------
+
+    def terminate(self) -> None:
+        """Cancel every replica with ``ray.cancel(force=True)`` (their worker processes are killed)."""
+        import ray
+
+        if not self._begin_stop():
+            return
+        with self._lock:
+            refs = self._refs
+        _cancel(refs)
+        # Return only once the work is really gone, so callers can rely on it.
+        with contextlib.suppress(Exception):
+            ray.wait(refs, num_returns=len(refs), timeout=30, fetch_local=False)
+        self._remove_placement_group()
+        if self._lifecycle.stop():
+            self._forget_started_keys()
+
+    def _remove_placement_group(self) -> None:
+        with self._lock:
+            group, self._placement_group = self._placement_group, None
+        if group is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            with contextlib.suppress(Exception):
+                remove_placement_group(group)
+
+    def _live_logs(self) -> list[str]:
+        # Output of replicas still running, through Ray's log API (needs the dashboard);
+        # finished replicas' output is already in the job's own log.
+        if self._lifecycle.status != JobStatus.RUNNING:
+            return []
+        with self._lock:
+            pending = [ref for i, ref in enumerate(self._refs) if i not in self._outcomes]
+        return [line for ref in pending for line in _ray_log(task_id=ref.task_id().hex())]
+
+
+def _ray_log(*, task_id: str | None = None, actor_id: str | None = None) -> list[str]:
+    """The last lines Ray's log API has for a task or actor (none when it has no dashboard)."""
+    lines: list[str] = []
+    with contextlib.suppress(Exception):
+        from ray.util.state import get_log
+
+        import ray
+
+        # The connected cluster's GCS names its dashboard; Ray alone gives up when a machine runs several.
+        address = ray.get_runtime_context().gcs_address
+        for chunk in get_log(address=address, task_id=task_id, actor_id=actor_id, tail=1000, timeout=5):
+            lines.extend(chunk.rstrip("\n").split("\n"))
+    return lines
+
+
+def _cancel(refs: list[Any]) -> None:
+    """Kill the tasks of ``refs`` (``ray.cancel(force=True)`` ends their worker processes)."""
+    import ray
+
+    for ref in refs:
+        with contextlib.suppress(Exception):
+            ray.cancel(ref, force=True)
+
+
+def _failure_of(outcome: tuple[str, Any]) -> Failure:
+    """Why one replica's attempt failed: its own exception, a lost worker or node, or another Ray error."""
+    kind, value = outcome
+    if kind == "returned":  # ("error", logs, the encoded RemoteFailure) from the worker
+        return Failure.from_remote(RemoteFailure.decode(value[2]))
+    if is_preemption(value):
+        return Failure.lost(f"lost its worker or node ({type(value).__name__}): {first_line(value)}")
+    return Failure(f"{type(value).__name__}: {first_line(value)}")
+
+
+# ----- the job hosting an actor ----------------------------------------------------------------
+
+
+class ActorJob(RayJobHandle):
+    """The job hosting one actor: RUNNING while alive, FAILED if it died, STOPPED once terminated.
+
+    Ray does not tell anyone that an actor died, so while someone waits for the job a
+    watcher thread asks Ray's control store (GCS), more rarely the longer the actor lives.
+    """
+
+    _WATCH_MAX = 0.2  # seconds between two looks at a long-lived actor
+
+    def __init__(self, job_id: str, handle: RayActorHandle, on_terminate: Callable[[str], None] | None = None) -> None:
+        super().__init__(job_id, handle._name)
+        self._handle = handle
+        self._on_terminate = on_terminate
+        self._terminated = False
+        self._watcher: threading.Thread | None = None
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_restore_actor_job, (self._job_id, self._handle))
+
+    def status(self) -> JobStatus:
+        """From the actor's state in Ray's control store (GCS)."""
+        if self._lifecycle.finished:
+            return self._lifecycle.status
+        ready = self._handle._fray_ready()
+        if ready.done() and ready.exception() is not None:
+            self._finish_dead(ready.exception())
+            return self._lifecycle.status
+        state = self._handle._ray_state()
+        if state == "DEAD":
+            self._finish_dead(None)
+        elif state == "ALIVE" or ready.done():
+            self._lifecycle.start()
+        return self._lifecycle.status
+
+    def _finish_dead(self, exc: BaseException | None) -> None:
+        if self._terminated:
+            self._lifecycle.stop()
+            return
+        started = self._handle.start_failure
+        if started is not None:
+            message = f"actor {self._name!r} did not start: {started.summary}"
+            self._lifecycle.fail(Failure.from_remote(started).with_message(message))
+        else:
+            reason = exc if exc is not None else "Ray reports it dead"
+            self._lifecycle.fail(Failure.lost(f"actor {self._name!r} died: {reason}"))
+
+    def _watch(self) -> None:
+        with self._lock:
+            if self._watcher is not None or self._lifecycle.finished:
+                return
+            self._watcher = threading.Thread(target=self._watch_death, name=f"fray-actor-{self._name}", daemon=True)
+        self._watcher.start()
+
+    def _watch_death(self) -> None:
+        delay = 0.01
+        while not self._lifecycle.wait_done(delay):
+            with contextlib.suppress(Exception):  # Ray shutting down: the job ends with the client
+                self.status()
+            delay = min(delay * 2, self._WATCH_MAX)
+
+    def _join_board(self) -> None:
+        super()._join_board()
+        self._watch()
+
+    def wait(self, timeout: float | None = None, *, raise_on_failure: bool = True) -> JobStatus:
+        """Block until the actor is gone (it was terminated or died)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self._watch()
+        if not self._lifecycle.wait_done(timeout):
+            raise TimeoutError(f"actor job {self._job_id!r} still {self.status().value} after {timeout}s")
+        if self._terminated:
+            # ray.kill only asks; wait (bounded) until Ray says the actor is gone, so that
+            # after wait() no other process can still reach it. Ray has no event for this.
+            gone_by = time.monotonic() + 10.0 if deadline is None else deadline
+            while self._handle._ray_state() not in ("DEAD", None) and time.monotonic() < gone_by:
+                time.sleep(0.01)
+        return self._lifecycle.result(raise_on_failure=raise_on_failure)
+
+    def terminate(self) -> None:
+        """Kill the actor process (``ray.kill``); pending and later calls raise ActorDiedError."""
+        self._terminated = True
+        self._handle._kill()
+        self._lifecycle.stop()
+        if self._on_terminate is not None:
+            self._on_terminate(self._job_id)
+
+    def _live_logs(self) -> list[str]:
+        actor_id = self._handle._actor_id()
+        return [] if actor_id is None else _ray_log(actor_id=actor_id)
+
+
+def _restore_actor_job(job_id: str, handle: RayActorHandle) -> ActorJob:
+    job = _LIVE.get(job_id)
+    return job if isinstance(job, ActorJob) else ActorJob(job_id, handle)
