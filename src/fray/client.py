@@ -78,6 +78,8 @@ VALID_SPECS = (
     "ray?namespace=NAME",
     "ray://HOST:PORT[?namespace=NAME]",
     "fray://HOST:PORT",
+    "monarch",
+    "monarch?procs=N",
 )
 
 
@@ -101,6 +103,7 @@ _BACKENDS: dict[str, tuple[str, str, str]] = {
     "local": ("fray.local", "LocalClient", ""),
     "ray": ("fray.ray", "RayClient", 'pip install "fray[ray]"'),
     "fray": ("fray.cluster.client", "ClusterClient", ""),
+    "monarch": ("fray.monarch", "MonarchClient", 'pip install "fray[monarch]"'),
 }
 
 

@@ -13,6 +13,7 @@ BACKEND_FIXTURES = {
     "local": "local_client",
     "ray": "ray_client",
     "fray": "cluster_client",
+    "monarch": "monarch_client",
 }
 
 
