@@ -9,7 +9,7 @@ actor) share, and stops it once every member has finished.
 
 :class:`MonarchActorHandle` is what users hold. Calls go to the member's Monarch
 endpoint with ``call_one``: blocking calls wait on the caller's thread, ``.remote()``
-calls complete an :class:`~fray.actor.ActorFuture` through :mod:`fray.monarch.bridge`.
+calls complete an :class:`~fray.actor.ActorFuture` through :class:`~fray.monarch.futures.CallFuture`.
 Handles pickle as a Monarch actor reference: unpickled in any process on this host
 (a job, another actor), they call the actor directly; unpickled in the creating
 process they find its record again. See ``docs/monarch.md`` for the rules.
@@ -39,7 +39,8 @@ from fray._runtime import check_terminated
 from fray._serialization import check_call_picklable
 from fray.actor import ActorFuture, check_actor_method
 from fray.errors import ActorDiedError, ActorUnavailableError, FrayError, SerializationError
-from fray.monarch import bridge, supervision
+from fray.monarch import supervision
+from fray.monarch.futures import CallFuture, send_then, when_done
 from fray.monarch.host import DEAD, ERROR, OK, PICKLED, UNPICKLABLE
 
 __all__ = ["ActorRecord", "HostMesh", "MonarchActorHandle", "MonarchActorMethod", "unwrap_reply"]
@@ -86,9 +87,9 @@ class HostMesh:
         with self._lock:
             if self._stopper is not None or not all(m.lifecycle.finished for m in self.members):
                 return
+            supervision.unwatch(self.spawn_name)
             self._stopper = threading.Thread(target=self._stop, name=f"fray-stop-{self.spawn_name}", daemon=True)
-        supervision.unwatch(self.spawn_name)
-        self._stopper.start()
+            self._stopper.start()  # under the lock: join() never sees it unstarted
 
     def _stop(self) -> None:
         with contextlib.suppress(Exception):  # already stopped, or Monarch shutting down: nothing left to stop
@@ -96,7 +97,8 @@ class HostMesh:
 
     def join(self, timeout: float | None = None) -> None:
         """Wait until this mesh's processes are stopped (if stopping began)."""
-        stopper = self._stopper
+        with self._lock:
+            stopper = self._stopper
         if stopper is not None:
             stopper.join(timeout)
 
@@ -127,7 +129,7 @@ class ActorRecord:
 
     def await_ready(self) -> None:
         """Ask the actor whether it is serving; the answer arrives in :meth:`_on_ready`."""
-        bridge.when_done(self.ref.ready.call_one(), self._on_ready)
+        when_done(self.ref.ready.call_one(), self._on_ready)
 
     def _on_ready(self, result: Any, exc: BaseException | None) -> None:
         if exc is not None:
@@ -148,7 +150,7 @@ class ActorRecord:
 
     def probe(self, reason: str) -> None:
         """Check with a cheap call whether this member is still alive; if not, it died of ``reason``."""
-        bridge.send_then(self.ref.ready.call_one, lambda _, exc: self.died(reason) if exc is not None else None)
+        send_then(self.ref.ready.call_one, lambda _, exc: self.died(reason) if exc is not None else None)
 
     # ----- ending ------------------------------------------------------------------------------
 
@@ -260,22 +262,19 @@ class MonarchActorMethod:
         """Send the call now; its result arrives in the returned future."""
         check_terminated()
         handle, method = self._handle, self._name
-        sent = handle._send(method, args, kwargs)
-        future = ActorFuture()
+        try:
+            sent = handle._send(method, args, kwargs)
+        except ActorDiedError as exc:  # a dead actor's calls fail in their future, as on every backend
+            failed = ActorFuture()
+            failed.set_exception(exc)
+            return failed
 
-        def settle(reply: Any, exc: BaseException | None) -> None:
-            try:
-                value = handle._unwrap(method, reply) if exc is None else None
-            except BaseException as err:
-                exc = err
-            with contextlib.suppress(concurrent.futures.InvalidStateError):  # the caller cancelled it
-                if exc is None:
-                    future.set_result(value)
-                else:
-                    future.set_exception(handle._translate(exc) if not isinstance(exc, FrayError) else exc)
+        def convert(reply: Any, exc: BaseException | None) -> Any:
+            if exc is not None:
+                raise handle._translate(exc) from exc
+            return handle._unwrap(method, reply)
 
-        bridge.when_done(sent, settle)
-        return future
+        return CallFuture(sent, convert)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Make the call and block for its result."""
@@ -342,7 +341,7 @@ class MonarchActorHandle:
                     future.set_result(None)
 
             try:
-                bridge.when_done(self._ref.ready.call_one(), settle)
+                when_done(self._ref.ready.call_one(), settle)
             except Exception as exc:
                 future.set_exception(self._translate(exc))
         return self._ready
