@@ -222,9 +222,9 @@ def main() -> None:
     sync_calls, batches, payload_calls, creates, deaths = (200, 10, 20, 2, 2) if args.quick else (1000, 30, 100, 5, 5)
     rounds = 2 if args.quick else args.rounds
 
-    from fray.monarch import MonarchClient, supervision
-
     import monarch.actor
+
+    from fray.monarch import MonarchClient, supervision
 
     os.chdir(tempfile.mkdtemp(prefix="fray-bench-monarch-"))
     # Raw Monarch users handle their meshes' failures themselves (the default hook exits the process);
@@ -274,7 +274,9 @@ def main() -> None:
         raw_procs.stop().get()
 
     us = 1e6
-    print(f"\nFray-on-Monarch vs raw Monarch (torchmonarch, poll {os.environ[supervision.POLL_ENV]}); medians over rounds\n")
+    print(
+        f"\nFray-on-Monarch vs raw Monarch (torchmonarch, poll {os.environ[supervision.POLL_ENV]}); medians over rounds\n"
+    )
     print("| what | raw Monarch | Fray on Monarch | Fray / raw |")
     print("| --- | --- | --- | --- |")
     print(row("sync call p50", statistics.median(raw_lat) * us, statistics.median(fray_lat) * us, "us"))
@@ -282,7 +284,14 @@ def main() -> None:
     print(row("64 calls in flight", statistics.median(raw_tp), statistics.median(fray_tp), "calls/s", True))
     print(row("1 MB argument and result, p50", statistics.median(raw_mb) * 1e3, statistics.median(fray_mb) * 1e3, "ms"))
     print(row("actor create -> first answer", statistics.median(raw_create), statistics.median(fray_create), "s"))
-    print(row("kill -9 of the actor process -> caller's error", statistics.median(raw_death), statistics.median(fray_death), "s"))
+    print(
+        row(
+            "kill -9 of the actor process -> caller's error",
+            statistics.median(raw_death),
+            statistics.median(fray_death),
+            "s",
+        )
+    )
     print(f"\nkill -9 -> error with Monarch's default poll interval (raw, child process): {default_death:.2f} s")
     print(f"client CPU with 8 idle actors (supervision polling included): {idle_cpu * 100:.1f} % of one core\n")
     for line in group_layout(8, 2 if args.quick else 3):

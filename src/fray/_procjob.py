@@ -92,6 +92,8 @@ class ReplicaProcess:
         Returns ``None`` when it exited 0 (or was killed before it started: the
         caller knows it killed it), else the :class:`Failure`.
         """
+        if self._killed:  # killed before it started: it never starts
+            return None
         try:
             proc = subprocess.Popen(
                 self.argv,

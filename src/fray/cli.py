@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -40,15 +42,40 @@ def info(as_json: bool) -> None:
     except fray.ConfigError as exc:
         problem = str(exc)
     engines = {name: importlib.util.find_spec(name) is not None for name in ("ray", "monarch")}
+    status = {"ray": "installed" if engines["ray"] else "not installed", "monarch": _monarch_status()}
     if as_json:
-        click.echo(json.dumps({"version": fray.__version__, "spec": spec, "problem": problem, "engines": engines}))
+        click.echo(
+            json.dumps(
+                {
+                    "version": fray.__version__,
+                    "spec": spec,
+                    "problem": problem,
+                    "engines": engines,
+                    "engine_status": status,
+                }
+            )
+        )
         return
     table = Table(title=f"fray {fray.__version__}", show_header=False)
     table.add_row("FRAY_CLIENT_SPEC", spec + (f"  [red]{problem}[/red]" if problem else ""))
     table.add_row("valid specs", ", ".join(VALID_SPECS))
-    for name, present in engines.items():
-        table.add_row(f"engine {name}", "[green]installed[/green]" if present else "not installed")
+    for name, text in status.items():
+        colour = "green" if text.startswith(("installed", "usable")) else "red" if engines[name] else ""
+        table.add_row(f"engine {name}", f"[{colour}]{text}[/{colour}]" if colour else text)
     _console.print(table)
+
+
+def _monarch_status() -> str:
+    """Whether the Monarch backend can run here: torchmonarch installed, and its native runtime loads."""
+    try:
+        version = importlib.metadata.version("torchmonarch")
+    except importlib.metadata.PackageNotFoundError:
+        return 'not installed (pip install "fray[monarch]")'
+    try:
+        importlib.import_module("fray.monarch")
+    except Exception as exc:  # a broken install fails in many ways; all mean "not usable"
+        return f"installed (torchmonarch {version}) but not usable: {type(exc).__name__}: {exc}"
+    return f"usable (torchmonarch {version})"
 
 
 # ----- cluster processes ---------------------------------------------------------------------------

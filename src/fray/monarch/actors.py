@@ -106,9 +106,7 @@ class HostMesh:
 class ActorRecord:
     """One actor's state in the process that created it."""
 
-    def __init__(
-        self, name: str, job_id: str, cls: type, ref: Any, mesh: HostMesh, log_path: Path
-    ) -> None:
+    def __init__(self, name: str, job_id: str, cls: type, ref: Any, mesh: HostMesh, log_path: Path) -> None:
         self.name = name
         self.job_id = job_id
         self.cls = cls
@@ -157,7 +155,10 @@ class ActorRecord:
     def init_failed(self, remote: RemoteFailure) -> None:
         """The constructor raised ``remote``: the actor never serves."""
         message = f"actor {self.name!r} died in __init__: {remote.summary}"
-        self._finish(_died(message, remote_error(remote)), lambda: self.lifecycle.fail(Failure.from_remote(remote).with_message(message)))
+        self._finish(
+            _died(message, remote_error(remote)),
+            lambda: self.lifecycle.fail(Failure.from_remote(remote).with_message(message)),
+        )
 
     def died(self, reason: str) -> None:
         """The actor's process died (or the actor can no longer be reached) of ``reason``."""

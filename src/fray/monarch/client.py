@@ -8,13 +8,14 @@ mapping, its limits and the supervision settings are described in ``docs/monarch
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import re
+import shutil
 import tempfile
 import threading
 import uuid
 import weakref
-import shutil
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -243,7 +244,7 @@ class MonarchClient:
             mesh.members = records
             for record in records:
                 self._actors[record.name] = record
-                record.lifecycle.add_done_callback(lambda _, r=record: self._forget(r))
+                record.lifecycle.add_done_callback(functools.partial(self._forget, record))
             self._all_actors.extend(records)
             self._meshes.append(mesh)
         mesh.watch()
@@ -251,7 +252,7 @@ class MonarchClient:
             record.await_ready()
         return [MonarchActorHandle(r.name, cls, r.ref, r.job_id) for r in records], records
 
-    def _forget(self, record: ActorRecord) -> None:
+    def _forget(self, record: ActorRecord, _: object = None) -> None:
         # A finished actor's name is free again.
         with self._lock:
             if self._actors.get(record.name) is record:

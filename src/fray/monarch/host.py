@@ -54,7 +54,7 @@ def travels_as_is(value: object) -> bool:
     if kind in _AS_IS:
         return True
     # numpy arrays without Python objects inside, recognised without importing numpy
-    return kind.__name__ == "ndarray" and kind.__module__ == "numpy" and not getattr(value, "dtype").hasobject
+    return kind.__name__ == "ndarray" and kind.__module__ == "numpy" and not value.dtype.hasobject
 
 
 @dataclass(frozen=True)

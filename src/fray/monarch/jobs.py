@@ -30,7 +30,15 @@ from fray._logcapture import LogBuffer
 from fray._process import KILL_GRACE
 from fray._procjob import ReplicaProcess, callable_argv
 from fray.errors import ActorUnavailableError
-from fray.job import BinaryEntrypoint, CallableEntrypoint, EnvironmentConfig, JobInfo, JobRequest, JobStatus, replica_env
+from fray.job import (
+    BinaryEntrypoint,
+    CallableEntrypoint,
+    EnvironmentConfig,
+    JobInfo,
+    JobRequest,
+    JobStatus,
+    replica_env,
+)
 from fray.monarch.actors import _RECORDS
 
 __all__ = ["MonarchJob", "MonarchJobHandle"]

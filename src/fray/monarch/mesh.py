@@ -28,13 +28,13 @@ __all__ = ["actor_mesh", "broadcast"]
 
 
 def _host_mesh(group: ActorGroup) -> HostMesh:
-    records = [getattr(job, "_tracked", None) for job in group.jobs]
-    if not records or not all(isinstance(r, ActorRecord) for r in records) or len({id(r.mesh) for r in records}) != 1:
+    records = [r for r in (getattr(job, "_tracked", None) for job in group.jobs) if isinstance(r, ActorRecord)]
+    if not records or len(records) != len(group.jobs) or len({id(r.mesh) for r in records}) != 1:
         raise ConfigError(
             "actor_mesh() needs an actor group created by a MonarchClient in this process (its mesh lives "
             "here); the Monarch ActorMesh it returns can then be passed anywhere on this host"
         )
-    return records[0].mesh  # type: ignore[union-attr]
+    return records[0].mesh
 
 
 def actor_mesh(group: ActorGroup) -> Any:
@@ -57,7 +57,9 @@ def broadcast(group: ActorGroup, method: str, *args: Any, **kwargs: Any) -> list
     except SupervisionError as exc:
         for member in mesh.members:
             member.probe(supervision.reason_of(exc))
-        raise ActorDiedError(f"actor group: a member died during broadcast of {method!r}: {supervision.reason_of(exc)}") from exc
+        raise ActorDiedError(
+            f"actor group: a member died during broadcast of {method!r}: {supervision.reason_of(exc)}"
+        ) from exc
     return [
         unwrap_reply(member.name, method, reply, member)
         for member, reply in zip(mesh.members, replies.values(), strict=True)
