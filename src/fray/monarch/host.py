@@ -48,7 +48,7 @@ OK, PICKLED, ERROR, UNPICKLABLE, DEAD = "ok", "pickled", "error", "unpicklable",
 _AS_IS: frozenset[type] = frozenset({type(None), bool, int, float, complex, str, bytes, bytearray})
 
 
-def travels_as_is(value: object) -> bool:
+def travels_as_is(value: Any) -> bool:
     """True for values that surely pickle and need no pre-pickling: scalars, strings, bytes, numeric arrays."""
     kind = type(value)
     if kind in _AS_IS:
