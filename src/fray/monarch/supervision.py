@@ -1,24 +1,31 @@
 """How fast Fray learns that a Monarch actor's process died, and what Monarch does about it.
 
-Two process-wide settings, applied once by :func:`configure` before Fray creates
-its first mesh:
+Process-wide settings, applied once by :func:`configure` before Fray creates its
+first mesh (each only if the user did not set the variable; Monarch reads them when
+it is imported, so :func:`configure` reloads its configuration from the environment;
+every process Fray starts inherits them, so meshes created inside jobs and actors
+are supervised the same way):
 
-* **The poll interval.** Monarch's mesh controller asks each mesh's processes for
-  their state every ``HYPERACTOR_MESH_SUPERVISION_POLL_FREQUENCY`` (10 s by
-  default), so a killed actor process surfaced ~10 s later. Fray sets it to
-  :data:`DEFAULT_POLL` unless the user set the variable, then reloads Monarch's
-  configuration from the environment (the value is read when Monarch is imported).
-  It is inherited by every process Fray starts, so meshes created inside jobs and
-  actors are supervised as fast. Measured in ``benchmarks/monarch.py``.
-* **The unhandled-fault hook.** A mesh failure that nobody handles reaches the
-  root client's ``monarch.actor.unhandled_fault_hook``, whose default exits the
-  process. Fray installs a hook that hands failures of meshes it created to
-  their watcher (which fails the actor's job and its callers with
-  ``ActorDiedError``) and passes every other failure to the hook that was there
-  before. Failures of meshes Fray stopped on purpose are dropped. The failure of
-  a mesh's internal ``logger`` actors, which always dies with the processes of a
-  mesh that reports for itself, is not escalated once Fray created a mesh in this
-  process.
+* ``HYPERACTOR_MESH_SUPERVISION_POLL_FREQUENCY`` (Monarch: 10 s; Fray: 250 ms):
+  how often Monarch's mesh controller asks a mesh's processes for their state. With
+  Monarch's default a killed actor process surfaced ~10 s later.
+* ``HYPERACTOR_MESH_GET_ACTOR_STATE_MAX_IDLE`` (Monarch: 30 s; Fray: 1 s): how long
+  that question may go unanswered. When the process dies while a poll is waiting
+  for its answer, the poll waits out this limit before the death is reported; with
+  Monarch's default that made 1 kill in 3 surface after 30 s. The process agent
+  answers from Monarch's native runtime, not from Python: an actor method holding
+  the GIL for 8 s was not mistaken for a dead one (measured with the 1 s limit).
+
+Measured in ``benchmarks/monarch.py``.
+
+Monarch also has a process-wide **unhandled-fault hook**: a mesh failure that no
+actor handles reaches the root client's ``monarch.actor.unhandled_fault_hook``,
+whose default exits the process. Fray installs a hook that hands failures of meshes
+it created to their watcher (which fails the actor's job and its callers with
+``ActorDiedError``) and passes every other failure to the hook that was there
+before. Failures of meshes Fray stopped on purpose are dropped. The failure of a
+mesh's internal ``logger`` actors, which always dies with the processes of a mesh
+that reports for itself, is not escalated once Fray created a mesh in this process.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ from typing import Any
 import monarch.actor
 from monarch._rust_bindings.monarch_hyperactor.config import reload_config_from_env
 
-__all__ = ["DEFAULT_POLL", "POLL_ENV", "configure", "handle", "reason_of", "unwatch", "watch"]
+__all__ = ["DEFAULT_POLL", "POLL_ENV", "SETTINGS", "configure", "handle", "reason_of", "unwatch", "watch"]
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +47,11 @@ logger = logging.getLogger(__name__)
 POLL_ENV = "HYPERACTOR_MESH_SUPERVISION_POLL_FREQUENCY"
 #: Fray's default for it: a dead actor process shows as an error within about this long.
 DEFAULT_POLL = "250ms"
+#: Monarch settings Fray changes (environment variable -> Fray's default); the user's own values win.
+SETTINGS: dict[str, str] = {
+    POLL_ENV: DEFAULT_POLL,
+    "HYPERACTOR_MESH_GET_ACTOR_STATE_MAX_IDLE": "1s",
+}
 
 _lock = threading.Lock()
 _configured = False
@@ -53,7 +65,8 @@ def configure() -> None:
     with _lock:
         if _configured:
             return
-        os.environ.setdefault(POLL_ENV, DEFAULT_POLL)
+        for name, value in SETTINGS.items():
+            os.environ.setdefault(name, value)
         reload_config_from_env()
         _previous_hook = monarch.actor.unhandled_fault_hook
         monarch.actor.unhandled_fault_hook = _fault_hook
