@@ -9,8 +9,8 @@ Machines like ours are noisy, so both sides are measured in one process, in
 alternating rounds, and each row reports the median over rounds; the ratio column
 is what matters. Raw Monarch is a plain ``monarch.actor.Actor`` with ``@endpoint``
 methods; Fray is a plain class behind ``MonarchClient.create_actor``. Both run with
-the supervision poll interval Fray sets (``fray.monarch.supervision``), and one
-extra row measures raw Monarch with Monarch's default interval, in a child process.
+the supervision settings Fray sets (``fray.monarch.supervision``), and one extra
+line measures raw Monarch with Monarch's default settings, in a child process.
 
 Goals: Fray adds <= 10 % to call latency and loses <= 10 % of throughput; a killed
 actor process shows as an error in <= 2 s.
@@ -22,6 +22,7 @@ meshes of one), measured on raw Monarch.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
 import os
 import signal
@@ -198,15 +199,22 @@ def group_layout(n: int, rounds: int) -> list[str]:
     return lines
 
 
-def poll_cost(client: Any, actors: int, seconds: float) -> float:
-    """CPU seconds per second this process spends with ``actors`` idle actors (supervision polls included)."""
-    group = client.create_actor_group(Echo, name="idle", count=actors)
-    group.wait_ready(timeout=120)
+def poll_cost(client: Any, actors: int, seconds: float, grouped: bool) -> float:
+    """CPU this process spends per second of wall time with ``actors`` idle actors (Monarch's supervision polls).
+
+    ``grouped``: one group (one mesh, one poll for all) rather than ``actors`` lone actors (a mesh, and a poll, each).
+    """
+    group = client.create_actor_group(Echo, name=f"idle-{grouped}", count=actors) if grouped else None
+    lone = [] if grouped else [client.create_actor(Echo, name=f"idle-{i}") for i in range(actors)]
+    for handle in group.wait_ready(timeout=120) if group is not None else lone:
+        handle.ping()
+    threading.Event().wait(1.0)  # let start-up work settle
     start_cpu, start = time.process_time(), time.perf_counter()
     threading.Event().wait(seconds)
     used = (time.process_time() - start_cpu) / (time.perf_counter() - start)
-    group.shutdown()
-    return used
+    if group is not None:
+        group.shutdown()
+    return used  # lone actors stay until the client shuts down: measure them last
 
 
 def main() -> None:
@@ -214,7 +222,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke test")
     parser.add_argument("--rounds", type=int, default=5, help="alternating raw/Fray rounds per measurement")
     args = parser.parse_args()
-    sync_calls, batches, payload_calls, creates, deaths = (200, 10, 20, 2, 2) if args.quick else (1000, 30, 100, 5, 5)
+    sync_calls, batches, payload_calls, creates, deaths = (200, 10, 20, 2, 3) if args.quick else (1000, 30, 100, 5, 10)
     rounds = 2 if args.quick else args.rounds
 
     import monarch.actor
@@ -240,6 +248,7 @@ def main() -> None:
         fray_lat: list[float] = []
         raw_tp: list[float] = []
         fray_tp: list[float] = []
+        fray_tp_wait: list[float] = []
         raw_mb: list[float] = []
         fray_mb: list[float] = []
         for _ in range(rounds):
@@ -249,6 +258,9 @@ def main() -> None:
             for _ in range(batches):
                 raw_tp.append(64 / timed(lambda: [f.get() for f in [raw.ping.call_one(i) for i in range(64)]]))
                 fray_tp.append(64 / timed(lambda: [f.result() for f in [fray_actor.ping.remote(i) for i in range(64)]]))
+                fray_tp_wait.append(
+                    64 / timed(lambda: concurrent.futures.wait([fray_actor.ping.remote(i) for i in range(64)]))
+                )
             for _ in range(payload_calls):
                 raw_mb.append(timed(lambda: raw.ping.call_one(payload).get()))
                 fray_mb.append(timed(lambda: fray_actor.ping(payload)))
@@ -265,32 +277,46 @@ def main() -> None:
         raw_death = [death_raw() for _ in range(deaths)]
         fray_death = [death_fray(client, i) for i in range(deaths)]
         default_death = death_raw_default()
-        idle_cpu = poll_cost(client, 8, 3.0 if args.quick else 10.0)
+        idle_seconds = 3.0 if args.quick else 10.0
+        idle_group = poll_cost(client, 8, idle_seconds, grouped=True)
+        idle_lone = poll_cost(client, 8, idle_seconds, grouped=False)
     finally:
         client.shutdown(wait=False)
         raw_procs.stop().get()
 
     us = 1e6
-    print(
-        f"\nFray-on-Monarch vs raw Monarch (torchmonarch, poll {os.environ[supervision.POLL_ENV]}); medians over rounds\n"
-    )
+    settings = ", ".join(f"{name}={os.environ[name]}" for name in supervision.SETTINGS)
+    print(f"\nFray-on-Monarch vs raw Monarch ({settings}); medians over rounds\n")
     print("| what | raw Monarch | Fray on Monarch | Fray / raw |")
     print("| --- | --- | --- | --- |")
     print(row("sync call p50", statistics.median(raw_lat) * us, statistics.median(fray_lat) * us, "us"))
     print(row("sync call p99", percentile(raw_lat, 0.99) * us, percentile(fray_lat, 0.99) * us, "us"))
     print(row("64 calls in flight", statistics.median(raw_tp), statistics.median(fray_tp), "calls/s", True))
+    print(
+        row(
+            "64 in flight, waited with concurrent.futures.wait",
+            statistics.median(raw_tp),
+            statistics.median(fray_tp_wait),
+            "calls/s",
+            True,
+        )
+    )
     print(row("1 MB argument and result, p50", statistics.median(raw_mb) * 1e3, statistics.median(fray_mb) * 1e3, "ms"))
     print(row("actor create -> first answer", statistics.median(raw_create), statistics.median(fray_create), "s"))
     print(
         row(
-            "kill -9 of the actor process -> caller's error",
+            "kill -9 of the actor process -> error, median",
             statistics.median(raw_death),
             statistics.median(fray_death),
             "s",
         )
     )
+    print(row("kill -9 of the actor process -> error, worst", max(raw_death), max(fray_death), "s"))
     print(f"\nkill -9 -> error with Monarch's default poll interval (raw, child process): {default_death:.2f} s")
-    print(f"client CPU with 8 idle actors (supervision polling included): {idle_cpu * 100:.1f} % of one core\n")
+    print(
+        f"client CPU, idle (Monarch's supervision polls): a group of 8 {idle_group * 100:.1f} %, "
+        f"8 lone actors {idle_lone * 100:.1f} % of one core\n"
+    )
     for line in group_layout(8, 2 if args.quick else 3):
         print(line)
 

@@ -6,7 +6,7 @@ it is imported, so :func:`configure` reloads its configuration from the environm
 every process Fray starts inherits them, so meshes created inside jobs and actors
 are supervised the same way):
 
-* ``HYPERACTOR_MESH_SUPERVISION_POLL_FREQUENCY`` (Monarch: 10 s; Fray: 250 ms):
+* ``HYPERACTOR_MESH_SUPERVISION_POLL_FREQUENCY`` (Monarch: 10 s; Fray: 500 ms):
   how often Monarch's mesh controller asks a mesh's processes for their state. With
   Monarch's default a killed actor process surfaced ~10 s later.
 * ``HYPERACTOR_MESH_GET_ACTOR_STATE_MAX_IDLE`` (Monarch: 30 s; Fray: 1 s): how long
@@ -46,7 +46,7 @@ logger = logging.getLogger(__name__)
 #: The environment variable that sets Monarch's supervision poll interval.
 POLL_ENV = "HYPERACTOR_MESH_SUPERVISION_POLL_FREQUENCY"
 #: Fray's default for it: a dead actor process shows as an error within about this long.
-DEFAULT_POLL = "250ms"
+DEFAULT_POLL = "500ms"
 #: Monarch settings Fray changes (environment variable -> Fray's default); the user's own values win.
 SETTINGS: dict[str, str] = {
     POLL_ENV: DEFAULT_POLL,
