@@ -30,7 +30,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -199,22 +198,39 @@ def group_layout(n: int, rounds: int) -> list[str]:
     return lines
 
 
-def poll_cost(client: Any, actors: int, seconds: float, grouped: bool) -> float:
-    """CPU this process spends per second of wall time with ``actors`` idle actors (Monarch's supervision polls).
+_IDLE_CHILD = """
+import sys, threading, time
+from fray.monarch import MonarchClient
+class Echo:
+    def ping(self): return 1
+client = MonarchClient()
+count, layout = int(sys.argv[1]), sys.argv[2]
+if layout == "group":
+    handles = client.create_actor_group(Echo, name="idle", count=count).wait_ready(timeout=120)
+else:
+    handles = [client.create_actor(Echo, name=f"idle-{i}") for i in range(count if layout == "lone" else 0)]
+for handle in handles:
+    handle.ping()
+threading.Event().wait(1.0)
+cpu, wall = time.process_time(), time.perf_counter()
+threading.Event().wait(float(sys.argv[3]))
+print((time.process_time() - cpu) / (time.perf_counter() - wall))
+client.shutdown()
+"""
 
-    ``grouped``: one group (one mesh, one poll for all) rather than ``actors`` lone actors (a mesh, and a poll, each).
+
+def poll_cost(actors: int, seconds: float, layout: str) -> float:
+    """Share of one core a fresh client process spends with ``actors`` idle actors: Monarch's supervision polls.
+
+    ``layout``: "group" (one mesh, polled once for all members), "lone" (a mesh, and a poll, each), "none".
     """
-    group = client.create_actor_group(Echo, name=f"idle-{grouped}", count=actors) if grouped else None
-    lone = [] if grouped else [client.create_actor(Echo, name=f"idle-{i}") for i in range(actors)]
-    for handle in group.wait_ready(timeout=120) if group is not None else lone:
-        handle.ping()
-    threading.Event().wait(1.0)  # let start-up work settle
-    start_cpu, start = time.process_time(), time.perf_counter()
-    threading.Event().wait(seconds)
-    used = (time.process_time() - start_cpu) / (time.perf_counter() - start)
-    if group is not None:
-        group.shutdown()
-    return used  # lone actors stay until the client shuts down: measure them last
+    script = os.path.join(tempfile.mkdtemp(prefix="fray-bench-monarch-"), "idle.py")
+    with open(script, "w") as f:
+        f.write(_IDLE_CHILD)
+    out = subprocess.run(
+        [sys.executable, script, str(actors), layout, str(seconds)], capture_output=True, text=True, timeout=300
+    )
+    return float(out.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
@@ -278,8 +294,7 @@ def main() -> None:
         fray_death = [death_fray(client, i) for i in range(deaths)]
         default_death = death_raw_default()
         idle_seconds = 3.0 if args.quick else 10.0
-        idle_group = poll_cost(client, 8, idle_seconds, grouped=True)
-        idle_lone = poll_cost(client, 8, idle_seconds, grouped=False)
+        idle = {layout: poll_cost(8, idle_seconds, layout) for layout in ("none", "group", "lone")}
     finally:
         client.shutdown(wait=False)
         raw_procs.stop().get()
@@ -314,8 +329,8 @@ def main() -> None:
     print(row("kill -9 of the actor process -> error, worst", max(raw_death), max(fray_death), "s"))
     print(f"\nkill -9 -> error with Monarch's default poll interval (raw, child process): {default_death:.2f} s")
     print(
-        f"client CPU, idle (Monarch's supervision polls): a group of 8 {idle_group * 100:.1f} %, "
-        f"8 lone actors {idle_lone * 100:.1f} % of one core\n"
+        f"idle client process, share of one core (Monarch's supervision polls): no actors {idle['none']:.1%}, "
+        f"a group of 8 {idle['group']:.1%}, 8 lone actors {idle['lone']:.1%}\n"
     )
     for line in group_layout(8, 2 if args.quick else 3):
         print(line)
