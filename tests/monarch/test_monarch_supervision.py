@@ -37,6 +37,25 @@ class RawActor(monarch_actor.Actor):
         return os.getpid()
 
 
+class Parent:
+    """An actor that creates an actor of its own, through its current client."""
+
+    def __init__(self) -> None:
+        self.child = None
+
+    def spawn_child(self, name: str) -> int:
+        from fray import current_client
+
+        self.child = current_client().create_actor(Sleeper, name=name)
+        return self.child.pid()
+
+    def call_child(self) -> str:
+        try:
+            return self.child.ping()
+        except ActorDiedError as exc:
+            return f"child died: {exc}"
+
+
 def call_expecting_death(handle) -> None:
     try:
         handle.ping()
@@ -98,3 +117,13 @@ def test_failures_of_meshes_fray_does_not_own_go_to_the_previous_hook(monarch_cl
     wait_until(lambda: any(name.startswith("rawactor") for name in seen), 60, "the previous hook to get the failure")
     with pytest.raises(Exception):  # noqa: B017 - Monarch's own error type: this mesh is not Fray's
         raw.pid.call_one().get(timeout=60)
+
+
+def test_an_actors_own_child_that_dies_fails_only_the_child(monarch_client, uid):
+    parent = monarch_client.create_actor(Parent, name=f"parent-{uid}")
+    child_pid = parent.spawn_child(f"child-{uid}")
+    assert parent.call_child() == "pong"
+    os.kill(child_pid, signal.SIGKILL)
+    outcome = wait_until(lambda: (r := parent.call_child()) != "pong" and r, 60, "the parent to see its child die")
+    assert outcome.startswith("child died:")
+    assert parent.call_child().startswith("child died:")  # the parent itself lives on
