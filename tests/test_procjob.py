@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -81,3 +82,27 @@ def test_a_replica_killed_before_it_starts_never_runs(tmp_path: Path):
     proc.kill()
     proc.run()
     assert proc.killed and not marker.exists()
+
+
+_EXITING_CLIENT = """
+import os, sys, threading, time
+from pathlib import Path
+from fray._logcapture import LogBuffer
+from fray._procjob import ReplicaProcess
+pidfile = Path(sys.argv[1])
+replica = ReplicaProcess(
+    ["bash", "-c", f"echo $$ > {pidfile}.tmp; mv {pidfile}.tmp {pidfile}; exec sleep 300"],
+    dict(os.environ), LogBuffer(echo=False), label="sleep",
+)
+threading.Thread(target=replica.run, daemon=True).start()
+while not pidfile.exists():
+    time.sleep(0.01)
+"""
+
+
+def test_replicas_do_not_outlive_the_process_that_started_them(tmp_path: Path):
+    pidfile = tmp_path / "pid"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    subprocess.run([sys.executable, "-c", _EXITING_CLIENT, str(pidfile)], env=env, timeout=60, check=True)
+    pid = int(pidfile.read_text())
+    wait_until(lambda: not alive(pid), what=f"replica {pid} to die with its client")

@@ -10,15 +10,21 @@ runs a pickled callable entrypoint with :mod:`fray._jobmain`.
 
 Thread-safety: :meth:`ReplicaProcess.run` blocks its caller (one thread per replica);
 :meth:`ReplicaProcess.kill` may be called from any thread, before, during or after
-``run``; a replica killed before it started never starts.
+``run``; a replica killed before it started never starts. Replicas still running when
+the interpreter exits are killed with their process groups: none outlives its client.
 """
 
 from __future__ import annotations
 
+import atexit
 import collections
+import contextlib
+import os
+import signal
 import subprocess
 import sys
 import threading
+import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -31,6 +37,9 @@ __all__ = ["TAIL_LINES", "ReplicaProcess", "callable_argv"]
 
 #: How many of a replica's last output lines a failure message quotes.
 TAIL_LINES = 5
+
+# Replicas started by this process and maybe still running, for the exit-time reaper.
+_LIVE: weakref.WeakSet[ReplicaProcess] = weakref.WeakSet()
 
 
 def callable_argv(payload: Path, failure: Path) -> list[str]:
@@ -109,6 +118,7 @@ class ReplicaProcess:
         with self._lock:
             self._proc = proc
             killed = self._killed
+        _LIVE.add(self)
         if killed:
             kill_process_group(proc)
         self._stream(proc)
@@ -145,3 +155,13 @@ class ReplicaProcess:
             return RemoteFailure.decode(data)
         except ValueError:
             return None
+
+
+@atexit.register
+def _reap_at_exit() -> None:
+    # Threads die with the interpreter but processes in their own sessions would not: never leave orphans.
+    for replica in list(_LIVE):
+        proc = replica._proc
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
