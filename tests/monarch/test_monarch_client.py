@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import pickle
+import threading
 
 import pytest
 from click.testing import CliRunner
@@ -155,3 +157,20 @@ def test_fray_info_says_monarch_is_usable():
     data = json.loads(CliRunner().invoke(main, ["info", "--json"]).output)
     assert data["engines"]["monarch"] is True
     assert data["engine_status"]["monarch"].startswith("usable")
+
+
+def test_remote_futures_complete_however_they_are_waited_on(monarch_client, uid):
+    counter = monarch_client.create_actor(Counter, name=f"fut-{uid}")
+    futures = [counter.add.remote(1) for _ in range(64)]
+    done, not_done = concurrent.futures.wait(futures, timeout=60)
+    assert not not_done and sorted(f.result() for f in done) == list(range(1, 65))
+    more = [counter.add.remote(1) for _ in range(16)]
+    assert sorted(f.result() for f in concurrent.futures.as_completed(more, timeout=60)) == list(range(65, 81))
+    called = threading.Event()
+    counter.add.remote(1).add_done_callback(lambda _: called.set())
+    assert called.wait(60)
+    polled = counter.add.remote(1)
+    wait_until(polled.done, what="done() to see the answer")
+    assert polled.result(timeout=0) == 82
+    failing = counter.fail.remote()
+    assert isinstance(failing.exception(timeout=60), ValueError)

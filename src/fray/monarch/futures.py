@@ -100,8 +100,8 @@ class _ArmingWaiters(list[Any]):
         self._arm = arm
 
     def append(self, waiter: Any) -> None:
+        super().append(waiter)  # first: if arming finds the call done already, this waiter hears of it
         self._arm()
-        super().append(waiter)
 
 
 class CallFuture(ActorFuture):
@@ -120,7 +120,9 @@ class CallFuture(ActorFuture):
         self._waiters = _ArmingWaiters(self._arm)
 
     def _arm(self) -> None:
-        if not self._armed:
+        # A call already answered is settled here and now (most are, by the time a batch is waited on);
+        # only the others go through the bridge.
+        if not self._armed and not self.done():
             self._armed = True
             when_done(self._handle, self._settle)
 
