@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import os
 import pickle
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -174,3 +178,16 @@ def test_remote_futures_complete_however_they_are_waited_on(monarch_client, uid)
     assert polled.result(timeout=0) == 82
     failing = counter.fail.remote()
     assert isinstance(failing.exception(timeout=60), ValueError)
+
+
+def test_the_quickstart_runs_unchanged_on_monarch(monarch_env):
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "FRAY_CLIENT_SPEC": "monarch"}
+    out = subprocess.run(
+        [sys.executable, str(root / "examples" / "quickstart.py")], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert out.returncode == 0, out.stderr
+    assert "backend: MonarchClient" in out.stdout
+    assert "replica 3/4" in out.stdout and "from 3 scorers" in out.stdout
+    assert "scorer statuses after shutdown: ['stopped', 'stopped', 'stopped']" in out.stdout
+    assert "cause: ValueError('shard 17 has a corrupt header')" in out.stdout
