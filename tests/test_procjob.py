@@ -14,6 +14,7 @@ from fray import Entrypoint
 from fray._lifecycle import FailureKind
 from fray._logcapture import LogBuffer
 from fray._procjob import TAIL_LINES, ReplicaProcess, callable_argv
+from fray.job import JobInfo
 from support import alive, wait_until
 
 
@@ -29,9 +30,13 @@ def succeed() -> None:
     print("fine")
 
 
+INFO = JobInfo("job-1", "job", 0, 1)
+
+
 def replica(argv: list[str], logs: LogBuffer | None = None, **kwargs) -> ReplicaProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    return ReplicaProcess(argv, env, logs or LogBuffer(echo=False), label=kwargs.pop("label", argv[0]), **kwargs)
+    env = {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p), **kwargs.pop("user_env", {})}
+    label = kwargs.pop("label", argv[0])
+    return ReplicaProcess(argv, INFO, "local", logs or LogBuffer(echo=False), label=label, user_env=env, **kwargs)
 
 
 def test_success_streams_output_into_the_log():
@@ -90,9 +95,10 @@ from pathlib import Path
 from fray._logcapture import LogBuffer
 from fray._procjob import ReplicaProcess
 pidfile = Path(sys.argv[1])
+from fray.job import JobInfo
 replica = ReplicaProcess(
     ["bash", "-c", f"echo $$ > {pidfile}.tmp; mv {pidfile}.tmp {pidfile}; exec sleep 300"],
-    dict(os.environ), LogBuffer(echo=False), label="sleep",
+    JobInfo("job-1", "job"), "local", LogBuffer(echo=False), label="sleep",
 )
 threading.Thread(target=replica.run, daemon=True).start()
 while not pidfile.exists():
@@ -106,3 +112,10 @@ def test_replicas_do_not_outlive_the_process_that_started_them(tmp_path: Path):
     subprocess.run([sys.executable, "-c", _EXITING_CLIENT, str(pidfile)], env=env, timeout=60, check=True)
     pid = int(pidfile.read_text())
     wait_until(lambda: not alive(pid), what=f"replica {pid} to die with its client")
+
+
+def test_the_replica_runs_with_its_identity_and_the_users_variables():
+    logs = LogBuffer(echo=False)
+    script = 'echo "$FRAY_JOB_ID $FRAY_REPLICA_INDEX $FRAY_CLIENT_SPEC $COLOUR"'
+    assert replica(["bash", "-c", script], logs, user_env={"COLOUR": "blue"}).run() is None
+    assert logs.lines() == ["job-1 0 local blue"]

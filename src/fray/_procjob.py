@@ -32,6 +32,7 @@ from fray._lifecycle import Failure
 from fray._logcapture import LogBuffer
 from fray._process import kill_process_group
 from fray._remote import RemoteFailure
+from fray.job import JobInfo, replica_env
 
 __all__ = ["TAIL_LINES", "ReplicaProcess", "callable_argv"]
 
@@ -50,23 +51,28 @@ def callable_argv(payload: Path, failure: Path) -> list[str]:
 class ReplicaProcess:
     """One replica process: start it, stream its output, kill its process group, say how it ended.
 
-    ``label`` names the replica in a failure message (the binary's command, or the
-    callable's name). ``failure_path`` is where a callable replica writes its
-    encoded exception; a binary replica has none.
+    It runs with this process's environment plus :func:`~fray.job.replica_env` of
+    ``info`` (who it is), ``client_spec`` (the backend ``current_client()`` finds there)
+    and ``user_env``. ``label`` names the replica in a failure message (the binary's
+    command, or the callable's name). ``failure_path`` is where a callable replica
+    writes its encoded exception; a binary replica has none.
     """
 
     def __init__(
         self,
         argv: Sequence[str],
-        env: Mapping[str, str],
+        info: JobInfo,
+        client_spec: str,
         logs: LogBuffer,
         *,
         label: str,
+        user_env: Mapping[str, str] | None = None,
         cwd: str | None = None,
         failure_path: Path | None = None,
     ) -> None:
         self.argv = list(argv)
-        self.env = dict(env)
+        # This process's environment, then the replica's own (identity, backend, the user's variables).
+        self.env = {**os.environ, **replica_env(info, client_spec, user_env)}
         self.logs = logs
         self.label = label
         self.cwd = cwd

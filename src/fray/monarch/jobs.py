@@ -15,7 +15,6 @@ actor (anything with a lifecycle, logs and a way to terminate it).
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
 import weakref
@@ -37,7 +36,6 @@ from fray.job import (
     JobInfo,
     JobRequest,
     JobStatus,
-    replica_env,
 )
 from fray.monarch.actors import _RECORDS
 
@@ -160,18 +158,22 @@ class MonarchJob:
 
     def _replica(self, index: int, count: int, attempt: int) -> ReplicaProcess:
         info = JobInfo(self.job_id, self.request.name, index, count, self.namespace, attempt)
-        env = {**os.environ, **replica_env(info, self.client_spec, self.environment.env_vars)}
+        env, cwd = self.environment.env_vars, self.environment.workspace
         entry = self.request.entrypoint
         if isinstance(entry, BinaryEntrypoint):
-            return ReplicaProcess(entry.argv, env, self.log, label=entry.command, cwd=self.environment.workspace)
+            return ReplicaProcess(
+                entry.argv, info, self.client_spec, self.log, label=entry.command, user_env=env, cwd=cwd
+            )
         assert isinstance(entry, CallableEntrypoint) and self._payload is not None
         failure = self.workdir / f"failure-{attempt}-{index}"
         return ReplicaProcess(
             callable_argv(self._payload, failure),
-            env,
+            info,
+            self.client_spec,
             self.log,
             label=getattr(entry.callable, "__qualname__", type(entry.callable).__name__),
-            cwd=self.environment.workspace,
+            user_env=env,
+            cwd=cwd,
             failure_path=failure,
         )
 
