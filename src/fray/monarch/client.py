@@ -230,10 +230,11 @@ class MonarchClient:
                     f"an actor named {taken[0]!r} is already running in this client; shut it down first or pick "
                     "another name"
                 )
-            # Monarch reports failures of "{spawn name}-{suffix}", and drops punctuation from the spawn name:
-            # letters and digits only, so that the name in a report is the name we registered.
+            # Monarch reports failures of "{name}-{suffix}", and drops punctuation from names: letters and
+            # digits only, so that the name in a report is the name we registered. The process mesh has the
+            # same name, so that a failure reported for the processes themselves is recognised as ours too.
             spawn_name = "fray" + re.sub(r"[^A-Za-z0-9]", "", names[0])[:40] + uuid.uuid4().hex[:12]
-            procs = this_host().spawn_procs(per_host={"procs": len(names)})
+            procs = this_host().spawn_procs(per_host={"procs": len(names)}, name=spawn_name)
             hosts = procs.spawn(spawn_name, FrayHost, members, payload)
             mesh = HostMesh(procs, hosts, spawn_name)
             refs = [hosts] if len(names) == 1 else [hosts.slice(procs=i) for i in range(len(names))]
