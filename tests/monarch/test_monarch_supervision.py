@@ -5,6 +5,7 @@ Timing is measured in ``benchmarks/monarch.py``; here only the error type matter
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -117,6 +118,10 @@ def test_failures_of_meshes_fray_does_not_own_go_to_the_previous_hook(monarch_cl
     wait_until(lambda: any(name.startswith("rawactor") for name in seen), 60, "the previous hook to get the failure")
     with pytest.raises(Exception):  # noqa: B017 - Monarch's own error type: this mesh is not Fray's
         raw.pid.call_one().get(timeout=60)
+    # Stopped while the recording hook is in place: no late report of this raw mesh reaches Monarch's
+    # default hook (which exits the process) after the test.
+    with contextlib.suppress(Exception):
+        procs.stop().get(timeout=60)
 
 
 def test_an_actors_own_child_that_dies_fails_only_the_child(monarch_client, uid):
