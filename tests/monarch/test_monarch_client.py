@@ -149,7 +149,7 @@ def test_job_handles_work_only_in_the_submitting_process(monarch_client, uid):
 def test_actor_handle_refuses_another_host_clearly(monarch_client, uid):
     counter = monarch_client.create_actor(Counter, name=f"local-{uid}")
     rebuild, args = counter.__reduce__()
-    elsewhere = rebuild(*args[:4], "some-other-host")
+    elsewhere = rebuild(*args[:4], "some-other-host", "")
     with pytest.raises(ActorUnavailableError, match="only on the host"):
         elsewhere.add(1)
     assert counter.add(1) == 1

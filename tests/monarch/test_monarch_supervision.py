@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 import signal
 import time
 
@@ -57,7 +58,9 @@ class Parent:
             return f"child died: {exc}"
 
 
-def call_expecting_death(handle) -> None:
+def call_expecting_death(handle, go: str) -> None:
+    while not os.path.exists(go):  # called only once the test terminated the actor
+        time.sleep(0.01)
     try:
         handle.ping()
     except ActorDiedError:
@@ -93,14 +96,21 @@ def test_killed_group_member_fails_alone(monarch_client, uid):
     assert group.statuses() == [JobStatus.RUNNING, JobStatus.FAILED, JobStatus.RUNNING]
 
 
-def test_terminated_actor_is_dead_for_handles_in_other_processes(monarch_client, uid):
-    group = monarch_client.create_actor_group(Sleeper, name=f"gone-{uid}", count=1)
-    actor = group.wait_ready(timeout=120)[0]
-    group.shutdown()
-    job = monarch_client.submit(
-        JobRequest(name=f"caller-{uid}", entrypoint=Entrypoint.from_callable(call_expecting_death, args=(actor,)))
+def test_terminated_actor_is_dead_for_handles_in_other_processes(monarch_client, uid, tmp_path):
+    group = monarch_client.create_actor_group(Sleeper, name=f"gone-{uid}", count=3)
+    actors = group.wait_ready(timeout=120)
+    go = tmp_path / "go"
+    caller = JobRequest(
+        name=f"caller-{uid}", entrypoint=Entrypoint.from_callable(call_expecting_death, args=(actors[0], str(go)))
     )
+    job = monarch_client.submit(caller)  # the job holds a handle pickled while the actor lived
+    group.shutdown()
+    assert group.jobs[0].wait(timeout=60) == JobStatus.STOPPED
+    go.write_text("go")
     assert job.wait(timeout=120) == JobStatus.SUCCEEDED
+    late = pickle.dumps(actors[1])  # pickled after the actor ended
+    with pytest.raises(ActorDiedError, match="terminated"):
+        pickle.loads(late).ping()
 
 
 def test_failures_of_meshes_fray_does_not_own_go_to_the_previous_hook(monarch_client, monkeypatch):

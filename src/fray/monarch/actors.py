@@ -48,6 +48,9 @@ __all__ = ["ActorRecord", "HostMesh", "MonarchActorHandle", "MonarchActorMethod"
 # Records of the actors this process created, by job id: a handle unpickled here finds its record.
 _RECORDS: weakref.WeakValueDictionary[str, ActorRecord] = weakref.WeakValueDictionary()
 _HOSTNAME = socket.gethostname()
+# Seconds a terminated member's process is given before it is signalled: enough for the rest of its
+# group to be terminated too (then the whole mesh is stopped gracefully instead).
+_KILL_DELAY = 0.2
 
 
 def _died(message: str, cause: BaseException | None = None) -> ActorDiedError:
@@ -94,6 +97,12 @@ class HostMesh:
     def _stop(self) -> None:
         with contextlib.suppress(Exception):  # already stopped, or Monarch shutting down: nothing left to stop
             self.procs.stop().get(timeout=60)
+
+    @property
+    def stopping(self) -> bool:
+        """True once every member finished and the mesh is being (or was) stopped."""
+        with self._lock:
+            return self._stopper is not None
 
     def join(self, timeout: float | None = None) -> None:
         """Wait until this mesh's processes are stopped (if stopping began)."""
@@ -183,13 +192,20 @@ class ActorRecord:
         return True
 
     def _kill_process(self) -> None:
-        # Stopping a whole Monarch mesh gracefully takes ~0.5 s, and meshes stop one after
-        # another; a member of a group cannot be stopped alone. So the member's process (the
-        # leader of its own process group) is signalled directly, as binary jobs are; Monarch
-        # then sees it exit, and stopping the mesh afterwards takes milliseconds.
+        # Monarch stops a mesh gracefully, but only a whole mesh, ~0.5 s each, one after another.
+        # Once every member finished, the mesh is stopped that way (HostMesh.member_finished); a
+        # member terminated while others still serve is signalled directly instead, as binary jobs
+        # are. The signal waits a moment, so that a group shut down member by member is stopped as
+        # one mesh: a process Fray kills looks like a crash to Monarch, and Monarch 0.7.0 exits the
+        # owning process when another process later calls an actor that crashed (docs/monarch.md).
+        timer = threading.Timer(_KILL_DELAY, self._kill_unless_stopping)
+        timer.daemon = True
+        timer.start()
+
+    def _kill_unless_stopping(self) -> None:
         with self._lock:
             pid = self.pid
-        if pid is None:  # not started yet: _on_ready kills it when it reports in
+        if pid is None or self.mesh.stopping:  # not started yet (_on_ready kills it), or stopped gracefully
             return
         _signal_group(pid, signal.SIGTERM)
         timer = threading.Timer(KILL_GRACE, lambda: pid_alive(pid) and _signal_group(pid, signal.SIGKILL))
@@ -292,12 +308,13 @@ class MonarchActorMethod:
 class MonarchActorHandle:
     """A deferred, picklable handle to a Fray actor on Monarch (see the module docstring)."""
 
-    def __init__(self, name: str, cls: type, ref: Any, job_id: str, host: str = _HOSTNAME) -> None:
+    def __init__(self, name: str, cls: type, ref: Any, job_id: str, host: str = _HOSTNAME, death: str = "") -> None:
         self._name = name
         self._cls = cls
-        self._ref = ref
+        self._ref = ref  # None in a handle pickled after the actor ended: its processes are gone
         self._job_id = job_id
         self._host = host
+        self._death = death
         self._record = _RECORDS.get(job_id) if host == _HOSTNAME else None
         self._ready: concurrent.futures.Future[None] | None = None
 
@@ -311,7 +328,13 @@ class MonarchActorHandle:
         return MonarchActorMethod(self, method_name)
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (MonarchActorHandle, (self._name, self._cls, self._ref, self._job_id, self._host))
+        record = self._record
+        if record is not None and record.dead:  # Monarch cannot pickle a stopped mesh, and need not
+            return (
+                MonarchActorHandle,
+                (self._name, self._cls, None, self._job_id, self._host, str(record.death_error())),
+            )
+        return (MonarchActorHandle, (self._name, self._cls, self._ref, self._job_id, self._host, self._death))
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, MonarchActorHandle) and other._job_id == self._job_id
@@ -327,6 +350,9 @@ class MonarchActorHandle:
     def _fray_ready(self) -> concurrent.futures.Future[None]:
         if self._record is not None:
             return self._record.ready
+        if self._ready is None and self._ref is None:
+            self._ready = concurrent.futures.Future()
+            self._ready.set_exception(_died(self._death))
         if self._ready is None:
             # A handle from another process: ask the actor itself.
             future: concurrent.futures.Future[None] = concurrent.futures.Future()
@@ -353,6 +379,8 @@ class MonarchActorHandle:
         record = self._record
         if record is not None and record.dead:
             raise record.death_error()
+        if self._ref is None:
+            raise _died(self._death)
         if self._host != _HOSTNAME:
             raise ActorUnavailableError(
                 f"actor {self._name!r} lives on host {self._host!r}, this is {_HOSTNAME!r}: Monarch actor handles "
