@@ -86,6 +86,8 @@ VALID_SPECS = (
     "fray://HOST:PORT",
     "iris://HOST:PORT[?workspace=PATH]",
     "iris (inside an Iris task)",
+    "monarch",
+    "monarch?procs=N",
 )
 
 
@@ -110,6 +112,7 @@ _BACKENDS: dict[str, tuple[str, str, str]] = {
     "ray": ("fray.ray", "RayClient", 'pip install "fray[ray]"'),
     "fray": ("fray.cluster.client", "ClusterClient", ""),
     "iris": ("fray.iris.client", "IrisClient", 'pip install "fray[iris]" (Python >= 3.12)'),
+    "monarch": ("fray.monarch", "MonarchClient", 'pip install "fray[monarch]"'),
 }
 
 

@@ -15,12 +15,15 @@ BACKEND_FIXTURES = {
     "local": "local_client",
     "ray": "ray_client",
     "fray": "cluster_client",
+    "monarch": "monarch_client",
 }
+
 # Iris needs Python >= 3.12: on older Pythons tests/iris/test_iris_suite.py runs these tests in a 3.12 venv.
 if iris_installed():
     BACKEND_FIXTURES["iris"] = "iris_client"
 
-# The only conformance tests a backend does not run, each with the reason it cannot apply there.
+# The only conformance tests a backend does not run, each with the reason it cannot apply there: they are
+# skipped for that backend only, with the reason shown. Each entry is a documented limit of the backend.
 NOT_APPLICABLE: dict[str, dict[str, str]] = {
     "iris": {
         "test_terminated_callable_job_stops_running": (

@@ -8,6 +8,8 @@ exit code 2, never a traceback (unless ``fray --debug`` or ``FRAY_DEBUG=1``); se
 
 from __future__ import annotations
 
+import importlib
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -73,15 +75,32 @@ def info(as_json: bool) -> None:
         problem = str(exc)
     modules = {"ray": "ray", "monarch": "monarch", "iris": "iris.client"}
     engines = {name: _importable(module) for name, module in modules.items()}
+    status = {name: "installed" if present else "not installed" for name, present in engines.items()}
+    status["monarch"] = _monarch_status()
     if as_json:
-        click.echo(json.dumps({"version": fray.__version__, "spec": spec, "problem": problem, "engines": engines}))
+        fields = {"version": fray.__version__, "spec": spec, "problem": problem}
+        click.echo(json.dumps({**fields, "engines": engines, "engine_status": status}))
         return
     table = Table(title=f"fray {fray.__version__}", show_header=False)
     table.add_row("FRAY_CLIENT_SPEC", spec + (f"  [red]{problem}[/red]" if problem else ""))
     table.add_row("valid specs", ", ".join(VALID_SPECS))
-    for name, present in engines.items():
-        table.add_row(f"engine {name}", "[green]installed[/green]" if present else "not installed")
+    for name, text in status.items():
+        colour = "green" if text.startswith(("installed", "usable")) else "red" if engines[name] else ""
+        table.add_row(f"engine {name}", f"[{colour}]{text}[/{colour}]" if colour else text)
     stdout_console().print(table)
+
+
+def _monarch_status() -> str:
+    """Whether the Monarch backend can run here: torchmonarch installed, and its native runtime loads."""
+    try:
+        version = importlib.metadata.version("torchmonarch")
+    except importlib.metadata.PackageNotFoundError:
+        return 'not installed (pip install "fray[monarch]")'
+    try:
+        importlib.import_module("fray.monarch")
+    except Exception as exc:  # a broken install fails in many ways; all mean "not usable"
+        return f"installed (torchmonarch {version}) but not usable: {type(exc).__name__}: {exc}"
+    return f"usable (torchmonarch {version})"
 
 
 def _importable(module: str) -> bool:

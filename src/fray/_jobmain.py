@@ -1,0 +1,50 @@
+"""The process that runs one replica of a callable job: ``python -m fray._jobmain PAYLOAD FAILURE``.
+
+It unpickles the entrypoint (so the user's code is only ever opened here, in the
+job's own process), runs it, and when it raises writes
+``RemoteFailure.capture(exc).encode()`` to FAILURE (atomically) and exits 1, so the
+client re-raises the user's own exception. The traceback is printed too, so the
+job's log shows it. Kept free of engine imports: a job that never touches an actor
+starts as fast as Python does.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def main(argv: list[str]) -> int:
+    """Run the entrypoint pickled in ``argv[1]``; report an exception to ``argv[2]``."""
+    payload_path, failure_path = argv[1], argv[2]
+    try:
+        import cloudpickle
+
+        with open(payload_path, "rb") as f:
+            entry = cloudpickle.load(f)
+        entry.callable(*entry.args, **entry.kwargs)
+    except SystemExit as exc:
+        if exc.code in (None, 0):  # sys.exit() or sys.exit(0) is a successful end, as in any program
+            return 0
+        return _report(exc, failure_path)
+    except BaseException as exc:
+        return _report(exc, failure_path)
+    finally:
+        sys.stdout.flush()
+    return 0
+
+
+def _report(exc: BaseException, failure_path: str) -> int:
+    from fray._remote import RemoteFailure
+
+    failure = RemoteFailure.capture(exc)
+    sys.stderr.write(failure.traceback_text)  # the job's log shows the user's frames, as wait() will
+    sys.stderr.flush()
+    with open(failure_path + ".tmp", "wb") as f:
+        f.write(failure.encode())
+    os.replace(failure_path + ".tmp", failure_path)
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,281 @@
+"""``MonarchClient``: the :class:`~fray.client.Client` protocol on PyTorch Monarch (spec ``monarch``).
+
+Jobs are processes on this host driven from the client (:mod:`fray.monarch.jobs`);
+actors are Monarch actors, each on a process of a Monarch process mesh
+(:mod:`fray.monarch.actors`); a group's members are the ranks of one mesh. The
+mapping, its limits and the supervision settings are described in ``docs/monarch.md``.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import re
+import shutil
+import tempfile
+import threading
+import uuid
+import weakref
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import cloudpickle
+from monarch.actor import this_host
+
+from fray._runtime import check_terminated
+from fray._serialization import call_parts, check_picklable
+from fray.actor import ActorGroup, check_actor_request, group_member_names
+from fray.client import ClientSpec
+from fray.errors import ConfigError, FrayError, JobAlreadyExists
+from fray.job import CallableEntrypoint, EnvironmentConfig, JobInfo, JobRequest, current_job
+from fray.monarch import supervision
+from fray.monarch.actors import ActorRecord, HostMesh, MonarchActorHandle
+from fray.monarch.host import FrayHost, MemberSpec
+from fray.monarch.jobs import MonarchJob, MonarchJobHandle
+from fray.resources import CpuConfig, ResourceConfig
+
+__all__ = ["MonarchClient"]
+
+_REQ_NAME_RE = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
+
+
+def _short_id() -> str:
+    return uuid.uuid4().hex[:8]
+
+
+def _check_resources(what: str, resources: ResourceConfig) -> None:
+    """Refuse, by name, the resource fields the Monarch backend cannot honour on one host."""
+    if resources.regions is not None:
+        raise ConfigError(
+            f"{what}: ResourceConfig(regions={list(resources.regions)!r}) cannot be honoured by the Monarch backend, "
+            "which runs everything on this host; drop regions, or use the Ray or Fray cluster backend"
+        )
+    if not isinstance(resources.device, CpuConfig):
+        raise ConfigError(
+            f"{what}: ResourceConfig(device={resources.device!r}) is not supported by the Monarch backend yet "
+            "(it places processes on this host's CPUs); use the Ray or Fray cluster backend for accelerators"
+        )
+
+
+def _check_environment(name: str, environment: EnvironmentConfig) -> None:
+    if environment.docker_image:
+        raise ConfigError(
+            f"job {name!r}: EnvironmentConfig(docker_image={environment.docker_image!r}) is not supported by the "
+            "Monarch backend, which runs jobs as processes on this host; drop docker_image or use another backend"
+        )
+    missing = []
+    for requirement in environment.pip_packages:
+        match = _REQ_NAME_RE.match(requirement)
+        try:
+            importlib.metadata.distribution(match.group(1) if match else requirement)
+        except importlib.metadata.PackageNotFoundError:
+            missing.append(requirement)
+    if missing:
+        raise ConfigError(
+            f"job {name!r} needs pip packages {missing} that are not installed; the Monarch backend runs jobs in "
+            f"this Python environment, so install them first: pip install {' '.join(missing)}"
+        )
+
+
+class MonarchClient:
+    """Jobs as processes on this host, actors as Monarch actors on process meshes.
+
+    ``procs`` (spec ``monarch?procs=N``) is the size of the pool of pre-spawned worker
+    processes that tasks will run on (the job-level API; see ``docs/monarch.md``).
+    Limits: everything runs on this host; ``cpu``, ``ram`` and ``disk`` are not
+    enforced; accelerators and ``regions`` are refused; ``docker_image`` is refused and
+    ``pip_packages`` must already be installed; job handles work in this process only.
+    """
+
+    def __init__(self, procs: int | None = None, *, namespace: str | None = None, echo_logs: bool = False) -> None:
+        if procs is not None and (isinstance(procs, bool) or not isinstance(procs, int) or procs < 1):
+            raise ConfigError(f"MonarchClient(procs={procs!r}) must be a whole number >= 1 or None")
+        supervision.configure()
+        self.client_id = _short_id()
+        self.namespace = namespace or f"monarch-{self.client_id}"
+        self.procs = procs
+        self.spec = "monarch" if procs is None else f"monarch?procs={procs}"
+        self._echo = echo_logs
+        self._workdir = Path(tempfile.mkdtemp(prefix=f"fray-monarch-{self.client_id}-"))
+        # Logs and payloads outlive shutdown() (a finished job's logs stay readable) and go with the client.
+        weakref.finalize(self, shutil.rmtree, str(self._workdir), True)
+        self._lock = threading.Lock()
+        self._jobs: list[MonarchJob] = []
+        self._actors: dict[str, ActorRecord] = {}  # live actors by name
+        self._all_actors: list[ActorRecord] = []
+        self._meshes: list[HostMesh] = []
+        self._closed = False
+
+    @classmethod
+    def from_spec(cls, spec: ClientSpec) -> MonarchClient:
+        """Build from ``monarch`` or ``monarch?procs=N``."""
+        if spec.address is not None:
+            raise spec.invalid("the monarch backend takes no address (it runs on this host)")
+        unknown = set(spec.options) - {"procs"}
+        if unknown:
+            raise spec.invalid(f"unknown option(s) {sorted(unknown)} for monarch")
+        procs = spec.options.get("procs")
+        if procs is None:
+            return cls()
+        if not procs.isdigit() or int(procs) < 1:
+            raise spec.invalid(f"procs={procs!r} must be a whole number >= 1")
+        return cls(procs=int(procs))
+
+    def __repr__(self) -> str:
+        return f"MonarchClient(namespace={self.namespace!r}, procs={self.procs})"
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`shutdown` was called; a closed client accepts no more work."""
+        return self._closed
+
+    def __enter__(self) -> MonarchClient:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.shutdown(wait=exc_type is None)
+
+    # ----- identity ----------------------------------------------------------------------------
+
+    def _new_job_id(self, name: str) -> str:
+        parent = current_job()
+        local_id = f"{name}-{_short_id()}"
+        return f"{parent.job_id}/{local_id}" if parent is not None else local_id
+
+    def _namespace(self) -> str:
+        parent = current_job()
+        return parent.namespace if parent is not None and parent.namespace else self.namespace
+
+    def _check_open(self) -> None:
+        check_terminated()
+        if self._closed:
+            raise FrayError("this MonarchClient is shut down; create a new one")
+
+    # ----- jobs --------------------------------------------------------------------------------
+
+    def submit(self, request: JobRequest) -> MonarchJobHandle:
+        """Start a job as processes on this host (one per replica); returns at once."""
+        self._check_open()
+        if not isinstance(request, JobRequest):
+            raise ConfigError(f"submit() takes a JobRequest, got {type(request).__name__}")
+        _check_resources(f"job {request.name!r}", request.resources)
+        _check_environment(request.name, request.environment or EnvironmentConfig())
+        entry = request.entrypoint
+        if isinstance(entry, CallableEntrypoint):
+            check_picklable(f"job {request.name!r}", call_parts(entry.callable, entry.args, entry.kwargs))
+        job_id = self._new_job_id(request.name)
+        workdir = Path(tempfile.mkdtemp(prefix=f"job-{request.name}-", dir=self._workdir))
+        job = MonarchJob(job_id, request, self._namespace(), self.spec, workdir, echo=self._echo)
+        with self._lock:
+            if self._closed:
+                raise FrayError("this MonarchClient is shut down; create a new one")
+            self._jobs.append(job)
+        job.start()
+        return MonarchJobHandle(job, job_id)
+
+    # ----- actors ------------------------------------------------------------------------------
+
+    def create_actor(
+        self,
+        actor_class: type,
+        *args: Any,
+        name: str,
+        resources: ResourceConfig = ResourceConfig(),  # noqa: B008 - frozen, so sharing the default is safe
+        **kwargs: Any,
+    ) -> MonarchActorHandle:
+        """Start the actor ``name`` on a new Monarch process; the handle is usable at once."""
+        self._check_open()
+        check_actor_request(actor_class, name, resources, args, kwargs)
+        _check_resources(f"actor {name!r}", resources)
+        handles, _ = self._spawn(actor_class, args, kwargs, [name])
+        return handles[0]
+
+    def create_actor_group(
+        self,
+        actor_class: type,
+        *args: Any,
+        name: str,
+        count: int,
+        resources: ResourceConfig = ResourceConfig(),  # noqa: B008
+        **kwargs: Any,
+    ) -> ActorGroup:
+        """Start ``count`` actors ``{name}-0`` ... on one Monarch process mesh of ``count`` processes."""
+        self._check_open()
+        names = group_member_names(name, count)
+        check_actor_request(actor_class, names[0], resources, args, kwargs)
+        _check_resources(f"actor group {name!r}", resources)
+        handles, records = self._spawn(actor_class, args, kwargs, names)
+        return ActorGroup(handles, [MonarchJobHandle(record, record.job_id) for record in records])
+
+    def _spawn(
+        self, cls: type, args: tuple[Any, ...], kwargs: dict[str, Any], names: list[str]
+    ) -> tuple[list[MonarchActorHandle], list[ActorRecord]]:
+        payload = cloudpickle.dumps((cls, args, kwargs))
+        namespace = self._namespace()
+        ids = [self._new_job_id(name) for name in names]
+        logs = [self._workdir / f"actor-{name}-{_short_id()}.log" for name in names]
+        members = [
+            MemberSpec(JobInfo(job_id, name, 0, 1, namespace, 0), self.spec, str(log))
+            for job_id, name, log in zip(ids, names, logs, strict=True)
+        ]
+        with self._lock:
+            if self._closed:
+                raise FrayError("this MonarchClient is shut down; create a new one")
+            taken = [name for name in names if name in self._actors]
+            if taken:
+                raise JobAlreadyExists(
+                    f"an actor named {taken[0]!r} is already running in this client; shut it down first or pick "
+                    "another name"
+                )
+            # Monarch reports failures of "{name}-{suffix}", and drops punctuation from names: letters and
+            # digits only, so that the name in a report is the name we registered. The process mesh has the
+            # same name, so that a failure reported for the processes themselves is recognised as ours too.
+            spawn_name = "fray" + re.sub(r"[^A-Za-z0-9]", "", names[0])[:40] + uuid.uuid4().hex[:12]
+            procs = this_host().spawn_procs(per_host={"procs": len(names)}, name=spawn_name)
+            hosts = procs.spawn(spawn_name, FrayHost, members, payload)
+            mesh = HostMesh(procs, hosts, spawn_name)
+            refs = [hosts] if len(names) == 1 else [hosts.slice(procs=i) for i in range(len(names))]
+            records = [
+                ActorRecord(name, job_id, cls, ref, mesh, log)
+                for name, job_id, ref, log in zip(names, ids, refs, logs, strict=True)
+            ]
+            mesh.members = records
+            for record in records:
+                self._actors[record.name] = record
+                record.lifecycle.add_done_callback(functools.partial(self._forget, record))
+            self._all_actors.extend(records)
+            self._meshes.append(mesh)
+        mesh.watch()
+        for record in records:
+            record.await_ready()
+        return [MonarchActorHandle(r.name, cls, r.ref, r.job_id) for r in records], records
+
+    def _forget(self, record: ActorRecord, _: object = None) -> None:
+        # A finished actor's name is free again.
+        with self._lock:
+            if self._actors.get(record.name) is record:
+                del self._actors[record.name]
+
+    # ----- lifecycle ---------------------------------------------------------------------------
+
+    def shutdown(self, wait: bool = True) -> None:
+        """Stop accepting work; with ``wait``, let running jobs finish first; then stop jobs and actors.
+
+        Returns once the actors' processes are stopped.
+        """
+        with self._lock:
+            self._closed = True
+            jobs, actors, meshes = list(self._jobs), list(self._all_actors), list(self._meshes)
+        # Jobs first, actors after: running jobs may still be calling the actors.
+        for job in jobs:
+            if wait:
+                job.lifecycle.wait_done()
+            else:
+                job.terminate()
+        for record in actors:
+            record.terminate()
+        for mesh in meshes:
+            mesh.join(timeout=60)

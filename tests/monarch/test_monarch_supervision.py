@@ -1,0 +1,144 @@
+"""Supervision on Monarch: a dead actor process surfaces as ActorDiedError, to every caller, wherever it is.
+
+Timing is measured in ``benchmarks/monarch.py``; here only the error type matters, within generous deadlines.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import signal
+import time
+
+import pytest
+
+from fray import ActorDiedError, Entrypoint, JobFailed, JobRequest, JobStatus
+from support import wait_until
+
+monarch_actor = pytest.importorskip("monarch.actor", reason='needs torchmonarch: pip install "fray[monarch]"')
+
+
+class Sleeper:
+    def pid(self) -> int:
+        return os.getpid()
+
+    def sleep(self, seconds: float) -> float:
+        time.sleep(seconds)
+        return seconds
+
+    def ping(self) -> str:
+        return "pong"
+
+
+class RawActor(monarch_actor.Actor):
+    """A plain Monarch actor that Fray does not own."""
+
+    @monarch_actor.endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+
+class Parent:
+    """An actor that creates an actor of its own, through its current client."""
+
+    def __init__(self) -> None:
+        self.child = None
+
+    def spawn_child(self, name: str) -> int:
+        from fray import current_client
+
+        self.child = current_client().create_actor(Sleeper, name=name)
+        return self.child.pid()
+
+    def call_child(self) -> str:
+        try:
+            return self.child.ping()
+        except ActorDiedError as exc:
+            return f"child died: {exc}"
+
+
+def call_expecting_death(handle, go: str) -> None:
+    while not os.path.exists(go):  # called only once the test terminated the actor
+        time.sleep(0.01)
+    try:
+        handle.ping()
+    except ActorDiedError:
+        return
+    raise AssertionError("the call to a terminated actor did not raise ActorDiedError")
+
+
+def test_killed_actor_fails_the_call_in_flight_and_every_later_call(monarch_client, uid):
+    group = monarch_client.create_actor_group(Sleeper, name=f"victim-{uid}", count=1)
+    actor, job = group.wait_ready(timeout=120)[0], group.jobs[0]
+    pid = actor.pid()
+    in_flight = actor.sleep.remote(300)
+    os.kill(pid, signal.SIGKILL)
+    with pytest.raises(ActorDiedError, match="died"):
+        in_flight.result(timeout=60)
+    with pytest.raises(ActorDiedError):
+        actor.ping()
+    with pytest.raises(ActorDiedError):
+        actor.ping.remote().result(timeout=60)
+    assert job.wait(timeout=60, raise_on_failure=False) == JobStatus.FAILED
+    with pytest.raises(JobFailed, match="died"):
+        job.wait(timeout=0)
+
+
+def test_killed_group_member_fails_alone(monarch_client, uid):
+    group = monarch_client.create_actor_group(Sleeper, name=f"grp-{uid}", count=3)
+    handles = group.wait_ready(timeout=120)
+    os.kill(handles[1].pid(), signal.SIGKILL)
+    assert group.jobs[1].wait(timeout=60, raise_on_failure=False) == JobStatus.FAILED
+    assert handles[0].ping() == "pong" and handles[2].ping() == "pong"
+    with pytest.raises(ActorDiedError):
+        handles[1].ping()
+    assert group.statuses() == [JobStatus.RUNNING, JobStatus.FAILED, JobStatus.RUNNING]
+
+
+def test_terminated_actor_is_dead_for_handles_in_other_processes(monarch_client, uid, tmp_path):
+    group = monarch_client.create_actor_group(Sleeper, name=f"gone-{uid}", count=3)
+    actors = group.wait_ready(timeout=120)
+    go = tmp_path / "go"
+    caller = JobRequest(
+        name=f"caller-{uid}", entrypoint=Entrypoint.from_callable(call_expecting_death, args=(actors[0], str(go)))
+    )
+    job = monarch_client.submit(caller)  # the job holds a handle pickled while the actor lived
+    group.shutdown()
+    assert group.jobs[0].wait(timeout=60) == JobStatus.STOPPED
+    go.write_text("go")
+    assert job.wait(timeout=120) == JobStatus.SUCCEEDED
+    late = pickle.dumps(actors[1])  # pickled after the actor ended
+    with pytest.raises(ActorDiedError, match="terminated"):
+        pickle.loads(late).ping()
+
+
+def test_failures_of_meshes_fray_does_not_own_go_to_the_previous_hook(monarch_client, monkeypatch):
+    from fray.monarch import supervision
+
+    seen: list[str] = []
+
+    def previous(failure) -> None:
+        seen.append(str(failure.mesh_name))
+
+    monkeypatch.setattr(supervision, "_previous_hook", previous)
+    procs = monarch_actor.this_host().spawn_procs(per_host={"procs": 1})
+    raw = procs.spawn("rawactor", RawActor)
+    os.kill(raw.pid.call_one().get(timeout=60), signal.SIGKILL)
+    wait_until(lambda: any(name.startswith("rawactor") for name in seen), 60, "the previous hook to get the failure")
+    with pytest.raises(Exception):  # noqa: B017 - Monarch's own error type: this mesh is not Fray's
+        raw.pid.call_one().get(timeout=60)
+    # Stopped while the recording hook is in place: no late report of this raw mesh reaches Monarch's
+    # default hook (which exits the process) after the test.
+    with contextlib.suppress(Exception):
+        procs.stop().get(timeout=60)
+
+
+def test_an_actors_own_child_that_dies_fails_only_the_child(monarch_client, uid):
+    parent = monarch_client.create_actor(Parent, name=f"parent-{uid}")
+    child_pid = parent.spawn_child(f"child-{uid}")
+    assert parent.call_child() == "pong"
+    os.kill(child_pid, signal.SIGKILL)
+    outcome = wait_until(lambda: (r := parent.call_child()) != "pong" and r, 60, "the parent to see its child die")
+    assert outcome.startswith("child died:")
+    assert parent.call_child().startswith("child died:")  # the parent itself lives on
