@@ -5,8 +5,11 @@ each concept lives.
 """
 
 from fray.actor import ActorFuture, ActorGroup, ActorHandle, ActorMethod
+from fray.actor_config import ActorConfig
+from fray.actor_context import ActorContext, current_actor
 from fray.client import Client, client_from_spec, current_client, set_current_client
 from fray.errors import (
+    ActorContextError,
     ActorDiedError,
     ActorUnavailableError,
     AuthenticationError,
@@ -53,6 +56,9 @@ __version__ = "0.1.0"
 __all__ = [
     "GPU_TYPES",
     "TPU_TOPOLOGIES",
+    "ActorConfig",
+    "ActorContext",
+    "ActorContextError",
     "ActorDiedError",
     "ActorFuture",
     "ActorGroup",
@@ -89,6 +95,7 @@ __all__ = [
     "TpuConfig",
     "TpuTopology",
     "client_from_spec",
+    "current_actor",
     "current_client",
     "current_job",
     "parse_size",

@@ -7,6 +7,8 @@
 * :class:`RetryBudget` holds the two budgets (``failure``, ``preemption``), decides
   whether an attempt is retried, and words the outcome -- the same words on every
   backend.
+* :class:`ActorRestartBudget` counts an actor's restarts and its calls' retries, and
+  words the outcome, for every backend that restarts actors itself.
 * :class:`JobLifecycle` is the thread-safe, finish-once state of one job for the
   backends that drive jobs from the client process (local, Ray, Monarch). The Fray
   cluster keeps the same states in SQLite and uses the same table and budget.
@@ -37,6 +39,7 @@ from fray.job import JobStatus
 
 __all__ = [
     "TRANSITIONS",
+    "ActorRestartBudget",
     "Failure",
     "FailureKind",
     "JobLifecycle",
@@ -194,6 +197,41 @@ class RetryBudget:
             f"{failure.message} (gave up after {self.attempts} attempts: {failure.kind.value} retries "
             f"exhausted, {limit} allowed; {self.failures} failure and {self.preemptions} preemption retries used)"
         )
+
+
+@dataclass(frozen=True)
+class ActorRestartBudget:
+    """How many times an actor may still be restarted, and which of its calls may be sent again.
+
+    Only the death of the actor's process (or host) draws on it: an actor whose
+    constructor raised, that ended itself, or that was terminated is never restarted.
+    """
+
+    max_restarts: int
+    max_task_retries: int = 0
+    restarts: int = 0
+
+    def decide(self, actor: str, reason: str) -> tuple[ActorRestartBudget, bool, str]:
+        """The actor's process died of ``reason``: the new budget, whether to restart, and the words for it.
+
+        The words are the reason the actor is restarting, or the final reason it is dead
+        (what every later call's :class:`~fray.errors.ActorDiedError` says).
+        """
+        if self.restarts < self.max_restarts:
+            after = replace(self, restarts=self.restarts + 1)
+            return after, True, f"actor {actor!r} died ({reason}); restart {after.restarts} of {self.max_restarts}"
+        if self.max_restarts == 0:
+            return self, False, f"actor {actor!r} died ({reason}); it allows no restarts (ActorConfig.max_restarts=0)"
+        return (
+            self,
+            False,
+            f"actor {actor!r} died ({reason}) after {self.restarts} restarts; all {self.max_restarts} allowed "
+            "restarts are used up (ActorConfig.max_restarts)",
+        )
+
+    def retries_call(self, retries_so_far: int) -> bool:
+        """True if a call in flight when the actor died, already sent again ``retries_so_far`` times, is sent again."""
+        return retries_so_far < self.max_task_retries
 
 
 class JobLifecycle:

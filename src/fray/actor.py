@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import concurrent.futures
 import inspect
+import threading
 import time
 from collections.abc import Sequence
+from functools import partial
 from typing import Any, Protocol, runtime_checkable
 
 from fray._progress import watch_ready
 from fray._runtime import check_terminated
 from fray._serialization import call_parts, check_picklable
-from fray.errors import ActorDiedError, ConfigError
+from fray.actor_config import ActorConfig, check_actor_config
+from fray.errors import ActorDiedError, ConfigError, JobFailed, RemoteError
 from fray.job import JobHandle, JobStatus, validate_name
 from fray.resources import ResourceConfig
 
@@ -27,8 +30,10 @@ __all__ = [
     "ActorHandle",
     "ActorMethod",
     "RemoteMethod",
+    "actor_resources",
     "check_actor_method",
     "check_actor_request",
+    "constructor_error",
     "group_member_names",
     "public_methods",
 ]
@@ -112,15 +117,36 @@ def check_actor_method(cls: type, name: str) -> None:
 
 
 def check_actor_request(
-    actor_class: object, name: object, resources: object, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> None:
-    """Validate ``create_actor``'s arguments the same way on every backend; raise ConfigError/SerializationError."""
+    actor_class: object,
+    name: object,
+    resources: object,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    actor_config: object = None,
+) -> tuple[ResourceConfig, ActorConfig]:
+    """Validate ``create_actor``'s arguments the same way on every backend; raise ConfigError/SerializationError.
+
+    Returns what the actor reserves (:func:`actor_resources`) and its config (the default for None).
+    """
     validate_name(name, "actor name")
     if not isinstance(actor_class, type):
         raise ConfigError(f"create_actor needs a class, got {type(actor_class).__name__}: {actor_class!r}")
-    if not isinstance(resources, ResourceConfig):
-        raise ConfigError(f"create_actor(resources={resources!r}) must be a ResourceConfig")
+    if resources is not None and not isinstance(resources, ResourceConfig):
+        raise ConfigError(f"create_actor(resources={resources!r}) must be a ResourceConfig or None")
+    config = check_actor_config(actor_config)
     check_picklable(f"actor {name!r}", call_parts(actor_class, args, kwargs, "the class"))
+    return actor_resources(resources), config
+
+
+def actor_resources(resources: ResourceConfig | None) -> ResourceConfig:
+    """What an actor reserves: exactly ``resources`` when given, nothing (no cpu, memory or disk) for None.
+
+    An actor mostly waits for calls, so by default it takes no share of a host: a group
+    of actors fits beside the jobs that call them. Give ``resources=`` to reserve what a
+    busy actor needs, or :meth:`ResourceConfig.placement_only` to constrain where it runs
+    without reserving anything.
+    """
+    return ResourceConfig.placement_only() if resources is None else resources
 
 
 def group_member_names(name: str, count: object) -> list[str]:
@@ -130,40 +156,80 @@ def group_member_names(name: str, count: object) -> list[str]:
     return [f"{name}-{i}" for i in range(count)]
 
 
+def constructor_error(exc: BaseException | None) -> BaseException | None:
+    """The user's exception (in Fray's dual form) if ``exc`` says an actor's constructor raised, else None.
+
+    Every backend fails a dead actor's readiness with :class:`ActorDiedError` whose
+    ``__cause__`` is the constructor's exception as :func:`~fray._remote.remote_error`
+    or :func:`~fray._remote.job_failed` builds it; other deaths have no such cause.
+    """
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, RemoteError | JobFailed) and exc.type_name:
+            return exc
+        exc, seen = exc.__cause__, seen + 1
+    return None
+
+
 class ActorGroup:
     """``count`` instances of one actor class, each its own job, becoming ready independently.
 
     Intentionally thin: it hands out handles and jobs; callers decide how to spread
-    work and what to do when a member dies.
+    work and what to do when a member dies. Handles are handed out exactly: a member
+    is in a :meth:`wait_ready` or :meth:`discover_new` answer once it is ready, and
+    :meth:`discover_new` returns only members not handed out before.
     """
 
-    def __init__(self, handles: Sequence[ActorHandle], jobs: Sequence[JobHandle]) -> None:
+    def __init__(self, handles: Sequence[ActorHandle], jobs: Sequence[JobHandle], name: str = "") -> None:
         if len(handles) != len(jobs):
             raise ValueError("ActorGroup needs one job per handle")
         self._handles = list(handles)
         self._jobs = list(jobs)
+        self._name = name
+        self._lock = threading.Lock()
+        self._order: list[int] = []  # members in the order they became ready
+        self._handed_out: set[int] = set()
         self._ready = [handle._fray_ready() for handle in self._handles]
+        for index, future in enumerate(self._ready):
+            future.add_done_callback(partial(self._on_ready, index))
 
     def __len__(self) -> int:
         return len(self._handles)
 
+    def __repr__(self) -> str:
+        return f"ActorGroup({self._name!r}, {len(self._handles)} members, {self.ready_count} ready)"
+
     def __reduce__(self) -> tuple[object, ...]:
-        return (ActorGroup, (self._handles, self._jobs))
+        return (ActorGroup, (self._handles, self._jobs, self._name))
+
+    def _on_ready(self, index: int, future: concurrent.futures.Future[None]) -> None:
+        if future.exception() is None:
+            with self._lock:
+                self._order.append(index)
+
+    @property
+    def name(self) -> str:
+        """The group's name (members are ``{name}-0`` ... ``{name}-{count-1}``)."""
+        return self._name
 
     @property
     def ready_count(self) -> int:
         """How many members have started and are serving."""
-        return sum(1 for f in self._ready if f.done() and f.exception() is None)
+        with self._lock:
+            return len(self._order)
 
     def wait_ready(
         self, count: int | None = None, timeout: float | None = 300.0, *, progress: bool = False
     ) -> list[ActorHandle]:
-        """Block until at least ``count`` members (default: all) are ready; return the ready handles.
+        """Block until ``count`` members (default: all) are ready; return exactly ``count`` handles.
 
-        The returned list is a snapshot in member order; it does not grow later. Raises
-        ``TimeoutError`` after ``timeout`` seconds and :class:`ActorDiedError` as soon
-        as so many members died that ``count`` can no longer be reached. ``progress``
-        draws a progress bar on a terminal (nothing when stderr is not a TTY).
+        The handles are the first ``count`` members to become ready, in member order; the
+        list is a snapshot that does not grow later. Raises ``TimeoutError`` after
+        ``timeout`` seconds; :class:`ActorDiedError` at once when a member's constructor
+        raised (its message names the member's index, its ``__cause__`` is the
+        constructor's exception in Fray's one error form, also of the user's class), and
+        as soon as so many members died that ``count`` can no longer be reached.
+        ``progress`` draws a progress bar on a terminal (nothing when stderr is not a TTY).
         """
         total = len(self._handles)
         want = total if count is None else count
@@ -173,21 +239,56 @@ class ActorGroup:
         if progress:
             watch_ready(self._ready, want, timeout)
         while True:
-            ready = [i for i, f in enumerate(self._ready) if f.done() and f.exception() is None]
-            if len(ready) >= want:
-                return [self._handles[i] for i in ready]
-            dead = [(i, f.exception()) for i, f in enumerate(self._ready) if f.done() and f.exception() is not None]
-            if total - len(dead) < want:
-                names = ", ".join(f"#{i}: {exc}" for i, exc in dead)
-                raise ActorDiedError(
-                    f"only {total - len(dead)} of {total} actors can still become ready, {want} were asked for; "
-                    f"dead: {names}"
-                ) from dead[0][1]
+            self._raise_if_broken(want)
+            with self._lock:
+                if len(self._order) >= want:
+                    chosen = sorted(self._order[:want])
+                    self._handed_out.update(chosen)
+                    return [self._handles[i] for i in chosen]
+                ready = len(self._order)
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
-                raise TimeoutError(f"wait_ready: {len(ready)} of {total} actors ready after {timeout}s, wanted {want}")
+                raise TimeoutError(f"wait_ready: {ready} of {total} actors ready after {timeout}s, wanted {want}")
             pending = [f for f in self._ready if not f.done()]
             concurrent.futures.wait(pending, timeout=remaining, return_when=concurrent.futures.FIRST_COMPLETED)
+
+    def _raise_if_broken(self, want: int) -> None:
+        dead = [(i, f.exception()) for i, f in enumerate(self._ready) if f.done() and f.exception() is not None]
+        for index, exc in dead:
+            cause = constructor_error(exc)
+            if cause is not None:
+                raise ActorDiedError(
+                    f"{self._member(index)} of {len(self._handles)} died in its constructor: {cause}"
+                ) from cause
+        total = len(self._handles)
+        if total - len(dead) < want:
+            names = ", ".join(f"#{i}: {exc}" for i, exc in dead)
+            raise ActorDiedError(
+                f"only {total - len(dead)} of {total} actors can still become ready, {want} were asked for; "
+                f"dead: {names}"
+            ) from dead[0][1]
+
+    def _member(self, index: int) -> str:
+        return f"member {index} ({self._name}-{index})" if self._name else f"member {index}"
+
+    def discover_new(self) -> list[ActorHandle]:
+        """The members that are ready and were not handed out by an earlier ``wait_ready`` or ``discover_new``.
+
+        Never blocks; in member order. Members that died are not reported here (see :meth:`statuses`).
+        """
+        with self._lock:
+            fresh = sorted(set(self._order) - self._handed_out)
+            self._handed_out.update(fresh)
+        return [self._handles[i] for i in fresh]
+
+    def is_done(self) -> bool:
+        """True once every member's job has finished (stopped, failed, or ended itself)."""
+        return all(job.status().finished for job in self._jobs)
+
+    @property
+    def handles(self) -> list[ActorHandle]:
+        """Every member's handle, ready or not, in member order."""
+        return list(self._handles)
 
     @property
     def jobs(self) -> list[JobHandle]:
@@ -199,6 +300,6 @@ class ActorGroup:
         return [job.status() for job in self._jobs]
 
     def shutdown(self) -> None:
-        """Terminate every member."""
+        """Terminate every member (each sees ``current_actor().shutdown_requested`` first)."""
         for job in self._jobs:
             job.terminate()

@@ -15,6 +15,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 from fray._runtime import check_terminated
 from fray.actor import ActorGroup, ActorHandle
+from fray.actor_config import ActorConfig
 from fray.errors import ConfigError
 from fray.job import JobHandle, JobRequest
 from fray.resources import ResourceConfig
@@ -48,10 +49,17 @@ class Client(Protocol):
         actor_class: type,
         *args: Any,
         name: str,
-        resources: ResourceConfig = ResourceConfig(),  # noqa: B008 - frozen, so sharing the default is safe
+        resources: ResourceConfig | None = None,
+        actor_config: ActorConfig | None = None,
         **kwargs: Any,
     ) -> ActorHandle:
-        """Create the actor ``name`` as ``actor_class(*args, **kwargs)``; returns a deferred handle at once."""
+        """Create the actor ``name`` as ``actor_class(*args, **kwargs)``; returns a deferred handle at once.
+
+        ``resources=None`` (the default) reserves no cpu, memory or disk: see
+        :func:`fray.actor.actor_resources`. ``actor_config`` sets concurrency, restarts
+        and lifetime (:class:`~fray.actor_config.ActorConfig`); a field the backend cannot
+        honour raises :class:`~fray.errors.ConfigError` naming it.
+        """
         ...
 
     def create_actor_group(
@@ -60,7 +68,8 @@ class Client(Protocol):
         *args: Any,
         name: str,
         count: int,
-        resources: ResourceConfig = ResourceConfig(),  # noqa: B008
+        resources: ResourceConfig | None = None,
+        actor_config: ActorConfig | None = None,
         **kwargs: Any,
     ) -> ActorGroup:
         """Create ``count`` actors named ``{name}-0`` ... ``{name}-{count-1}``, each its own job."""

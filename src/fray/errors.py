@@ -17,6 +17,7 @@ uncaught error prints where it happened.
 from __future__ import annotations
 
 __all__ = [
+    "ActorContextError",
     "ActorDiedError",
     "ActorUnavailableError",
     "AuthenticationError",
@@ -191,6 +192,15 @@ class ActorDiedError(FrayError):
     """The actor is gone: its constructor raised, its process died, or it was shut down.
 
     Calls to it will never succeed; ``__cause__`` holds the original error when known.
+    """
+
+
+class ActorContextError(FrayError, RuntimeError):
+    """:func:`fray.current_actor` was used where it has no meaning.
+
+    Raised when it is called outside an actor's constructor or method (in a plain job
+    or in the driver), and when an actor asks to end twice (``exit()`` or ``fail()``
+    after one of them was already called).
     """
 
 

@@ -32,6 +32,8 @@ from fray._logcapture import capture_to
 from fray._runtime import check_terminated, terminating_on
 from fray._serialization import call_parts, check_picklable
 from fray.actor import ActorGroup, check_actor_request, group_member_names
+from fray.actor_config import ActorConfig
+from fray.actor_context import bind_actor
 from fray.client import ClientSpec, _bind_client
 from fray.errors import ConfigError, FrayError, JobAlreadyExists
 from fray.job import (
@@ -402,6 +404,7 @@ class LocalClient:
     ) -> Failure | None:
         _bind_client(self)
         _current_job.set(info)
+        bind_actor(None)  # a job started from an actor's method is not that actor
         env = dict(environment.env_vars)
         run = attempt.stoppable()
         with capture_to(job.logs), terminating_on(job.job_id, attempt.stopping):
@@ -427,12 +430,30 @@ class LocalClient:
         actor_class: type,
         *args: Any,
         name: str,
-        resources: ResourceConfig = ResourceConfig(),  # noqa: B008 - frozen, so sharing the default is safe
+        resources: ResourceConfig | None = None,
+        actor_config: ActorConfig | None = None,
         **kwargs: Any,
     ) -> LocalActorHandle:
-        """Start the actor ``name`` on its own thread; the handle is usable at once."""
+        """Start the actor ``name`` on its own thread(s); the handle is usable at once.
+
+        Every :class:`~fray.actor_config.ActorConfig` field is honoured. Resources reserve
+        nothing here (actors do not take thread slots); a ``detached`` actor survives
+        :meth:`shutdown` but, like everything of this backend, ends with the process.
+        """
+        return self._create_actor(actor_class, args, kwargs, name, resources, actor_config, None)
+
+    def _create_actor(
+        self,
+        actor_class: type,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        name: str,
+        resources: ResourceConfig | None,
+        actor_config: ActorConfig | None,
+        group: tuple[str, int] | None,
+    ) -> LocalActorHandle:
         check_terminated()
-        check_actor_request(actor_class, name, resources, args, kwargs)
+        _, config = check_actor_request(actor_class, name, resources, args, kwargs, actor_config)
         with self._lock:
             if name in self._actors_by_name:
                 raise JobAlreadyExists(
@@ -442,7 +463,7 @@ class LocalClient:
         job = self._new_job(name)
         try:
             info = JobInfo(job.job_id, name, 0, 1, self._parent_namespace(), 0)
-            actor = LocalActor(self, job, actor_class, info, self._forget_actor)
+            actor = LocalActor(self, job, actor_class, info, self._forget_actor, config, group)
             with self._lock:
                 if name in self._actors_by_name:  # lost a race with another creator
                     self._jobs.pop(job.job_id, None)
@@ -461,16 +482,17 @@ class LocalClient:
         *args: Any,
         name: str,
         count: int,
-        resources: ResourceConfig = ResourceConfig(),  # noqa: B008
+        resources: ResourceConfig | None = None,
+        actor_config: ActorConfig | None = None,
         **kwargs: Any,
     ) -> ActorGroup:
         """Start ``count`` actors ``{name}-0`` ... ``{name}-{count-1}``; returns at once."""
         handles = [
-            self.create_actor(actor_class, *args, name=member, resources=resources, **kwargs)
-            for member in group_member_names(name, count)
+            self._create_actor(actor_class, args, kwargs, member, resources, actor_config, (name, index))
+            for index, member in enumerate(group_member_names(name, count))
         ]
         jobs = [LocalJobHandle(h._actor_or_raise().job) for h in handles]
-        return ActorGroup(handles, jobs)
+        return ActorGroup(handles, jobs, name)
 
     def _forget_actor(self, actor: LocalActor) -> None:
         with self._lock:
@@ -484,9 +506,10 @@ class LocalClient:
         with self._lock:
             self._closed = True
             jobs = list(self._jobs.values())
-            actor_jobs = set(self._actors_by_job)
-        plain = [job for job in jobs if job.job_id not in actor_jobs]
-        hosts = [job for job in jobs if job.job_id in actor_jobs]
+            actors = dict(self._actors_by_job)
+        plain = [job for job in jobs if job.job_id not in actors]
+        # Detached actors outlive the client (not the process: nothing of this backend can).
+        hosts = [job for job in jobs if job.job_id in actors and not actors[job.job_id].config.detached]
         if wait:
             for job in plain:
                 job.lifecycle.wait_done()

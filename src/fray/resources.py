@@ -242,6 +242,20 @@ class ResourceConfig:
                 )
             object.__setattr__(self, "regions", regions)
 
+    @classmethod
+    def placement_only(cls, *, preemptible: bool = True, regions: Sequence[str] | None = None) -> ResourceConfig:
+        """Reserve nothing (no cpu, memory or disk), only constrain where the work runs.
+
+        What an actor created without ``resources=`` gets; pass it explicitly to keep
+        an actor, say, on a non-preemptible host: ``placement_only(preemptible=False)``.
+        """
+        return cls(cpu=0, ram="0b", disk="0b", preemptible=preemptible, regions=regions)
+
+    @property
+    def reserves_nothing(self) -> bool:
+        """True when no cpu, memory, disk or accelerator is reserved (only placement constraints apply)."""
+        return self.cpu == 0 and self.ram_bytes == 0 and self.disk_bytes == 0 and isinstance(self.device, CpuConfig)
+
     @property
     def ram_bytes(self) -> int:
         """``ram`` in bytes."""

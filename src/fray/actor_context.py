@@ -1,0 +1,153 @@
+"""What an actor knows about itself: :func:`current_actor` and the :class:`ActorContext` it returns.
+
+Every backend builds one :class:`ActorContext` per actor instance (a restarted actor
+gets a new one) and makes it current while the actor's constructor and methods run:
+in a context variable for backends that run actors as threads of a shared process
+(the local backend), and for the whole process where the actor owns its process (Ray,
+the Fray cluster), so threads the actor starts see it too.
+
+An actor ends itself with :meth:`ActorContext.exit` or :meth:`ActorContext.fail`: the
+context records the request, and the backend acts on it once the call that made it
+returns (:meth:`ActorContext.end_request`).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from fray.errors import ActorContextError
+from fray.job import current_job
+
+__all__ = ["SHUTDOWN_GRACE", "ActorContext", "ActorEnd", "bind_actor", "current_actor", "set_process_actor"]
+
+SHUTDOWN_GRACE = 2.0
+"""Seconds a terminated actor's running method is given, after ``shutdown_requested`` is set, before it is
+stopped by force (a thread stopped, a process killed)."""
+
+
+@dataclass(frozen=True)
+class ActorEnd:
+    """How an actor asked to end: ``error`` is None for ``exit()``, the exception given to ``fail()`` otherwise."""
+
+    error: BaseException | None = None
+
+
+class ActorContext:
+    """Who the running actor is, and how it ends itself. Returned by :func:`current_actor`.
+
+    * ``name``: the actor's name (``{group}-{index}`` for a member of a group);
+    * ``group_name``: the group's name, or None for an actor created alone;
+    * ``index``: the member's index in its group, 0 for an actor created alone;
+    * ``handle``: a handle to this very actor, picklable: give it to jobs and other
+      actors so they can call back (do not call it from the actor's own method when
+      ``max_concurrency`` is 1: the call would wait for the method that makes it);
+    * ``shutdown_requested``: a :class:`threading.Event` set when the actor's job is
+      being terminated or its group shut down, so a long method can stop cleanly (the
+      actor is stopped for good after a grace period);
+    * ``exit()`` ends the actor's job as SUCCEEDED once the current call returns;
+    * ``fail(exc)`` ends it as FAILED with ``exc`` once the current call returns: the
+      job's ``wait()`` raises ``exc`` in Fray's one error form, and calls to the actor
+      raise :class:`~fray.errors.ActorDiedError` whose ``__cause__`` is that error.
+
+    After ``exit()`` or ``fail()`` no new call starts (each fails with
+    ``ActorDiedError``) and the actor is not restarted.
+    """
+
+    def __init__(self, name: str, group_name: str | None, index: int, handle: Callable[[], Any]) -> None:
+        self._name = name
+        self._group_name = group_name
+        self._index = index
+        self._handle_source = handle
+        self._handle: Any = None
+        self.shutdown_requested = threading.Event()
+        self._lock = threading.Lock()
+        self._end: ActorEnd | None = None
+
+    def __repr__(self) -> str:
+        group = f", group={self._group_name!r}, index={self._index}" if self._group_name is not None else ""
+        return f"ActorContext({self._name!r}{group})"
+
+    def __reduce__(self) -> tuple[object, ...]:
+        raise TypeError("an ActorContext belongs to its actor; pass current_actor().handle instead")
+
+    @property
+    def name(self) -> str:
+        """The actor's name."""
+        return self._name
+
+    @property
+    def group_name(self) -> str | None:
+        """The name of the actor's group, None if it was created alone."""
+        return self._group_name
+
+    @property
+    def index(self) -> int:
+        """The actor's index in its group (0 if it was created alone)."""
+        return self._index
+
+    @property
+    def handle(self) -> Any:
+        """A picklable handle to this actor (an :class:`~fray.actor.ActorHandle`)."""
+        with self._lock:
+            if self._handle is None:
+                self._handle = self._handle_source()  # built on first use: it may connect to a controller
+            return self._handle
+
+    def exit(self) -> None:
+        """End the actor's job as SUCCEEDED once the current call returns; ActorContextError if already ending."""
+        self._request(ActorEnd(None), "exit()")
+
+    def fail(self, exc: BaseException) -> None:
+        """End the actor's job as FAILED with ``exc`` once the current call returns."""
+        if not isinstance(exc, BaseException):
+            raise ActorContextError(
+                f"current_actor().fail() takes an exception instance, e.g. fail(RuntimeError('why')), got {exc!r}"
+            )
+        self._request(ActorEnd(exc), "fail()")
+
+    def _request(self, end: ActorEnd, what: str) -> None:
+        with self._lock:
+            if self._end is not None:
+                before = "exit()" if self._end.error is None else f"fail({self._end.error!r})"
+                raise ActorContextError(
+                    f"actor {self._name!r}: {what} called after {before} was already called; an actor ends once "
+                    "(it ends when the call that asked returns)"
+                )
+            self._end = end
+
+    def end_request(self) -> ActorEnd | None:
+        """What the actor asked for (``exit()`` or ``fail()``), or None: read by the backend after each call."""
+        with self._lock:
+            return self._end
+
+
+_current: contextvars.ContextVar[ActorContext | None] = contextvars.ContextVar("fray_current_actor", default=None)
+_process_actor: ActorContext | None = None
+
+
+def current_actor() -> ActorContext:
+    """The actor whose constructor or method is running; :class:`~fray.errors.ActorContextError` elsewhere."""
+    context = _current.get() or _process_actor
+    if context is None:
+        job = current_job()
+        where = f"job {job.name!r}, which is not an actor" if job is not None else "code outside any actor"
+        raise ActorContextError(
+            f"current_actor() was called from {where}; it works only inside an actor's constructor or methods "
+            "(create one with client.create_actor), so pass what a job needs as its arguments"
+        )
+    return context
+
+
+def bind_actor(context: ActorContext | None) -> contextvars.Token[ActorContext | None]:
+    """Make ``context`` the current actor in this context (None: no actor, e.g. a job started from an actor)."""
+    return _current.set(context)
+
+
+def set_process_actor(context: ActorContext | None) -> None:
+    """Make ``context`` the current actor of the whole process (backends whose actor owns its process)."""
+    global _process_actor
+    _process_actor = context
