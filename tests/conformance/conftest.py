@@ -24,7 +24,21 @@ if iris_installed():
 
 # The only conformance tests a backend does not run, each with the reason it cannot apply there: they are
 # skipped for that backend only, with the reason shown. Each entry is a documented limit of the backend.
+_MONARCH_NO_RESTARTS = (
+    "the Monarch backend restarts no actor and kills no actor process on purpose (Monarch 0.7.0 exits the "
+    "creating process after a crashed actor is called): ActorConfig(max_restarts, max_task_retries) and "
+    "kill_actor are refused by name (tests/monarch/test_monarch_actor_config.py)"
+)
 NOT_APPLICABLE: dict[str, dict[str, str]] = {
+    "monarch": {
+        "test_killed_actor_restarts_and_in_flight_calls_fail": _MONARCH_NO_RESTARTS,
+        "test_killed_actor_without_restarts_stays_dead": _MONARCH_NO_RESTARTS,
+        "test_call_in_flight_is_retried_on_the_restarted_actor": _MONARCH_NO_RESTARTS,
+        "test_detached_actor_outlives_its_client": (
+            "Monarch's processes are children of the client's process and end with it: "
+            "ActorConfig(lifetime='detached') is refused by name (tests/monarch/test_monarch_actor_config.py)"
+        ),
+    },
     "iris": {
         "test_terminated_callable_job_stops_running": (
             "Iris reports a cancelled job KILLED when its controller records the cancel; the worker kills "

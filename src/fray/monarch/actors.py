@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import functools
 import os
 import signal
 import socket
@@ -38,10 +39,11 @@ from fray._remote import RemoteFailure, remote_error
 from fray._runtime import check_terminated
 from fray._serialization import check_call_picklable
 from fray.actor import ActorFuture, check_actor_method
-from fray.errors import ActorDiedError, ActorUnavailableError, FrayError, SerializationError
+from fray.actor_context import SHUTDOWN_GRACE
+from fray.errors import ActorDiedError, ActorUnavailableError, ConfigError, FrayError, SerializationError
 from fray.monarch import supervision
 from fray.monarch.futures import CallFuture, send_then, when_done
-from fray.monarch.host import DEAD, ERROR, OK, PICKLED, UNPICKLABLE
+from fray.monarch.host import DEAD, ENDED, ERROR, OK, PICKLED, UNPICKLABLE
 
 __all__ = ["ActorRecord", "HostMesh", "MonarchActorHandle", "MonarchActorMethod", "unwrap_reply"]
 
@@ -125,6 +127,7 @@ class ActorRecord:
         self.lifecycle = JobLifecycle(job_id)
         self.ready: concurrent.futures.Future[None] = concurrent.futures.Future()
         self.pid: int | None = None
+        self.terminating = False
         self._death: ActorDiedError | None = None
         self._lock = threading.Lock()
         _RECORDS[job_id] = self
@@ -134,9 +137,9 @@ class ActorRecord:
 
     # ----- becoming ready ----------------------------------------------------------------------
 
-    def await_ready(self) -> None:
-        """Ask the actor whether it is serving; the answer arrives in :meth:`_on_ready`."""
-        when_done(self.ref.ready.call_one(), self._on_ready)
+    def await_ready(self, handle: MonarchActorHandle) -> None:
+        """Ask the actor whether it is serving (giving it ``handle``, its own); the answer goes to :meth:`_on_ready`."""
+        when_done(self.ref.ready.call_one(handle), self._on_ready)
 
     def _on_ready(self, result: Any, exc: BaseException | None) -> None:
         if exc is not None:
@@ -154,6 +157,11 @@ class ActorRecord:
         self.lifecycle.start()
         with contextlib.suppress(concurrent.futures.InvalidStateError):
             self.ready.set_result(None)
+        when_done(self.ref.watch_end.call_one(), self._on_end)
+
+    def _on_end(self, result: Any, exc: BaseException | None) -> None:
+        if exc is None:  # an error means the actor died or was stopped: reported elsewhere
+            self.ended(result[1])
 
     def probe(self, reason: str) -> None:
         """Check with a cheap call whether this member is still alive; if not, it died of ``reason``."""
@@ -174,8 +182,30 @@ class ActorRecord:
         message = f"actor {self.name!r} died: {reason}"
         self._finish(_died(message), lambda: self.lifecycle.fail(Failure(message)))
 
+    def ended(self, payload: bytes | None) -> None:
+        """The actor ended itself: ``exit()`` (``payload`` None) or ``fail()`` (an encoded :class:`Failure`)."""
+        if payload is None:
+            death = _died(f"actor {self.name!r} ended itself (current_actor().exit())")
+            move: Callable[[], bool] = self.lifecycle.succeed
+        else:
+            failure = Failure.decode(payload)
+            death = _died(
+                f"actor {self.name!r} {failure.message}",
+                remote_error(failure.remote) if failure.remote is not None else None,
+            )
+            move = functools.partial(self.lifecycle.fail, failure)
+        if self._finish(death, move):
+            self._kill_process()
+
     def terminate(self) -> None:
-        """Stop the actor: its job ends STOPPED, its callers get ActorDiedError, its process goes."""
+        """Stop the actor: its code sees ``shutdown_requested`` (a grace for running calls), then it goes.
+
+        Its job ends STOPPED, its callers get ActorDiedError, its process is stopped.
+        """
+        self.terminating = True  # from now on calls fail, and answers still to come are dropped
+        if self.ready.done() and not self.dead:
+            with contextlib.suppress(Exception):  # dead already, or Monarch going away: stop it regardless
+                self.ref.notify_shutdown.call_one(SHUTDOWN_GRACE).get(timeout=SHUTDOWN_GRACE + 5.0)
         if self._finish(_died(f"actor {self.name!r} was terminated"), self.lifecycle.stop):
             self._kill_process()
 
@@ -215,8 +245,15 @@ class ActorRecord:
     def death_error(self) -> ActorDiedError:
         """A fresh ActorDiedError saying why the actor is gone (one per caller: shared exceptions tangle)."""
         death = self._death
+        if death is None and self.terminating:
+            return _died(f"actor {self.name!r} was terminated")
         assert death is not None
         return _died(str(death), death.__cause__)
+
+    @property
+    def refusing(self) -> bool:
+        """True once the actor is dead or being terminated: calls fail with :meth:`death_error`."""
+        return self._death is not None or self.terminating
 
     @property
     def dead(self) -> bool:
@@ -238,6 +275,8 @@ class ActorRecord:
 def unwrap_reply(name: str, method: str, reply: tuple[str, Any], record: ActorRecord | None = None) -> Any:
     """The value of a :class:`~fray.monarch.host.FrayHost` reply, or the Fray error it stands for."""
     tag, payload = reply
+    if record is not None and record.terminating:  # answered while it was being terminated: the call died with it
+        raise record.death_error()
     if tag == OK:
         return payload
     if tag == PICKLED:
@@ -246,6 +285,14 @@ def unwrap_reply(name: str, method: str, reply: tuple[str, Any], record: ActorRe
         raise remote_error(RemoteFailure.decode(payload))
     if tag == UNPICKLABLE:
         raise SerializationError(payload)
+    if tag == ENDED:
+        if record is not None:
+            record.ended(payload)
+            raise record.death_error()
+        if payload is None:
+            raise _died(f"actor {name!r} ended itself (current_actor().exit())")
+        failure = Failure.decode(payload)
+        raise _died(f"actor {name!r} {failure.message}", remote_error(failure.remote) if failure.remote else None)
     if tag == DEAD:
         remote = RemoteFailure.decode(payload)
         if record is not None:
@@ -342,6 +389,13 @@ class MonarchActorHandle:
     def __hash__(self) -> int:
         return hash(self._job_id)
 
+    def _fray_kill(self) -> None:
+        raise ConfigError(
+            f"kill_actor({self!r}): the Monarch backend does not kill actor processes on purpose: Monarch 0.7.0 "
+            "exits the process that created an actor soon after another process calls a crashed one "
+            "(docs/monarch.md); test crash handling on the local, Ray or Fray cluster backend"
+        )
+
     @property
     def monarch_ref(self) -> Any:
         """The Monarch ``ActorMesh`` of this actor's :class:`~fray.monarch.host.FrayHost` (one rank)."""
@@ -377,7 +431,7 @@ class MonarchActorHandle:
 
     def _send(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         record = self._record
-        if record is not None and record.dead:
+        if record is not None and record.refusing:
             raise record.death_error()
         if self._ref is None:
             raise _died(self._death)

@@ -26,6 +26,7 @@ from monarch.actor import this_host
 from fray._runtime import check_terminated
 from fray._serialization import call_parts, check_picklable
 from fray.actor import ActorGroup, check_actor_request, group_member_names
+from fray.actor_config import ActorConfig, check_actor_config_supported
 from fray.client import ClientSpec
 from fray.errors import ConfigError, FrayError, JobAlreadyExists
 from fray.job import CallableEntrypoint, EnvironmentConfig, JobInfo, JobRequest, current_job
@@ -38,6 +39,10 @@ from fray.resources import CpuConfig, ResourceConfig
 __all__ = ["MonarchClient"]
 
 _REQ_NAME_RE = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
+
+
+# The ActorConfig fields this backend honours: Monarch restarts nothing, and its processes end with the client's.
+_ACTOR_CONFIG = frozenset({"max_concurrency"})
 
 
 def _short_id() -> str:
@@ -183,14 +188,20 @@ class MonarchClient:
         actor_class: type,
         *args: Any,
         name: str,
-        resources: ResourceConfig = ResourceConfig(),  # noqa: B008 - frozen, so sharing the default is safe
+        resources: ResourceConfig | None = None,
+        actor_config: ActorConfig | None = None,
         **kwargs: Any,
     ) -> MonarchActorHandle:
-        """Start the actor ``name`` on a new Monarch process; the handle is usable at once."""
+        """Start the actor ``name`` on a new Monarch process; the handle is usable at once.
+
+        Of :class:`~fray.actor_config.ActorConfig`, ``max_concurrency`` is honoured; restarts,
+        call retries and a detached lifetime are refused by name (see ``docs/monarch.md``).
+        """
         self._check_open()
-        check_actor_request(actor_class, name, resources, args, kwargs)
-        _check_resources(f"actor {name!r}", resources)
-        handles, _ = self._spawn(actor_class, args, kwargs, [name])
+        reserved, config = check_actor_request(actor_class, name, resources, args, kwargs, actor_config)
+        check_actor_config_supported("Monarch", config, _ACTOR_CONFIG)
+        _check_resources(f"actor {name!r}", reserved)
+        handles, _ = self._spawn(actor_class, args, kwargs, [name], config, None)
         return handles[0]
 
     def create_actor_group(
@@ -199,27 +210,37 @@ class MonarchClient:
         *args: Any,
         name: str,
         count: int,
-        resources: ResourceConfig = ResourceConfig(),  # noqa: B008
+        resources: ResourceConfig | None = None,
+        actor_config: ActorConfig | None = None,
         **kwargs: Any,
     ) -> ActorGroup:
         """Start ``count`` actors ``{name}-0`` ... on one Monarch process mesh of ``count`` processes."""
         self._check_open()
         names = group_member_names(name, count)
-        check_actor_request(actor_class, names[0], resources, args, kwargs)
-        _check_resources(f"actor group {name!r}", resources)
-        handles, records = self._spawn(actor_class, args, kwargs, names)
-        return ActorGroup(handles, [MonarchJobHandle(record, record.job_id) for record in records])
+        reserved, config = check_actor_request(actor_class, names[0], resources, args, kwargs, actor_config)
+        check_actor_config_supported("Monarch", config, _ACTOR_CONFIG)
+        _check_resources(f"actor group {name!r}", reserved)
+        handles, records = self._spawn(actor_class, args, kwargs, names, config, name)
+        return ActorGroup(handles, [MonarchJobHandle(record, record.job_id) for record in records], name)
 
     def _spawn(
-        self, cls: type, args: tuple[Any, ...], kwargs: dict[str, Any], names: list[str]
+        self,
+        cls: type,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        names: list[str],
+        config: ActorConfig,
+        group: str | None,
     ) -> tuple[list[MonarchActorHandle], list[ActorRecord]]:
         payload = cloudpickle.dumps((cls, args, kwargs))
         namespace = self._namespace()
         ids = [self._new_job_id(name) for name in names]
         logs = [self._workdir / f"actor-{name}-{_short_id()}.log" for name in names]
         members = [
-            MemberSpec(JobInfo(job_id, name, 0, 1, namespace, 0), self.spec, str(log))
-            for job_id, name, log in zip(ids, names, logs, strict=True)
+            MemberSpec(
+                JobInfo(job_id, name, 0, 1, namespace, 0), self.spec, str(log), group, index, config.max_concurrency
+            )
+            for index, (job_id, name, log) in enumerate(zip(ids, names, logs, strict=True))
         ]
         with self._lock:
             if self._closed:
@@ -249,9 +270,10 @@ class MonarchClient:
             self._all_actors.extend(records)
             self._meshes.append(mesh)
         mesh.watch()
-        for record in records:
-            record.await_ready()
-        return [MonarchActorHandle(r.name, cls, r.ref, r.job_id) for r in records], records
+        handles = [MonarchActorHandle(r.name, cls, r.ref, r.job_id) for r in records]
+        for record, handle in zip(records, handles, strict=True):
+            record.await_ready(handle)
+        return handles, records
 
     def _forget(self, record: ActorRecord, _: object = None) -> None:
         # A finished actor's name is free again.

@@ -15,7 +15,14 @@ caller sees is worded by Fray, not by Monarch:
 * ``(PICKLED, bytes)`` -- the value cloudpickled here, where a failure to pickle it
   can still be reported in Fray's words (``(UNPICKLABLE, message)``);
 * ``(ERROR, RemoteFailure bytes)`` -- the method raised;
-* ``(DEAD, RemoteFailure bytes)`` -- the constructor raised; the actor never served.
+* ``(DEAD, RemoteFailure bytes)`` -- the constructor raised; the actor never served;
+* ``(ENDED, Failure bytes or None)`` -- the actor ended itself (``current_actor().exit()``
+  or ``fail()``) before this call ran.
+
+Calls run on a pool of ``max_concurrency`` threads (one: in arrival order) and are
+answered through an explicit response port, so the actor's Monarch message loop stays
+free for the control endpoints: :meth:`FrayHost.watch_end` (answered when the actor
+ends itself) and :meth:`FrayHost.notify_shutdown` (sets ``shutdown_requested``).
 
 The same endpoint will run tasks on pre-spawned processes: a task is a call of a
 stateless runner object's method (see ``docs/monarch.md``).
@@ -25,23 +32,28 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
+import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import cloudpickle
-from monarch.actor import Actor, current_rank, endpoint
+from monarch.actor import Actor, Port, current_rank, endpoint
 
 from fray._eventloop import ActorLoop, invoke
+from fray._lifecycle import Failure
 from fray._remote import RemoteFailure
 from fray._serialization import check_result_picklable
-from fray.errors import SerializationError
+from fray.actor_context import ActorContext, set_process_actor
+from fray.errors import ActorContextError, SerializationError
 from fray.job import JobInfo, replica_env
 from fray.monarch import supervision
 
-__all__ = ["DEAD", "ERROR", "OK", "PICKLED", "UNPICKLABLE", "FrayHost", "MemberSpec", "travels_as_is"]
+__all__ = ["DEAD", "ENDED", "ERROR", "OK", "PICKLED", "UNPICKLABLE", "FrayHost", "MemberSpec", "travels_as_is"]
 
-OK, PICKLED, ERROR, UNPICKLABLE, DEAD = "ok", "pickled", "error", "unpicklable", "dead"
+OK, PICKLED, ERROR, UNPICKLABLE, DEAD, ENDED = "ok", "pickled", "error", "unpicklable", "dead", "ended"
 
 # Values of these exact types always pickle, so they go back as they are: no second
 # pickling here, no copy of a large bytes payload.
@@ -64,10 +76,13 @@ class MemberSpec:
     info: JobInfo
     client_spec: str
     log_path: str
+    group: str | None = None
+    index: int = 0
+    max_concurrency: int = 1
 
 
 class FrayHost(Actor):
-    """Hosts one Fray actor per rank: builds it, serves its method calls one at a time, in order."""
+    """Hosts one Fray actor per rank: builds it, serves its calls on up to ``max_concurrency`` threads."""
 
     def __init__(self, members: Sequence[MemberSpec], payload: bytes) -> None:
         member = members[current_rank().rank]
@@ -77,6 +92,14 @@ class FrayHost(Actor):
         # its environment: current_job() and current_client() read them there.
         os.environ.update(replica_env(member.info, member.client_spec))
         self._loop = ActorLoop(self._label)
+        self._pool = ThreadPoolExecutor(member.max_concurrency, thread_name_prefix=f"fray-actor-{self._label}")
+        self._lock = threading.Condition()
+        self._running = 0
+        self._ended: tuple[bytes | None] | None = None  # set once the actor ended itself
+        self._end_port: Any = None
+        self._handle: Any = None
+        self._context = ActorContext(self._label, member.group, member.index, self._own_handle)
+        set_process_actor(self._context)
         self._instance: object | None = None
         self._failure: bytes | None = None
         try:
@@ -86,15 +109,73 @@ class FrayHost(Actor):
             failure = RemoteFailure.capture(exc)
             sys.stderr.write(failure.traceback_text)
             self._failure = failure.encode()
+            return
+        self._check_end()
+
+    def _own_handle(self) -> Any:
+        if self._handle is None:
+            raise ActorContextError(
+                f"actor {self._label!r}: on the Monarch backend current_actor().handle is available once the "
+                "constructor has returned (from the first method call on)"
+            )
+        return self._handle
 
     @endpoint
-    def ready(self) -> tuple[int, bytes | None]:
-        """This process's id, and the constructor's encoded failure (None if the actor is serving)."""
+    def ready(self, handle: Any = None) -> tuple[int, bytes | None]:
+        """This process's id, and the constructor's encoded failure (None if the actor is serving).
+
+        The creator passes the actor's own handle, which ``current_actor().handle`` returns.
+        """
+        if handle is not None:
+            self._handle = handle
         return os.getpid(), self._failure
 
+    @endpoint(explicit_response_port=True)
+    def invoke(self, port: Port[tuple[str, Any]], method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Call ``method`` on the hosted object (on the pool); the tagged reply goes to ``port``."""
+        self._pool.submit(self._serve, port, method, args, kwargs)
+
+    @endpoint(explicit_response_port=True)
+    def watch_end(self, port: Port[tuple[str, bytes | None]]) -> None:
+        """Answered with ``(ENDED, Failure bytes or None)`` once the actor ends itself."""
+        with self._lock:
+            ended = self._ended
+            if ended is None:
+                self._end_port = port
+        if ended is not None:
+            port.send((ENDED, ended[0]))
+
     @endpoint
-    def invoke(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, Any]:
-        """Call ``method`` on the hosted object; a tagged reply (see the module docstring)."""
+    def notify_shutdown(self, grace: float) -> bool:
+        """Set ``shutdown_requested``; True once no call runs, False if some still ran after ``grace`` seconds."""
+        self._context.shutdown_requested.set()
+        deadline = time.monotonic() + grace
+        with self._lock:
+            while self._running > 0:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._lock.wait(remaining)
+        return True
+
+    def _serve(self, port: Port[tuple[str, Any]], method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        with self._lock:
+            ended = self._ended
+            if ended is None:
+                self._running += 1
+        if ended is not None:
+            port.send((ENDED, ended[0]))
+            return
+        try:
+            reply = self._invoke(method, args, kwargs)
+        finally:
+            with self._lock:
+                self._running -= 1
+                self._lock.notify_all()
+        port.send(reply)
+        self._check_end()
+
+    def _invoke(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, Any]:
         instance = self._instance
         if instance is None:
             return DEAD, self._failure
@@ -108,6 +189,23 @@ class FrayHost(Actor):
             return PICKLED, cloudpickle.dumps(result)
         except Exception as exc:
             return UNPICKLABLE, _unpicklable_message(self._label, method, result, exc)
+
+    def _check_end(self) -> None:
+        """After a call (or the constructor): if the actor asked to end, refuse later calls and tell the creator."""
+        end = self._context.end_request()
+        if end is None:
+            return
+        payload = None
+        if end.error is not None:
+            failure = Failure.from_exception(end.error)
+            payload = failure.with_message(f"actor failed itself: {failure.message}").encode()
+        with self._lock:
+            if self._ended is not None:
+                return
+            self._ended = (payload,)
+            port, self._end_port = self._end_port, None
+        if port is not None:
+            port.send((ENDED, payload))
 
     def __supervise__(self, failure: Any) -> bool:
         # Meshes that this actor's own code created through Fray report here (this actor owns
