@@ -19,6 +19,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import contextvars
+import dataclasses
 import queue
 import threading
 import weakref
@@ -398,7 +399,7 @@ class LocalActor:
 
 
 def _attempt(info: JobInfo, number: int) -> JobInfo:
-    return JobInfo(info.job_id, info.name, info.replica_index, info.replica_count, info.namespace, number)
+    return dataclasses.replace(info, attempt=number)
 
 
 def _settle(future: concurrent.futures.Future[Any], value: Any, error: BaseException | None) -> None:

@@ -191,8 +191,18 @@ class JobTerminated(FrayError):
 class ActorDiedError(FrayError):
     """The actor is gone: its constructor raised, its process died, or it was shut down.
 
-    Calls to it will never succeed; ``__cause__`` holds the original error when known.
+    Calls to it will never succeed; ``__cause__`` holds the original error when known
+    (and travels with it when it is pickled, e.g. from an actor's process).
     """
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild_actor_died, (self.args, self.__cause__))
+
+
+def _rebuild_actor_died(args: tuple[object, ...], cause: BaseException | None) -> ActorDiedError:
+    err = ActorDiedError(*args)
+    err.__cause__ = cause
+    return err
 
 
 class ActorContextError(FrayError, RuntimeError):

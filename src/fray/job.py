@@ -276,6 +276,7 @@ class JobInfo:
     replica_count: int = 1
     namespace: str = ""
     attempt: int = 0
+    device: str = ""  #: the device this replica got (``"cpu"``, ``"gpu:H100:8"``, ``"tpu:v6e-16"``), "" if unknown
 
 
 _current_job: contextvars.ContextVar[JobInfo | None] = contextvars.ContextVar("fray_current_job", default=None)
@@ -305,6 +306,7 @@ def current_job() -> JobInfo | None:
         replica_count=int(os.environ.get("FRAY_REPLICA_COUNT", "1")),
         namespace=os.environ.get("FRAY_NAMESPACE", ""),
         attempt=int(os.environ.get("FRAY_ATTEMPT", "0")),
+        device=os.environ.get("FRAY_DEVICE", ""),
     )
 
 
@@ -317,6 +319,7 @@ def job_env(info: JobInfo) -> dict[str, str]:
         "FRAY_REPLICA_COUNT": str(info.replica_count),
         "FRAY_NAMESPACE": info.namespace,
         "FRAY_ATTEMPT": str(info.attempt),
+        "FRAY_DEVICE": info.device,
     }
 
 

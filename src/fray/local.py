@@ -45,7 +45,7 @@ from fray.job import (
     _current_job,
     replica_env,
 )
-from fray.resources import ResourceConfig
+from fray.resources import CpuConfig, ResourceConfig, device_name
 
 __all__ = ["LocalActorHandle", "LocalClient", "LocalJobHandle"]
 
@@ -374,7 +374,9 @@ class LocalClient:
         count = request.replicas
         threads = []
         for index in range(count):
-            info = JobInfo(job.job_id, request.name, index, count, namespace, job.lifecycle.attempt)
+            info = JobInfo(
+                job.job_id, request.name, index, count, namespace, job.lifecycle.attempt, _device(request.resources)
+            )
             entry = request.entrypoint
             target: Callable[[], Failure | None]
             if isinstance(entry, CallableEntrypoint):
@@ -453,7 +455,7 @@ class LocalClient:
         group: tuple[str, int] | None,
     ) -> LocalActorHandle:
         check_terminated()
-        _, config = check_actor_request(actor_class, name, resources, args, kwargs, actor_config)
+        reserved, config = check_actor_request(actor_class, name, resources, args, kwargs, actor_config)
         with self._lock:
             if name in self._actors_by_name:
                 raise JobAlreadyExists(
@@ -462,7 +464,7 @@ class LocalClient:
                 )
         job = self._new_job(name)
         try:
-            info = JobInfo(job.job_id, name, 0, 1, self._parent_namespace(), 0)
+            info = JobInfo(job.job_id, name, 0, 1, self._parent_namespace(), 0, _device(reserved))
             actor = LocalActor(self, job, actor_class, info, self._forget_actor, config, group)
             with self._lock:
                 if name in self._actors_by_name:  # lost a race with another creator
@@ -520,6 +522,16 @@ class LocalClient:
                 if not job.lifecycle.finished:
                     job.request_stop()
             wait_for_stop(group, deadline)
+
+
+def _device(resources: ResourceConfig) -> str:
+    """The device a local replica reports: this backend detects no accelerator, so CPU when that is a choice.
+
+    Devices are not enforced here (nothing is reserved); without a CPU choice it reports the
+    first one asked for, as if it had been placed on it.
+    """
+    choices = resources.device_choices
+    return device_name(next((d for d in choices if isinstance(d, CpuConfig)), choices[0]))
 
 
 _live_clients: weakref.WeakSet[LocalClient] = weakref.WeakSet()

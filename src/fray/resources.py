@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from fray.errors import ConfigError
 
@@ -22,7 +22,9 @@ __all__ = [
     "ResourceConfig",
     "TpuConfig",
     "TpuTopology",
+    "device_name",
     "format_size",
+    "parse_device_name",
     "parse_size",
 ]
 
@@ -177,6 +179,29 @@ DeviceConfig = CpuConfig | GpuConfig | TpuConfig
 _REGION_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 
 
+def device_name(device: DeviceConfig) -> str:
+    """One device as a short string: ``"cpu"``, ``"gpu:H100:8"``, ``"tpu:v5litepod-16"`` (see :func:`parse_device_name`)."""
+    if isinstance(device, GpuConfig):
+        return f"gpu:{device.type}:{device.count}"
+    if isinstance(device, TpuConfig):
+        return f"tpu:{device.type}"
+    return "cpu"
+
+
+def parse_device_name(text: str) -> DeviceConfig:
+    """The device :func:`device_name` wrote; ConfigError for anything else."""
+    kind, _, rest = text.partition(":")
+    if kind == "cpu" and not rest:
+        return CpuConfig()
+    if kind == "tpu" and rest:
+        return TpuConfig(rest)
+    if kind == "gpu" and rest:
+        gpu_type, _, count = rest.partition(":")
+        if count.isdigit():
+            return GpuConfig(gpu_type, int(count))
+    raise ConfigError(f"{text!r} is not a device name such as 'cpu', 'gpu:H100:8' or 'tpu:v5litepod-16'")
+
+
 def _check_size(name: str, value: str | int) -> None:
     """A ResourceConfig size must say its unit: a bare number is refused rather than guessed."""
     bare = None
@@ -201,7 +226,12 @@ class ResourceConfig:
     ``cpu`` is a number of cores (fractions allowed), ``ram`` and ``disk`` are size
     strings with a unit, such as ``"512m"``, ``"4g"`` or ``"4GiB"`` (powers of 1024;
     ``"512b"`` for bytes), ``device`` an accelerator, ``preemptible=False`` asks for a
-    host that is never preempted, ``regions`` restricts placement.
+    host that is never preempted, ``regions`` and ``zone`` restrict placement (a zone
+    such as ``"us-central1-a"`` must lie in one of ``regions`` when both are given).
+
+    ``device_alternatives`` lists accelerators that would all do, most wanted first
+    (seed 001's "v5e or v6e or v5p"): the work is placed on any one of them, and
+    ``current_job().device`` says which it got. ``device`` is then the first of them.
 
     A bare number (``ram=4`` or ``ram="4"``) is refused with :class:`~fray.errors.ConfigError`:
     it is ambiguous (4 bytes? 4 GiB?), and a typo there would place a job on the wrong
@@ -214,6 +244,8 @@ class ResourceConfig:
     device: DeviceConfig = field(default_factory=CpuConfig)
     preemptible: bool = True
     regions: Sequence[str] | None = None
+    zone: str | None = None
+    device_alternatives: Sequence[DeviceConfig] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.cpu, bool) or not isinstance(self.cpu, int | float) or not math.isfinite(self.cpu):
@@ -241,6 +273,49 @@ class ResourceConfig:
                     "such as ['us-central1'], or None for anywhere"
                 )
             object.__setattr__(self, "regions", regions)
+        if self.zone is not None:
+            if not isinstance(self.zone, str) or not _REGION_RE.match(self.zone):
+                raise ConfigError(f"ResourceConfig(zone={self.zone!r}) must be a zone name such as 'us-central1-a'")
+            if self.regions is not None and not any(self.zone.startswith(f"{r}-") for r in self.regions):
+                raise ConfigError(
+                    f"ResourceConfig(zone={self.zone!r}, regions={list(self.regions)!r}): the zone is in none of "
+                    "the regions; drop one of them or make them agree"
+                )
+        if self.device_alternatives is not None:
+            self._check_alternatives()
+
+    def _check_alternatives(self) -> None:
+        given = self.device_alternatives
+        if isinstance(given, CpuConfig | GpuConfig | TpuConfig | str) or given is None:
+            raise ConfigError(
+                f"ResourceConfig(device_alternatives={given!r}) must be a list of devices, e.g. "
+                "[TpuConfig('v5litepod-16'), TpuConfig('v6e-16')]"
+            )
+        choices = tuple(given)
+        bad = [d for d in choices if not isinstance(d, CpuConfig | GpuConfig | TpuConfig)]
+        if bad or not choices:
+            raise ConfigError(
+                f"ResourceConfig(device_alternatives={given!r}): give a non-empty list of CpuConfig, GpuConfig or "
+                "TpuConfig values"
+            )
+        if len(set(choices)) != len(choices):
+            raise ConfigError(f"ResourceConfig(device_alternatives={given!r}) names a device twice")
+        if not isinstance(self.device, CpuConfig) and self.device != choices[0]:
+            raise ConfigError(
+                f"ResourceConfig(device={self.device!r}, device_alternatives=...): give the devices in "
+                "device_alternatives only (the first is the one most wanted)"
+            )
+        object.__setattr__(self, "device_alternatives", choices)
+        object.__setattr__(self, "device", choices[0])
+
+    @property
+    def device_choices(self) -> tuple[DeviceConfig, ...]:
+        """The devices the work may run on, most wanted first (just ``device`` without alternatives)."""
+        return tuple(self.device_alternatives) if self.device_alternatives else (self.device,)
+
+    def with_device(self, device: DeviceConfig) -> ResourceConfig:
+        """The same request for exactly ``device`` (what a backend places once it chose an alternative)."""
+        return replace(self, device=device, device_alternatives=None)
 
     @classmethod
     def placement_only(cls, *, preemptible: bool = True, regions: Sequence[str] | None = None) -> ResourceConfig:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fray import ActorConfig, ActorDiedError, ConfigError, JobStatus, ResourceConfig
+from fray import ActorConfig, ActorDiedError, ActorUnavailableError, ConfigError, JobStatus, ResourceConfig
 from fray.actor_config import check_actor_config_supported
 from fray.testing import kill_actor
 from support import wait_until
@@ -151,12 +151,16 @@ class Phoenix:
 
 
 def _next_incarnation(actor, before: str) -> str:
-    """The instance that answers once the actor has restarted (calls made meanwhile may fail)."""
+    """The instance that answers once the actor has restarted.
+
+    A call made while it restarts may fail: ActorDiedError (it went to the dead instance) or
+    ActorUnavailableError (Ray refuses calls to an actor that is restarting).
+    """
 
     def answer() -> str | None:
         try:
             born = actor.incarnation.remote().result(timeout=120)
-        except ActorDiedError:
+        except (ActorDiedError, ActorUnavailableError):
             return None
         return born if born != before else None
 

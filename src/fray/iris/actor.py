@@ -4,8 +4,11 @@ The host side (:func:`host_actor`, run as the job's callable) constructs the ins
 (a raising constructor fails the job at once, with the exception on its failure line),
 serves it with ``iris.actor.server.ActorServer`` on the port Iris allocated (``ports=
 ["actor"]``) and registers the address in Iris's endpoint registry under the
-namespace-qualified name ``/user/root-job/<actor name>``. Calls run one at a time in
-arrival order (one server thread); ``async def`` methods run on the actor's own loop.
+namespace-qualified name ``/user/root-job/<actor name>``. Calls run on up to
+``ActorConfig.max_concurrency`` server threads (one: in arrival order); ``async def``
+methods run on the actor's own loop. ``current_actor()`` works in the constructor and
+methods; an actor that ends itself stops its server gracefully, then its task ends
+(SUCCEEDED, or FAILED with the exception given to ``fail()``).
 
 The caller side (:class:`IrisActorHandle`) is deferred: it is returned at once and its
 first call waits until the endpoint is registered, or fails with ActorDiedError when
@@ -30,9 +33,10 @@ from fray._eventloop import ActorLoop, invoke
 from fray._remote import RemoteFailure, remote_error
 from fray._serialization import actor_call_label, check_call_picklable, check_result_picklable
 from fray.actor import ActorFuture, RemoteMethod, check_actor_method
+from fray.actor_context import ActorContext, set_process_actor
 from fray.errors import ActorDiedError, ActorUnavailableError, SerializationError
 from fray.iris import _connect, _task
-from fray.iris.job import IrisJobHandle, terminated_here
+from fray.iris.job import IrisJobHandle, JobMeta, terminated_here
 from fray.job import JobStatus
 
 if TYPE_CHECKING:
@@ -61,19 +65,31 @@ class _Dispatch:
     Arguments arrive pickled by the caller (so an unpicklable one is refused there,
     before anything is sent); results and exceptions leave as bytes, so that a result
     that cannot be pickled and a method that raised are told apart from transport errors.
+    Once the actor ended itself (``current_actor().exit()`` / ``fail()``), calls are
+    answered with :class:`~fray.errors.ActorDiedError` and the host's main thread is woken.
     """
 
-    def __init__(self, name: str, instance: object) -> None:
+    def __init__(self, name: str, instance: object, context: ActorContext) -> None:
         self._name = name
         self._instance = instance
+        self._context = context
         self._loop = ActorLoop(name)
+        self._lock = threading.Lock()
+        self._death: ActorDiedError | None = None
+        self.ended = threading.Event()
 
     def fray_call(self, method: str, payload: bytes) -> tuple[bool, bytes]:
+        with self._lock:
+            death = self._death
+        if death is not None:
+            return False, RemoteFailure.capture(death).encode()
         try:
             args, kwargs = cloudpickle.loads(payload)
             value = invoke(self._instance, method, args, kwargs, self._loop)
         except Exception as exc:
             return False, RemoteFailure.capture(exc).encode()
+        finally:
+            self.check_end()
         try:
             return True, cloudpickle.dumps(value)
         except Exception as exc:
@@ -83,19 +99,51 @@ class _Dispatch:
                 return False, RemoteFailure.capture(err).encode()
             return False, RemoteFailure.capture(exc).encode()
 
+    def check_end(self) -> None:
+        """After a call (or the constructor): if the actor asked to end, refuse later calls and wake the host."""
+        end = self._context.end_request()
+        if end is None:
+            return
+        if end.error is None:
+            death = ActorDiedError(f"actor {self._name!r} ended itself (current_actor().exit())")
+        else:
+            remote = RemoteFailure.capture(end.error)
+            death = ActorDiedError(f"actor {self._name!r} failed itself: {remote.summary}")
+            death.__cause__ = remote_error(remote, original=end.error)
+        with self._lock:
+            if self._death is None:
+                self._death = death
+        self.ended.set()
 
-def host_actor(payload: bytes, name: str) -> None:
-    """Iris's entrypoint for a Fray actor job: construct, serve, register, then serve until killed."""
+
+def host_actor(payload: bytes, name: str, options: dict[str, Any] | None = None) -> None:
+    """Iris's entrypoint for a Fray actor job: construct, serve, register, then serve until it ends.
+
+    ``options`` carries the actor's group and index, ``max_concurrency`` and the
+    controller address its own handle uses.
+    """
     from iris.actor.server import ActorServer
     from iris.client.client import iris_ctx
     from iris.cluster.client import get_job_info
 
+    opts = options or {}
     info = _task.enter()
     try:
         actor_class, args, kwargs = cloudpickle.loads(payload)
+        meta = JobMeta(name, actor_class.__qualname__, False, 1, 1, 0, 0)
+        address = opts.get("address")
+        context = ActorContext(
+            name,
+            opts.get("group"),
+            int(opts.get("index", 0)),
+            lambda: IrisActorHandle(name, IrisJobHandle(info.job_id, meta, address), actor_class, address),
+        )
+        set_process_actor(context)
         instance = actor_class(*args, **kwargs)
     except BaseException as exc:
         _task.exit_with_failure(exc)
+    dispatch = _Dispatch(name, instance, context)
+    dispatch.check_end()
     try:
         ctx = iris_ctx()
         job_info = get_job_info()
@@ -103,14 +151,19 @@ def host_actor(payload: bytes, name: str) -> None:
         # Bind only the address Iris advertises for this task: peers are told to use it, nothing else needs it.
         host = job_info.advertise_host
         endpoint = endpoint_name(info.job_id, name)
-        server = ActorServer(host=host, port=ctx.get_port("actor"), max_concurrency=1)
-        server.register(endpoint, _Dispatch(name, instance))
+        server = ActorServer(host=host, port=ctx.get_port("actor"), max_concurrency=int(opts.get("max_concurrency", 1)))
+        server.register(endpoint, dispatch)
         port = server.serve_background()
         ctx.registry.register(endpoint, f"http://{host}:{port}")
     except BaseException as exc:  # callers must learn why the actor never served, as for its constructor
         _task.exit_with_failure(exc)
     print(f"[fray] actor {name!r} serving at {host}:{port}", flush=True)
-    threading.Event().wait()  # until Iris kills the job (terminate / shutdown)
+    dispatch.ended.wait()  # until the actor ends itself, or Iris kills the job (terminate / shutdown)
+    server.stop()  # graceful: the answer to the call that asked goes out first
+    end = context.end_request()
+    if end is not None and end.error is not None:
+        _task.exit_with_failure(end.error)
+    _task.write_end()
 
 
 # ----- caller side ---------------------------------------------------------------------------------
@@ -260,7 +313,11 @@ class IrisActorHandle:
             self._rpc = None  # resolve again next time: a retried actor registers a new address
             raise self._explain_unreachable(method, exc) from exc
         if not ok:
-            raise remote_error(RemoteFailure.decode(blob))
+            failure = RemoteFailure.decode(blob)
+            original = failure.original()
+            if isinstance(original, ActorDiedError):  # the actor ended itself: say so, with its cause
+                raise original
+            raise remote_error(failure, original=original)
         try:
             return cloudpickle.loads(blob)
         except Exception as exc:

@@ -25,6 +25,7 @@ from iris.cluster.types import Entrypoint as IrisEntrypoint
 from fray._runtime import check_terminated
 from fray._serialization import call_parts, check_picklable
 from fray.actor import ActorGroup, check_actor_request, group_member_names
+from fray.actor_config import ActorConfig, check_actor_config_supported
 from fray.errors import ConfigError, FrayError, JobAlreadyExists, SerializationError
 from fray.iris import _connect, _task
 from fray.iris.actor import IrisActorHandle, host_actor
@@ -52,6 +53,10 @@ __all__ = ["IN_TASK_SPEC", "IrisClient"]
 IN_TASK_SPEC = "iris"
 
 _live_clients: weakref.WeakSet[IrisClient] = weakref.WeakSet()
+
+
+# The ActorConfig fields this backend honours: Iris runs every actor as one job, never restarted by Fray.
+_ACTOR_CONFIG = frozenset({"max_concurrency", "lifetime"})
 
 
 @atexit.register
@@ -148,6 +153,7 @@ class IrisClient:
         *,
         binary: bool,
         ports: list[str] | None = None,
+        detached: bool = False,
     ) -> IrisJobHandle:
         if self._closed:
             raise FrayError("this IrisClient is shut down; create a new one")
@@ -198,7 +204,8 @@ class IrisClient:
         )
         handle = IrisJobHandle(job_id, meta, self.address, self._iris)
         with self._lock:
-            self._owned.append((handle, ports is not None))
+            if not detached:  # a detached actor outlives this client: nothing here stops it
+                self._owned.append((handle, ports is not None))
         return handle
 
     # ----- actors -------------------------------------------------------------------------------------
@@ -208,20 +215,43 @@ class IrisClient:
         actor_class: type,
         *args: Any,
         name: str,
-        resources: ResourceConfig = ResourceConfig(),  # noqa: B008 - frozen, so sharing the default is safe
+        resources: ResourceConfig | None = None,
+        actor_config: ActorConfig | None = None,
         **kwargs: Any,
     ) -> IrisActorHandle:
-        """Start the actor as an Iris job; the handle works at once (calls wait until it serves)."""
+        """Start the actor as an Iris job; the handle works at once (calls wait until it serves).
+
+        Of :class:`~fray.actor_config.ActorConfig`, ``max_concurrency`` (Iris's actor server
+        threads) and ``lifetime`` are honoured; restarts and call retries are refused by name.
+        """
+        return self._create_actor(actor_class, args, kwargs, name, resources, actor_config, None)
+
+    def _create_actor(
+        self,
+        actor_class: type,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        name: str,
+        resources: ResourceConfig | None,
+        actor_config: ActorConfig | None,
+        group: tuple[str, int] | None,
+    ) -> IrisActorHandle:
         check_terminated()
-        check_actor_request(actor_class, name, resources, args, kwargs)
+        reserved, config = check_actor_request(actor_class, name, resources, args, kwargs, actor_config)
+        check_actor_config_supported("Iris", config, _ACTOR_CONFIG)
         payload = _pickled(f"actor {name!r}", actor_class, args, kwargs, "the class")
+        options: dict[str, Any] = {"max_concurrency": config.max_concurrency, "address": self.address}
+        if group is not None:
+            options.update(group=group[0], index=group[1])
         request = JobRequest(
             name=name,
-            entrypoint=CallableEntrypoint(host_actor, (payload, name)),
-            resources=resources,
+            entrypoint=CallableEntrypoint(host_actor, (payload, name, options)),
+            resources=reserved,
         )
-        entrypoint = IrisEntrypoint.from_callable(host_actor, payload, name)
-        job = self._launch(request, entrypoint, actor_class.__qualname__, binary=False, ports=["actor"])
+        entrypoint = IrisEntrypoint.from_callable(host_actor, payload, name, options)
+        job = self._launch(
+            request, entrypoint, actor_class.__qualname__, binary=False, ports=["actor"], detached=config.detached
+        )
         return IrisActorHandle(name, job, actor_class, self.address, self._iris)
 
     def create_actor_group(
@@ -230,15 +260,17 @@ class IrisClient:
         *args: Any,
         name: str,
         count: int,
-        resources: ResourceConfig = ResourceConfig(),  # noqa: B008
+        resources: ResourceConfig | None = None,
+        actor_config: ActorConfig | None = None,
         **kwargs: Any,
     ) -> ActorGroup:
         """Start ``count`` actors ``{name}-0`` ... ``{name}-{count-1}``, each its own Iris job."""
         members = group_member_names(name, count)
         handles = [
-            self.create_actor(actor_class, *args, name=member, resources=resources, **kwargs) for member in members
+            self._create_actor(actor_class, args, kwargs, member, resources, actor_config, (name, index))
+            for index, member in enumerate(members)
         ]
-        return ActorGroup(handles, [handle.job for handle in handles])
+        return ActorGroup(handles, [handle.job for handle in handles], name)
 
     # ----- shutdown -----------------------------------------------------------------------------------
 

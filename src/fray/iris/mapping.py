@@ -76,10 +76,8 @@ def _constraints(resources: ResourceConfig) -> list[Constraint]:
         constraints.append(preemptible_constraint(False))
     if resources.regions:
         constraints.append(region_constraint(list(resources.regions)))
-    # Hook for ResourceConfig.zone (not a field yet): Iris places by zone with zone_constraint.
-    zone = getattr(resources, "zone", None)
-    if zone:
-        constraints.append(zone_constraint(zone))
+    if resources.zone:
+        constraints.append(zone_constraint(resources.zone))
     return constraints
 
 
@@ -88,7 +86,14 @@ def placement(resources: ResourceConfig, replicas: int) -> IrisPlacement:
 
     A TPU replica is a whole slice: Iris runs one task per host, so a job of ``N``
     multi-host slices is ``N * hosts`` Iris tasks, coscheduled on hosts of one slice.
+    A choice of devices (``device_alternatives``) is refused by name: Fray does not map
+    it onto Iris's device variants yet.
     """
+    if resources.device_alternatives and len(resources.device_alternatives) > 1:
+        raise ConfigError(
+            f"ResourceConfig(device_alternatives={list(resources.device_alternatives)!r}) cannot be honoured by the "
+            "Iris backend yet; give one device, or use the Ray or Fray cluster backend"
+        )
     spec = ResourceSpec(
         cpu=float(resources.cpu), memory=resources.ram_bytes, disk=resources.disk_bytes, device=_device(resources)
     )

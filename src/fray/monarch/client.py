@@ -8,6 +8,7 @@ mapping, its limits and the supervision settings are described in ``docs/monarch
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.metadata
 import re
@@ -49,18 +50,26 @@ def _short_id() -> str:
     return uuid.uuid4().hex[:8]
 
 
-def _check_resources(what: str, resources: ResourceConfig) -> None:
-    """Refuse, by name, the resource fields the Monarch backend cannot honour on one host."""
+def _check_resources(what: str, resources: ResourceConfig) -> ResourceConfig:
+    """Refuse, by name, the resource fields the Monarch backend cannot honour on one host; the CPU placement."""
     if resources.regions is not None:
         raise ConfigError(
             f"{what}: ResourceConfig(regions={list(resources.regions)!r}) cannot be honoured by the Monarch backend, "
             "which runs everything on this host; drop regions, or use the Ray or Fray cluster backend"
         )
+    if resources.zone is not None:
+        raise ConfigError(
+            f"{what}: ResourceConfig(zone={resources.zone!r}) cannot be honoured by the Monarch backend, which runs "
+            "everything on this host; drop zone, or use the Ray or Fray cluster backend"
+        )
+    if any(isinstance(d, CpuConfig) for d in resources.device_choices):
+        return resources.with_device(CpuConfig())  # among the alternatives, the one this host has
     if not isinstance(resources.device, CpuConfig):
         raise ConfigError(
             f"{what}: ResourceConfig(device={resources.device!r}) is not supported by the Monarch backend yet "
             "(it places processes on this host's CPUs); use the Ray or Fray cluster backend for accelerators"
         )
+    return resources
 
 
 def _check_environment(name: str, environment: EnvironmentConfig) -> None:
@@ -166,7 +175,7 @@ class MonarchClient:
         self._check_open()
         if not isinstance(request, JobRequest):
             raise ConfigError(f"submit() takes a JobRequest, got {type(request).__name__}")
-        _check_resources(f"job {request.name!r}", request.resources)
+        request = dataclasses.replace(request, resources=_check_resources(f"job {request.name!r}", request.resources))
         _check_environment(request.name, request.environment or EnvironmentConfig())
         entry = request.entrypoint
         if isinstance(entry, CallableEntrypoint):
@@ -238,7 +247,12 @@ class MonarchClient:
         logs = [self._workdir / f"actor-{name}-{_short_id()}.log" for name in names]
         members = [
             MemberSpec(
-                JobInfo(job_id, name, 0, 1, namespace, 0), self.spec, str(log), group, index, config.max_concurrency
+                JobInfo(job_id, name, 0, 1, namespace, 0, "cpu"),
+                self.spec,
+                str(log),
+                group,
+                index,
+                config.max_concurrency,
             )
             for index, (job_id, name, log) in enumerate(zip(ids, names, logs, strict=True))
         ]

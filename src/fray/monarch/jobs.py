@@ -157,7 +157,7 @@ class MonarchJob:
         return first
 
     def _replica(self, index: int, count: int, attempt: int) -> ReplicaProcess:
-        info = JobInfo(self.job_id, self.request.name, index, count, self.namespace, attempt)
+        info = JobInfo(self.job_id, self.request.name, index, count, self.namespace, attempt, "cpu")
         env, cwd = self.environment.env_vars, self.environment.workspace
         entry = self.request.entrypoint
         if isinstance(entry, BinaryEntrypoint):

@@ -192,6 +192,8 @@ def translate(
     what = f"actor {actor!r}" if actor else "the actor"
     if isinstance(exc, rex.RayTaskError):
         cause = getattr(exc, "cause", None)
+        if isinstance(cause, ActorDiedError):  # Fray's actor wrapper refused the call: the actor is ending
+            return cause
         if isinstance(cause, rex.RayActorError | rex.RayTaskError):
             return translate(cause, actor=actor, method=method, actor_class=actor_class)
         if actor is not None and method is not None and cause is not None and _is_result_pickling(exc, cause):
@@ -205,8 +207,13 @@ def translate(
         died = ActorDiedError(f"{what} died: its constructor raised {started.summary}")
         died.__cause__ = remote_error(started)
         return died
-    if isinstance(exc, rex.ActorUnavailableError):
-        err: FrayError = ActorUnavailableError(f"{what} is unreachable: {exc}")
+    if isinstance(exc, rex.ActorUnavailableError) and "restarted" in str(exc):
+        # The instance the call went to died, and Ray restarted the actor (ActorConfig.max_restarts).
+        err: FrayError = ActorDiedError(
+            f"{what} died while the call was in flight and was restarted: {first_line(exc)}"
+        )
+    elif isinstance(exc, rex.ActorUnavailableError):
+        err = ActorUnavailableError(f"{what} is unreachable: {exc}")
     elif isinstance(exc, rex.ActorDiedError | rex.RayActorError | rex.ActorUnschedulableError):
         err = ActorDiedError(f"{what} died: {first_line(exc)}")
     elif isinstance(exc, rex.GetTimeoutError):

@@ -1,34 +1,30 @@
-"""What runs inside Ray worker processes: the job wrapper and the actor wrapper.
+"""What runs inside Ray worker processes for jobs (actors: see ``_actor_host``).
 
-Both give user code the Fray view of where it runs: :func:`fray.current_job` (through
+It gives user code the Fray view of where it runs: :func:`fray.current_job` (through
 the ``FRAY_*`` environment variables of :func:`fray.job.job_env`) and
 :func:`fray.current_client` (through ``FRAY_CLIENT_SPEC``, naming the same cluster
 and namespace). A Ray worker runs one task at a time, so a task's variables are set
-for its duration and restored afterwards; an actor owns its process, so its
-variables are set once.
+for its duration and restored afterwards.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
-import inspect
 import os
 import pickle
 import sys
 import threading
 import time
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import cloudpickle
 
-from fray._eventloop import ActorLoop
 from fray._logcapture import LogBuffer, capture_to
 from fray._remote import RemoteFailure
 
-__all__ = ["STARTED_AFTER", "JobOutcome", "actor_class_for", "replica_arguments", "run_job_replica", "started_key"]
+__all__ = ["STARTED_AFTER", "JobOutcome", "replica_arguments", "run_job_replica", "started_key"]
 
 STARTED_AFTER = 0.05
 """Seconds a replica must have been running before it reports itself started.
@@ -190,39 +186,3 @@ def run_job_replica(pickled_fn: bytes, replica: bytes) -> JobOutcome:
 
                 internal_kv._internal_kv_del(key, namespace=KV_NAMESPACE)
     return ("ok", "\n".join(logs.lines()))
-
-
-def _sync_method(fn: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(fn)
-    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
-        # Not fray._eventloop.invoke: it looks the method up by name, which would find this stand-in.
-        return self._fray_actor_loop.run(fn(self, *args, **kwargs))
-
-    return method
-
-
-def actor_class_for(cls: type) -> type:
-    """A subclass of ``cls`` whose constructor first gives the process its Fray identity.
-
-    The subclass keeps every method of ``cls`` and its name, so Ray's dashboard and
-    error messages show the user's class. ``async def`` methods are run to completion
-    on the actor's own :class:`~fray._eventloop.ActorLoop`, as on every backend: Ray
-    runs the calls of an async actor concurrently and out of order, while a Fray actor
-    takes its calls one at a time, in order.
-    """
-    coroutines = [
-        (name, value)
-        for name, value in inspect.getmembers(cls, inspect.iscoroutinefunction)
-        if not name.startswith("__")
-    ]
-
-    def __init__(self: Any, fray_env: dict[str, str], /, *args: Any, **kwargs: Any) -> None:
-        os.environ.update(fray_env)
-        if coroutines:
-            self._fray_actor_loop = ActorLoop(fray_env.get("FRAY_JOB_NAME", cls.__name__))
-        cls.__init__(self, *args, **kwargs)  # type: ignore[misc]
-
-    namespace: dict[str, Any] = {"__init__": __init__, "__module__": cls.__module__, "__qualname__": cls.__qualname__}
-    for name, value in coroutines:
-        namespace[name] = _sync_method(value)
-    return type(cls.__name__, (cls,), namespace)

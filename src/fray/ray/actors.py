@@ -10,6 +10,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +18,7 @@ from fray._remote import RemoteFailure
 from fray._serialization import check_call_picklable
 from fray.actor import ActorFuture, check_actor_method
 from fray.errors import ActorDiedError
+from fray.ray._actor_end import ended_death
 from fray.ray._errors import constructor_failure, translate
 
 __all__ = ["RayActorHandle", "disown", "own", "when_done"]
@@ -97,7 +99,9 @@ class _RayFuture(ActorFuture):
 
     def _complete(self, value: Any, exc: BaseException | None) -> None:
         with contextlib.suppress(concurrent.futures.InvalidStateError):  # resolved already, or cancelled
-            if exc is None:
+            if exc is None and self._method._handle._killed:
+                self.set_exception(self._method._handle._killed_error())
+            elif exc is None:
                 self.set_result(value)
             else:
                 self.set_exception(self._method._translate(exc))
@@ -166,7 +170,20 @@ class _RayActorMethod:
 
     def _translate(self, exc: BaseException) -> BaseException:
         handle = self._handle
-        return translate(exc, actor=handle._name, method=self._name, actor_class=handle._cls)
+        err = translate(exc, actor=handle._name, method=self._name, actor_class=handle._cls)
+        if isinstance(err, ActorDiedError) and err.__cause__ is exc and handle._job_id:
+            # Dead: if it ended itself, say so, with what it failed with as the cause.
+            ended = ended_death(handle._name, handle._job_id)
+            if ended is not None:
+                ended.__context__ = err
+                return ended
+        return err
+
+    def _value(self, value: Any) -> Any:
+        # A result that arrives after this process terminated the actor: the call died with it.
+        if self._handle._killed:
+            raise self._handle._killed_error()
+        return value
 
     def _submit(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         method = self._ray_method
@@ -196,7 +213,9 @@ class _RayActorMethod:
             raise self._handle._killed_error()
         ref = self._submit(args, kwargs)
         try:
-            return ray.get(ref)
+            return self._value(ray.get(ref))
+        except ActorDiedError:
+            raise
         except Exception as exc:
             err = self._translate(exc)
             raise err from err.__cause__
@@ -209,10 +228,11 @@ class RayActorHandle:
     first use in the other process, so it works inside jobs and other actors.
     """
 
-    def __init__(self, name: str, namespace: str, cls: type, ray_handle: Any = None) -> None:
+    def __init__(self, name: str, namespace: str, cls: type, ray_handle: Any = None, *, job_id: str = "") -> None:
         self._name = name
         self._namespace = namespace
         self._cls = cls
+        self._job_id = job_id
         self._ray_handle = ray_handle
         self._ready: concurrent.futures.Future[None] | None = None
         # What the constructor raised, once the actor is known to have died of it.
@@ -229,7 +249,7 @@ class RayActorHandle:
         return f"RayActorHandle({self._name!r}, {self._cls.__name__}, namespace={self._namespace!r})"
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (_restore_actor_handle, (self._name, self._namespace, self._cls))
+        return (_restore_actor_handle, (self._name, self._namespace, self._cls, self._job_id))
 
     def __getattr__(self, method_name: str) -> _RayActorMethod:
         check_actor_method(self._cls, method_name)
@@ -276,7 +296,8 @@ class RayActorHandle:
 
         def transfer(value: Any, exc: BaseException | None) -> None:
             if exc is None:
-                ready.set_result(None)
+                with contextlib.suppress(concurrent.futures.InvalidStateError):  # terminated meanwhile
+                    ready.set_result(None)
                 return
             self.start_failure = constructor_failure(exc, self._cls)
             err = translate(exc, actor=self._name, actor_class=self._cls)
@@ -284,7 +305,8 @@ class RayActorHandle:
                 died = ActorDiedError(f"actor {self._name!r} did not start: {err}")
                 died.__cause__ = err
                 err = died
-            ready.set_exception(err)
+            with contextlib.suppress(concurrent.futures.InvalidStateError):
+                ready.set_exception(err)
 
         when_done(ref, transfer)
         return ready
@@ -299,12 +321,36 @@ class RayActorHandle:
         actor_id = self._actor_id()
         if actor_id is None:
             return "DEAD"
+        info = self._ray_info(actor_id)
+        return str(info.get("State")) if info else None
+
+    def _ray_info(self, actor_id: str | None = None) -> dict[str, Any]:
+        """The actor's row in the GCS actor table ({} if unknown): State, NumRestarts, Pid, DeathCause, ..."""
+        actor_id = actor_id or self._actor_id()
         with contextlib.suppress(Exception):
             from ray._private.state import state
 
             info = state.actor_table(actor_id)
-            return str(info.get("State")) if info else None
-        return None
+            return dict(info) if info else {}
+        return {}
+
+    def _fray_kill(self) -> None:
+        """Kill the actor's worker process as a crash would (see :func:`fray.testing.kill_actor`).
+
+        ``ray.kill(no_restart=False)`` is Ray's forced kill of the worker: Ray then restarts
+        the actor if ``max_restarts`` allows, exactly as after a crash. Returns once Ray no
+        longer runs the killed process.
+        """
+        import ray
+
+        before = self._ray_info()
+        ray.kill(self._resolve(), no_restart=False)
+        deadline = time.monotonic() + 60.0
+        while time.monotonic() < deadline:
+            now = self._ray_info()
+            if now.get("State") != "ALIVE" or now.get("NumRestarts") != before.get("NumRestarts"):
+                return
+            time.sleep(0.01)  # Ray has no event for "this actor's process is gone"
 
     def _kill(self) -> None:
         import ray
@@ -339,7 +385,7 @@ def disown(handle: RayActorHandle) -> None:
             del _OWNED[(handle._namespace, handle._name)]
 
 
-def _restore_actor_handle(name: str, namespace: str, cls: type) -> RayActorHandle:
+def _restore_actor_handle(name: str, namespace: str, cls: type, job_id: str = "") -> RayActorHandle:
     with _OWNED_LOCK:
         owned = _OWNED.get((namespace, name))
-    return owned if owned is not None else RayActorHandle(name, namespace, cls)
+    return owned if owned is not None else RayActorHandle(name, namespace, cls, job_id=job_id)

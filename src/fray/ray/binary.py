@@ -20,6 +20,7 @@ from fray.job import BinaryEntrypoint, JobInfo, JobRequest, JobStatus, replica_e
 from fray.ray._launch import Launcher, runtime_env, user_env
 from fray.ray.jobs import RayJobHandle
 from fray.ray.resources import ray_options
+from fray.resources import device_name
 
 __all__ = ["BinaryJob"]
 
@@ -79,7 +80,8 @@ class BinaryJob(RayJobHandle):
         for index in range(request.replicas):
             if self._stopping:
                 break
-            info = JobInfo(self._job_id, request.name, index, request.replicas, launcher.namespace, attempt)
+            device = device_name(request.resources.device)
+            info = JobInfo(self._job_id, request.name, index, request.replicas, launcher.namespace, attempt, device)
             env = replica_env(info, launcher.spec, user_env(request))
             submission_id = f"fray-{self._job_id.replace('/', '.')}-a{attempt}-r{index}"
             _submit_with_retry(

@@ -17,6 +17,7 @@ process and every ``RayClient`` of the process shares it.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import types
 import weakref
@@ -29,19 +30,20 @@ import cloudpickle
 
 from fray._serialization import call_parts, check_picklable
 from fray.actor import ActorGroup, check_actor_request, group_member_names
+from fray.actor_config import ActorConfig
 from fray.client import ClientSpec
 from fray.errors import ConfigError, FrayError, JobAlreadyExists
 from fray.job import CallableEntrypoint, JobInfo, JobRequest, current_job, replica_env, validate_name
-from fray.ray import _worker
+from fray.ray._actor_host import CONTROL_GROUP, GROUP_ENV, INDEX_ENV, actor_class_for
 from fray.ray._connection import CONNECTION
 from fray.ray._driver_exit import track
 from fray.ray._launch import Launcher, short_id
 from fray.ray.actors import RayActorHandle, disown, own
 from fray.ray.binary import BinaryJob
 from fray.ray.jobs import ActorJob, CallableJob, RayJobHandle
-from fray.ray.resources import ray_options
+from fray.ray.resources import choose_device, ray_options
 from fray.ray.tpu import TpuJob
-from fray.resources import ResourceConfig, TpuConfig
+from fray.resources import ResourceConfig, TpuConfig, device_name
 
 __all__ = ["RayClient"]
 
@@ -161,6 +163,7 @@ class RayClient:
         self._check_open()
         if not isinstance(request, JobRequest):
             raise ConfigError(f"submit() takes a JobRequest, got {type(request).__name__}")
+        request = dataclasses.replace(request, resources=self._placed(request.resources))
         job_id = self._new_job_id(request.name)
         if isinstance(request.resources.device, TpuConfig) or isinstance(request.entrypoint, CallableEntrypoint):
             kind = TpuJob if isinstance(request.resources.device, TpuConfig) else CallableJob
@@ -177,6 +180,14 @@ class RayClient:
                 self._jobs.pop(job_id, None)
             raise FrayError(f"job {request.name!r}: Ray's job API refused it: {exc}") from exc
         return binary
+
+    def _placed(self, resources: ResourceConfig) -> ResourceConfig:
+        """``resources`` for the one device chosen among its alternatives (itself without alternatives)."""
+        if not resources.device_alternatives:
+            return resources
+        import ray
+
+        return resources.with_device(choose_device(resources, ray.cluster_resources()))
 
     def _pickle_entry(self, request: JobRequest) -> tuple[bytes, bytes]:
         entry = request.entrypoint
@@ -211,7 +222,7 @@ class RayClient:
         if ray_cls is None:
             import ray
 
-            ray_cls = ray.remote(_worker.actor_class_for(cls))
+            ray_cls = ray.remote(concurrency_groups={CONTROL_GROUP: 1})(actor_class_for(cls))  # type: ignore[call-overload]
             self._actor_classes[cls] = ray_cls
         return ray_cls
 
@@ -220,24 +231,48 @@ class RayClient:
         actor_class: type,
         *args: Any,
         name: str,
-        resources: ResourceConfig = ResourceConfig(),  # noqa: B008 - frozen, so sharing the default is safe
+        resources: ResourceConfig | None = None,
+        actor_config: ActorConfig | None = None,
         **kwargs: Any,
     ) -> RayActorHandle:
-        """Create the named Ray actor ``name`` in this client's namespace; the handle is usable at once."""
-        return self._create_actor(actor_class, args, kwargs, name, resources)[0]
+        """Create the named Ray actor ``name`` in this client's namespace; the handle is usable at once.
+
+        Every :class:`~fray.actor_config.ActorConfig` field maps onto Ray's own actor
+        option of the same name (``lifetime="detached"`` onto Ray's detached lifetime);
+        Ray restarts the actor and retries its calls itself.
+        """
+        return self._create_actor(actor_class, args, kwargs, name, resources, actor_config, None)[0]
 
     def _create_actor(
-        self, actor_class: type, args: tuple[Any, ...], kwargs: dict[str, Any], name: str, resources: ResourceConfig
+        self,
+        actor_class: type,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        name: str,
+        resources: ResourceConfig | None,
+        actor_config: ActorConfig | None,
+        group: tuple[str, int] | None,
     ) -> tuple[RayActorHandle, ActorJob]:
         self._check_open()
-        check_actor_request(actor_class, name, resources, args, kwargs)
-        if isinstance(resources.device, TpuConfig):
+        reserved, config = check_actor_request(actor_class, name, resources, args, kwargs, actor_config)
+        reserved = self._placed(reserved)
+        if isinstance(reserved.device, TpuConfig):
             raise ConfigError(f"actor {name!r}: actors cannot take a TpuConfig on Ray; submit a TPU job instead")
         job_id = self._new_job_id(name)
-        env = replica_env(JobInfo(job_id, name, 0, 1, self.namespace, 0), self.spec)
-        options = ray_options(resources, pin_resource=self._launcher.pin_resource())
-        # Fray reports a dead actor instead of restarting it behind the caller's back.
-        options.update(name=name, namespace=self.namespace, max_restarts=0)
+        device = device_name(reserved.device)
+        env = replica_env(JobInfo(job_id, name, 0, 1, self.namespace, 0, device), self.spec)
+        if group is not None:
+            env.update({GROUP_ENV: group[0], INDEX_ENV: str(group[1])})
+        options = ray_options(reserved, pin_resource=self._launcher.pin_resource())
+        options.update(
+            name=name,
+            namespace=self.namespace,
+            max_concurrency=config.max_concurrency,
+            max_restarts=config.max_restarts,
+            max_task_retries=config.max_task_retries,
+        )
+        if config.detached:
+            options["lifetime"] = "detached"
         try:
             ray_handle = self._ray_class(actor_class).options(**options).remote(env, *args, **kwargs)
         except ValueError as exc:
@@ -247,8 +282,14 @@ class RayClient:
                     "first or pick another name"
                 ) from None
             raise
-        handle = RayActorHandle(name, self.namespace, actor_class, ray_handle)
-        job = ActorJob(job_id, handle, on_terminate=self._forget_actor)
+        handle = RayActorHandle(name, self.namespace, actor_class, ray_handle, job_id=job_id)
+        job = ActorJob(
+            job_id,
+            handle,
+            on_terminate=self._forget_actor,
+            max_restarts=config.max_restarts,
+            detached=config.detached,
+        )
         with self._lock:
             self._jobs[job_id] = job
             self._actor_jobs[job_id] = job
@@ -261,15 +302,16 @@ class RayClient:
         *args: Any,
         name: str,
         count: int,
-        resources: ResourceConfig = ResourceConfig(),  # noqa: B008
+        resources: ResourceConfig | None = None,
+        actor_config: ActorConfig | None = None,
         **kwargs: Any,
     ) -> ActorGroup:
         """Create ``count`` actors ``{name}-0`` ... ``{name}-{count-1}``; returns at once."""
         members = [
-            self._create_actor(actor_class, args, kwargs, member, resources)
-            for member in group_member_names(name, count)
+            self._create_actor(actor_class, args, kwargs, member, resources, actor_config, (name, index))
+            for index, member in enumerate(group_member_names(name, count))
         ]
-        return ActorGroup([handle for handle, _ in members], [job for _, job in members])
+        return ActorGroup([handle for handle, _ in members], [job for _, job in members], name)
 
     def _forget_actor(self, job_id: str) -> None:
         with self._lock:
@@ -289,7 +331,7 @@ class RayClient:
                 return
             self._closed = True
             jobs = [j for j in self._jobs.values() if not isinstance(j, ActorJob)]
-            actors = list(self._actor_jobs.values())
+            actors = [job for job in self._actor_jobs.values() if not job.detached]
         # Jobs first, actors after: running jobs may still be calling the actors.
         for job in jobs:
             if wait:

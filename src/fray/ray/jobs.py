@@ -20,17 +20,20 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from fray._lifecycle import Failure, JobLifecycle
+from fray._lifecycle import ActorRestartBudget, Failure, JobLifecycle
 from fray._logcapture import LogBuffer
 from fray._remote import RemoteFailure
+from fray.actor_context import SHUTDOWN_GRACE
 from fray.errors import FrayError
 from fray.job import JobInfo, JobRequest, JobStatus, replica_env
 from fray.ray import _worker
+from fray.ray._actor_end import read_end
 from fray.ray._board import BOARD
 from fray.ray._errors import first_line, is_preemption
 from fray.ray._launch import Launcher, unique_suffix, user_env
 from fray.ray.actors import RayActorHandle
 from fray.ray.resources import bundle
+from fray.resources import device_name
 
 __all__ = ["ActorJob", "CallableJob", "RayJobHandle"]
 
@@ -182,7 +185,8 @@ class CallableJob(RayJobHandle):
     def _replica_env(self, index: int, count: int, extra: dict[str, str] | None = None) -> dict[str, str]:
         """The environment of replica ``index`` of ``count`` in the current attempt."""
         launcher, request = self._launcher, self._request
-        info = JobInfo(self._job_id, request.name, index, count, launcher.namespace, self._lifecycle.attempt)
+        device = device_name(request.resources.device)
+        info = JobInfo(self._job_id, request.name, index, count, launcher.namespace, self._lifecycle.attempt, device)
         return replica_env(info, launcher.spec, {**(extra or {}), **user_env(request)})
 
     def _replica_arguments(self, index: int, env: dict[str, str]) -> tuple[bytes, bytes]:
@@ -499,10 +503,20 @@ class ActorJob(RayJobHandle):
 
     _WATCH_MAX = 0.2  # seconds between two looks at a long-lived actor
 
-    def __init__(self, job_id: str, handle: RayActorHandle, on_terminate: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        job_id: str,
+        handle: RayActorHandle,
+        on_terminate: Callable[[str], None] | None = None,
+        *,
+        max_restarts: int = 0,
+        detached: bool = False,
+    ) -> None:
         super().__init__(job_id, handle._name)
         self._handle = handle
         self._on_terminate = on_terminate
+        self._max_restarts = max_restarts
+        self.detached = detached
         self._terminated = False
         self._watcher: threading.Thread | None = None
 
@@ -532,9 +546,19 @@ class ActorJob(RayJobHandle):
         if started is not None:
             message = f"actor {self._name!r} did not start: {started.summary}"
             self._lifecycle.fail(Failure.from_remote(started).with_message(message))
-        else:
-            reason = exc if exc is not None else "Ray reports it dead"
-            self._lifecycle.fail(Failure.lost(f"actor {self._name!r} died: {reason}"))
+            return
+        ended, failure = read_end(self._job_id)
+        if ended:
+            if failure is None:
+                self._lifecycle.succeed()
+            else:
+                self._lifecycle.fail(failure)
+            return
+        # Ray restarted it as often as allowed (it counts restarts itself): word the end as every backend does.
+        info = self._handle._ray_info()
+        reason = str(exc) if exc is not None else "Ray reports it dead"
+        budget = ActorRestartBudget(self._max_restarts, restarts=int(info.get("NumRestarts") or 0))
+        self._lifecycle.fail(Failure.lost(budget.decide(self._name, reason)[2]))
 
     def _watch(self) -> None:
         with self._lock:
@@ -569,8 +593,20 @@ class ActorJob(RayJobHandle):
         return self._lifecycle.result(raise_on_failure=raise_on_failure)
 
     def terminate(self) -> None:
-        """Kill the actor process (``ray.kill``); pending and later calls raise ActorDiedError."""
+        """Stop the actor: calls fail with ActorDiedError; its code sees ``shutdown_requested``, then it is killed.
+
+        A method still running is given up to ``SHUTDOWN_GRACE`` seconds to end after
+        ``current_actor().shutdown_requested`` is set; then the process is killed
+        (``ray.kill``).
+        """
         self._terminated = True
+        self._handle._killed = True  # calls from here fail at once, and results still to come are dropped
+        if not self._lifecycle.finished and self._handle._fray_ready().done():
+            with contextlib.suppress(Exception):  # dead already, or Ray going away: kill it regardless
+                import ray
+
+                ref = self._handle._resolve().__fray_shutdown__.remote(SHUTDOWN_GRACE)
+                ray.wait([ref], timeout=SHUTDOWN_GRACE + 5.0)
         self._handle._kill()
         self._lifecycle.stop()
         if self._on_terminate is not None:

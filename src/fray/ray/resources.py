@@ -16,16 +16,28 @@ Fray                        Ray
                             the ``head_node`` resource, else Ray's built-in
                             ``node:__internal_head__`` marker
 ``regions``                 ``label_selector={"ray.io/availability-region": "in(...)"}``
+``zone``                    ``label_selector={"ray.io/availability-zone": zone}``
+``device_alternatives``     the first one the cluster has (:func:`choose_device`),
+                            chosen when the work is submitted
 ==========================  =====================================================
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from fray.resources import GpuConfig, ResourceConfig, TpuConfig
+from fray.resources import DeviceConfig, GpuConfig, ResourceConfig, TpuConfig
 
-__all__ = ["HEAD_NODE_RESOURCE", "RAY_HEAD_MARKER", "REGION_LABEL", "head_node_resource", "ray_options"]
+__all__ = [
+    "HEAD_NODE_RESOURCE",
+    "RAY_HEAD_MARKER",
+    "REGION_LABEL",
+    "ZONE_LABEL",
+    "choose_device",
+    "head_node_resource",
+    "ray_options",
+]
 
 HEAD_NODE_RESOURCE = "head_node"
 """The custom resource operators put on non-preemptible nodes (``ray start --resources='{"head_node": 1}'``)."""
@@ -35,6 +47,9 @@ RAY_HEAD_MARKER = "node:__internal_head__"
 
 REGION_LABEL = "ray.io/availability-region"
 """The node label Ray sets from the cloud provider's region."""
+
+ZONE_LABEL = "ray.io/availability-zone"
+"""The node label Ray sets from the cloud provider's zone."""
 
 # A tiny amount, so that any number of pinned tasks and actors fit on the head node:
 # the resource only says *where*, never *how many*.
@@ -54,7 +69,9 @@ def ray_options(resources: ResourceConfig, *, pin_resource: str = HEAD_NODE_RESO
     TPU devices are not handled here: a TPU job is one task per host of a slice and
     is placed by :mod:`fray.ray.tpu`, which adds the ``TPU`` chips itself.
     """
-    options: dict[str, Any] = {"num_cpus": resources.cpu, "memory": resources.ram_bytes}
+    options: dict[str, Any] = {"num_cpus": resources.cpu}
+    if resources.ram_bytes:
+        options["memory"] = resources.ram_bytes
     custom: dict[str, float] = {}
     device = resources.device
     if isinstance(device, GpuConfig):
@@ -67,9 +84,34 @@ def ray_options(resources: ResourceConfig, *, pin_resource: str = HEAD_NODE_RESO
         custom[pin_resource] = _PIN_AMOUNT
     if custom:
         options["resources"] = custom
+    labels: dict[str, str] = {}
     if resources.regions:
-        options["label_selector"] = {REGION_LABEL: f"in({','.join(resources.regions)})"}
+        labels[REGION_LABEL] = f"in({','.join(resources.regions)})"
+    if resources.zone:
+        labels[ZONE_LABEL] = resources.zone
+    if labels:
+        options["label_selector"] = labels
     return options
+
+
+def choose_device(resources: ResourceConfig, cluster_resources: Mapping[str, float]) -> DeviceConfig:
+    """The first of ``resources.device_choices`` that the cluster has at all (else the first: it waits for one).
+
+    A GPU type shows as Ray's ``accelerator_type:<type>`` resource, a TPU slice as
+    the ``TPU-<type>-head`` resource of its first host.
+    """
+    choices = resources.device_choices
+    for device in choices:
+        if isinstance(device, GpuConfig):
+            typed = device.type == "auto" or f"accelerator_type:{device.type}" in cluster_resources
+            if typed and cluster_resources.get("GPU", 0) >= device.count:
+                return device
+        elif isinstance(device, TpuConfig):
+            if cluster_resources.get(f"TPU-{device.type}-head", 0) > 0:
+                return device
+        else:
+            return device
+    return choices[0]
 
 
 def bundle(options: dict[str, Any]) -> dict[str, float]:
