@@ -29,8 +29,8 @@ def test_the_spec_cache_is_bounded_and_a_dropped_spec_is_read_back(store: Cluste
     for spec in specs:
         service.submit(spec, user="alice")
     assert len(service._specs) == 2, "only the most recently used specs stay in memory"
-    service.register_worker(WorkerInfo("w-1", 8000, 32 << 30, 100 << 30), "10.0.0.1:1", [])
+    epoch = service.register_worker(WorkerInfo("w-1", 8000, 32 << 30, 100 << 30), "10.0.0.1:1", []).epoch
     assert len(service.schedule_once()) == 3
-    started = service.poll("w-1", 0.0).start
+    started = service.poll("w-1", epoch, 0.0).start
     assert sorted(a.spec.argv for a in started if a.spec.argv) == [("true", "0"), ("true", "1"), ("true", "2")]
     assert len(service._specs) == 2

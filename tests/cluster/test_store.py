@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from fray._lifecycle import TRANSITIONS, Failure, RetryBudget, check_transition
+from fray.cluster._schema import SCHEMA_VERSION
 from fray.cluster.capacity import Device, TaskResources, WorkerInfo
 from fray.cluster.credit import CreditPolicy
 from fray.cluster.records import (
@@ -492,7 +493,7 @@ def test_reopening_gives_back_exactly_the_committed_state(tmp_path: Path) -> Non
     with ClusterStore(path) as again:
         assert _snapshot(again) == before
         assert again.check_invariants() == []
-        assert again.schema_version == 2
+        assert again.schema_version == SCHEMA_VERSION
 
 
 def test_a_version_1_file_is_migrated(tmp_path: Path) -> None:
@@ -502,9 +503,11 @@ def test_a_version_1_file_is_migrated(tmp_path: Path) -> None:
         job = submit(store)
     with sqlite3.connect(path) as conn:  # what version 1 looked like: no final failure per job
         conn.execute("ALTER TABLE jobs DROP COLUMN failure")
+        conn.execute("ALTER TABLE workers DROP COLUMN epoch")
         conn.execute("UPDATE schema_version SET version = 1")
     with ClusterStore(path) as store:
-        assert store.schema_version == 2
+        assert store.schema_version == SCHEMA_VERSION
+        assert store.worker_epoch("w-1") == 0  # registered before epochs existed
         (key,) = start(store, store.get_job(job.job_id), ["w-1"])
         store.mark_task_exited(key, 2, 3.0)
         stored = store.job_failure(job.job_id)

@@ -183,6 +183,30 @@ class Change:
         self.create_tasks(job, attempt)
         self._retried.append(job.job_id)
 
+    def record_exit(
+        self, current: tuple[JobRecord, TaskRecord] | None, exit_code: int, failure: bytes | None
+    ) -> bool:
+        """Record a task's exit: success (the job's too once all its tasks succeeded) or a gang failure.
+
+        ``current`` is the job and task the report is about, None when the report is
+        stale; then nothing changes and the answer is False.
+        """
+        if current is None:
+            return False
+        job, task = current
+        if exit_code != 0:
+            reason = reported_failure(failure, task.task_index, exit_code)
+            self.gang_fail(job, task, TaskState.FAILED, reason, exit_code=exit_code)
+            return True
+        self.end_task(job, task, TaskState.SUCCEEDED, exit_code=0)
+        left = self.cur.execute(
+            "SELECT COUNT(*) FROM tasks WHERE job_id = ? AND attempt = ? AND state != 'succeeded'",
+            (job.job_id, job.attempt),
+        ).fetchone()[0]
+        if left == 0:
+            self.finish_job(job, JobStatus.SUCCEEDED)
+        return True
+
     # -- workers -----------------------------------------------------------------------------------
 
     def lose_worker(self, worker_id: str, reason: str) -> None:

@@ -41,7 +41,7 @@ __all__ = [
 ]
 
 #: The version of the layout below; :func:`create_or_migrate` brings older files up to it.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 SCHEMA = """
 CREATE TABLE schema_version (version INTEGER NOT NULL);
@@ -115,7 +115,8 @@ CREATE TABLE workers (
     attributes TEXT NOT NULL,
     state TEXT NOT NULL,
     registered_at REAL NOT NULL,
-    last_heartbeat REAL NOT NULL
+    last_heartbeat REAL NOT NULL,
+    epoch INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE endpoints (
     namespace TEXT NOT NULL,
@@ -153,14 +154,17 @@ ACTIVE = ("assigned", "running")
 
 
 WORKER_COLS = (
-    "id, address, cpu_millis, ram_bytes, disk_bytes, devices, attributes, state, registered_at, last_heartbeat"
+    "id, address, cpu_millis, ram_bytes, disk_bytes, devices, attributes, state, registered_at, last_heartbeat, "
+    "epoch"
 )
 
 # Each step brings a file from version N to N + 1. Failures are encoded as
 # ``fray._lifecycle.Failure`` from version 2 on; version 1's pickled reports are dropped
-# (the controller never unpickles them) and a FAILED job keeps its message.
+# (the controller never unpickles them) and a FAILED job keeps its message. Version 3
+# gives every worker an epoch, which each registration advances (fencing).
 _MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: ("ALTER TABLE jobs ADD COLUMN failure BLOB", "UPDATE tasks SET failure = NULL"),
+    2: ("ALTER TABLE workers ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0",),
 }
 
 
@@ -265,7 +269,7 @@ def with_reason(task: TaskRecord, job: JobRecord) -> TaskRecord:
 
 
 def worker_from(row: Sequence[Any]) -> WorkerRecord:
-    wid, address, cpu, ram, disk, devices, attributes, state, registered, heartbeat = row
+    wid, address, cpu, ram, disk, devices, attributes, state, registered, heartbeat, epoch = row
     info = WorkerInfo(
         worker_id=str(wid),
         cpu_millis=int(cpu),
@@ -275,7 +279,7 @@ def worker_from(row: Sequence[Any]) -> WorkerRecord:
         attributes=json.loads(str(attributes)),
         alive=state == WorkerState.ALIVE.value,
     )
-    return WorkerRecord(info, str(address), WorkerState(state), float(registered), float(heartbeat))
+    return WorkerRecord(info, str(address), WorkerState(state), float(registered), float(heartbeat), int(epoch))
 
 
 def read_job(cur: sqlite3.Cursor, job_id: str) -> JobRecord:
@@ -341,15 +345,16 @@ def read_scheduler_input(cur: sqlite3.Cursor) -> SchedulerInput:
     return SchedulerInput(pending, workers, running, credits)
 
 
-def write_worker(cur: sqlite3.Cursor, info: WorkerInfo, address: str, now: float) -> None:
-    """Insert or update ``info``'s row as an ALIVE worker heard from ``now``."""
+def write_worker(cur: sqlite3.Cursor, info: WorkerInfo, address: str, now: float) -> int:
+    """Insert or update ``info``'s row as an ALIVE worker heard from ``now``; return its new epoch."""
     devices = json.dumps([[d.kind, d.type, d.count] for d in info.devices])
     cur.execute(
         "INSERT INTO workers (id, address, cpu_millis, ram_bytes, disk_bytes, devices, attributes, state, "
-        "registered_at, last_heartbeat) VALUES (?, ?, ?, ?, ?, ?, ?, 'alive', ?, ?) "
+        "registered_at, last_heartbeat, epoch) VALUES (?, ?, ?, ?, ?, ?, ?, 'alive', ?, ?, 1) "
         "ON CONFLICT (id) DO UPDATE SET address = excluded.address, cpu_millis = excluded.cpu_millis, "
         "ram_bytes = excluded.ram_bytes, disk_bytes = excluded.disk_bytes, devices = excluded.devices, "
-        "attributes = excluded.attributes, state = 'alive', last_heartbeat = excluded.last_heartbeat",
+        "attributes = excluded.attributes, state = 'alive', last_heartbeat = excluded.last_heartbeat, "
+        "epoch = epoch + 1",
         (
             info.worker_id,
             address,
@@ -362,3 +367,4 @@ def write_worker(cur: sqlite3.Cursor, info: WorkerInfo, address: str, now: float
             now,
         ),
     )
+    return int(cur.execute("SELECT epoch FROM workers WHERE id = ?", (info.worker_id,)).fetchone()[0])

@@ -12,6 +12,7 @@ so a task starts and ends within milliseconds without any periodic tick.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import pickle
 import threading
@@ -21,7 +22,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fray.cluster.capacity import WorkerInfo
-from fray.cluster.messages import CONTROLLER_ACTOR, JobSpec, JobView, TaskAssignment, WorkerCommands, WorkerReport
+from fray.cluster.messages import (
+    CONTROLLER_ACTOR,
+    JobSpec,
+    JobView,
+    TaskAssignment,
+    TaskExit,
+    WorkerCommands,
+    WorkerReport,
+)
 from fray.cluster.records import Effects, Endpoint, JobRecord, TaskKey, TaskRecord, TaskState, WorkerRecord
 from fray.cluster.scheduler import schedule
 from fray.cluster.store import ClusterStore
@@ -40,6 +49,9 @@ _MAX_CONCURRENCY = 512
 # is needed again for every task assignment of its job (retries, worker re-registration);
 # a miss only costs one read and one unpickling of the stored request.
 _SPEC_CACHE_SIZE = 1024
+# A worker's tasks may run this fraction of the worker timeout without the worker
+# renewing its lease: they are dead before the controller can declare the worker lost.
+_LEASE_FRACTION = 0.75
 
 
 @dataclass
@@ -207,12 +219,22 @@ class ControllerService:
 
     # ----- workers ------------------------------------------------------------------------------
 
-    def register_worker(self, info: WorkerInfo, address: str, running: list[TaskKey]) -> WorkerCommands:
-        """A worker (re)joins with the tasks it runs; returns what it must start and kill now."""
+    def register_worker(
+        self, info: WorkerInfo, address: str, running: list[TaskKey], exited: list[TaskExit] | None = None
+    ) -> WorkerCommands:
+        """A worker (re)joins with the tasks it runs and the exits not yet acknowledged; returns its orders.
+
+        The answer carries the worker's new epoch (its older reports are refused from now
+        on) and its lease; the exits are recorded exactly as reports would be.
+        """
         now = self._clock()
-        effects = self._store.register_worker(info, address, now, running)
+        exits = list(exited or ())
+        effects = self._store.register_worker(
+            info, address, now, running, [(e.key, e.exit_code, e.failure) for e in exits]
+        )
+        epoch = self._store.worker_epoch(info.worker_id)
         self._apply(effects)
-        reported = set(running)
+        reported = set(running) | {e.key for e in exits}
         # Assignments made before a controller restart (or lost with a broken poll) are resent.
         start = [
             self._assignment(task)
@@ -221,13 +243,26 @@ class ControllerService:
         ]
         with self._lock:
             outbox = self._outboxes.pop(info.worker_id, _Outbox())
+            for exit_ in exits:
+                self._unconfirmed_kills.pop(exit_.key, None)
+            if exits:
+                self._notify_changed()
         kill = [o.task for o in effects.kill if o.worker_id == info.worker_id] + outbox.kill
         self._kick.set()
-        return WorkerCommands(start=tuple(start), kill=tuple(dict.fromkeys(kill)))
+        return WorkerCommands(
+            start=tuple(start),
+            kill=tuple(dict.fromkeys(kill)),
+            epoch=epoch,
+            lease_seconds=self._worker_timeout * _LEASE_FRACTION,
+        )
 
-    def poll(self, worker_id: str, wait: float = 1.0) -> WorkerCommands:
-        """Long-poll: return the worker's next commands as soon as there are any (or after ``wait`` s)."""
-        if not self._store.heartbeat(worker_id, self._clock()):
+    def poll(self, worker_id: str, epoch: int, wait: float = 1.0) -> WorkerCommands:
+        """Long-poll: return the worker's next commands as soon as there are any (or after ``wait`` s).
+
+        A worker whose ``epoch`` has ended (it was declared lost, or registered again) is
+        told to register again.
+        """
+        if not self._store.heartbeat(worker_id, self._clock(), epoch):
             return WorkerCommands(reregister=True)
         deadline = time.monotonic() + min(max(wait, 0.0), 30.0)
         with self._lock:
@@ -241,18 +276,27 @@ class ControllerService:
                     return WorkerCommands()
                 self._outbox_ready.wait(remaining)
 
-    def report(self, worker_id: str, report: WorkerReport) -> bool:
-        """Apply a worker's report; False tells the worker to register again."""
+    def report(self, worker_id: str, epoch: int, report: WorkerReport) -> bool:
+        """Apply a worker's report in one transaction; False (nothing applied) tells it to register again.
+
+        A report of an epoch that has ended is refused whole: that is what fences a worker
+        the controller gave up on. Exits are idempotent by task attempt: one already
+        recorded is simply acknowledged again.
+        """
         now = self._clock()
         effects: list[Effects] = []
         with self._store.batch():
-            alive = self._store.heartbeat(worker_id, now)
+            if not self._store.heartbeat(worker_id, now, epoch):
+                return False
             for key in report.started:
-                self._store.mark_task_running(key, now)
+                self._store.mark_task_running(key, now, worker_id)
             for key, lines in report.logs:
-                self._store.append_logs(key, lines)
+                with contextlib.suppress(NotFound):
+                    self._store.append_logs(key, lines)
             for exit_ in report.exited:
-                effects.append(self._store.mark_task_exited(exit_.key, exit_.exit_code, now, exit_.failure))
+                effects.append(
+                    self._store.mark_task_exited(exit_.key, exit_.exit_code, now, exit_.failure, worker_id)
+                )
         for effect in effects:
             self._apply(effect)
         if report.exited:
@@ -263,7 +307,7 @@ class ControllerService:
         if report.started:
             with self._lock:
                 self._notify_changed()
-        return alive
+        return True
 
     # ----- clients: jobs ------------------------------------------------------------------------
 

@@ -118,11 +118,19 @@ class WorkerReport:
 
 @dataclass(frozen=True)
 class WorkerCommands:
-    """What the controller wants a worker to do; ``reregister`` if it does not know the worker (any more)."""
+    """What the controller wants a worker to do; ``reregister`` if it does not know the worker (any more).
+
+    A registration's answer also carries the worker's new ``epoch`` (every report and poll
+    names it; one from an earlier registration is refused, which is how a worker the
+    controller gave up on is fenced) and ``lease_seconds``, how long the worker's tasks
+    may run without the worker renewing its lease (see :mod:`fray.cluster._forkserver`).
+    """
 
     start: tuple[TaskAssignment, ...] = ()
     kill: tuple[TaskKey, ...] = ()
     reregister: bool = False
+    epoch: int = 0
+    lease_seconds: float = 0.0
 
 
 @dataclass(frozen=True)

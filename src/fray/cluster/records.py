@@ -181,13 +181,17 @@ class TaskRecord:
 
 @dataclass(frozen=True)
 class WorkerRecord:
-    """A registered worker: what it offers and what the controller last heard from it."""
+    """A registered worker: what it offers and what the controller last heard from it.
+
+    ``epoch`` counts its registrations: reports and polls must name the current one.
+    """
 
     info: WorkerInfo
     address: str
     state: WorkerState
     registered_at: float
     last_heartbeat: float
+    epoch: int = 0
 
 
 @dataclass(frozen=True)

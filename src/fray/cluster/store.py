@@ -35,7 +35,7 @@ from contextlib import contextmanager
 
 from fray._lifecycle import Failure
 from fray.cluster import _tables
-from fray.cluster._change import STALE, Change, reported_failure
+from fray.cluster._change import STALE, Change
 from fray.cluster._schema import (
     ACTIVE,
     JOB_COLS,
@@ -417,21 +417,32 @@ class ClusterStore:
     def _change(self, cur: sqlite3.Cursor, now: float) -> Change:
         return Change(cur, now, self.credit_policy)
 
-    def _current(self, cur: sqlite3.Cursor, key: TaskKey) -> tuple[JobRecord, TaskRecord] | None:
-        """The job and task for a report, or None if the report is stale."""
-        task = read_task(cur, key)
+    def _current(
+        self, cur: sqlite3.Cursor, key: TaskKey, worker_id: str | None = None
+    ) -> tuple[JobRecord, TaskRecord] | None:
+        """The job and task for a report, or None if the report is stale.
+
+        With ``worker_id``, a report about a task that is not (any more) on that worker is
+        stale too: a fenced worker's outcomes are never accepted.
+        """
+        try:
+            task = read_task(cur, key)
+        except NotFound:
+            return None  # never known here (e.g. a worker of another cluster state): nothing to record
         job = read_job(cur, key.job_id)
         if task.state.finished or task.attempt != job.attempt or job.state != JobStatus.RUNNING:
             return None
+        if worker_id is not None and task.worker_id != worker_id:
+            return None
         return job, task
 
-    def mark_task_running(self, key: TaskKey, now: float) -> bool:
+    def mark_task_running(self, key: TaskKey, now: float, worker_id: str | None = None) -> bool:
         """The worker started ``key``. False if the report is stale (the task already ended or was retried).
 
         Repeating the report is harmless. Billing of the task's usage starts now.
         """
         with self._txn() as cur:
-            current = self._current(cur, key)
+            current = self._current(cur, key, worker_id)
             if current is None:
                 return False
             _, task = current
@@ -445,28 +456,22 @@ class ClusterStore:
             )
             return True
 
-    def mark_task_exited(self, key: TaskKey, exit_code: int, now: float, failure: bytes | None = None) -> Effects:
+    def mark_task_exited(
+        self, key: TaskKey, exit_code: int, now: float, failure: bytes | None = None, worker_id: str | None = None
+    ) -> Effects:
         """The task's process exited with ``exit_code``; ``failure`` says why (a :class:`~fray._lifecycle.Failure`, encoded).
 
         0: the task SUCCEEDED, and the job too once all its tasks have. Anything else:
         the task FAILED and the gang is retried under the failure budget (or the job
-        FAILS when that is used up). Stale reports return ``Effects(applied=False)``.
+        FAILS when that is used up). Stale reports return ``Effects(applied=False)``:
+        a task that already ended (the outcome is recorded once, however often it is
+        reported), an older attempt, or -- with ``worker_id`` -- a task no longer on that worker.
         """
-
-        def exited(change: Change, job: JobRecord, task: TaskRecord) -> None:
-            if exit_code != 0:
-                reason = reported_failure(failure, key.task_index, exit_code)
-                change.gang_fail(job, task, TaskState.FAILED, reason, exit_code=exit_code)
-                return
-            change.end_task(job, task, TaskState.SUCCEEDED, exit_code=0)
-            left = change.cur.execute(
-                "SELECT COUNT(*) FROM tasks WHERE job_id = ? AND attempt = ? AND state != 'succeeded'",
-                (job.job_id, job.attempt),
-            ).fetchone()[0]
-            if left == 0:
-                change.finish_job(job, JobStatus.SUCCEEDED)
-
-        return self._change_current_task(key, now, exited)
+        with self._txn() as cur:
+            change = self._change(cur, now)
+            if not change.record_exit(self._current(cur, key, worker_id), exit_code, failure):
+                return STALE
+            return change.effects()
 
     def _change_current_task(
         self, key: TaskKey, now: float, act: Callable[[Change, JobRecord, TaskRecord], None]
@@ -506,12 +511,22 @@ class ClusterStore:
 
     # -- workers ---------------------------------------------------------------------------
 
-    def register_worker(self, info: WorkerInfo, address: str, now: float, running: Iterable[TaskKey] = ()) -> Effects:
-        """A worker (re)joined, reporting the tasks it is running; reconcile with what the store expects.
+    def register_worker(
+        self,
+        info: WorkerInfo,
+        address: str,
+        now: float,
+        running: Iterable[TaskKey] = (),
+        exited: Iterable[tuple[TaskKey, int, bytes | None]] = (),
+    ) -> Effects:
+        """A worker (re)joined, reporting the tasks it runs and those that exited unreported; reconcile.
 
-        Tasks the worker runs but the store does not expect there (they were lost,
-        retried or killed while it was away) get kill orders. Tasks the store has as
-        RUNNING there but the worker does not report are lost (gang retry). ASSIGNED
+        The registration starts a new *epoch* of the worker (see :meth:`worker_epoch`). The
+        exits (``(key, exit_code, failure)``) are recorded first, exactly as reports would
+        be -- only for tasks still current on this worker, so a fenced worker's outcomes
+        are ignored. Then tasks the worker runs but the store does not expect there (they
+        were lost, retried or killed while it was away) get kill orders; tasks the store
+        has as RUNNING there but the worker does not report are lost (gang retry); ASSIGNED
         tasks it does not report are left alone: the controller should resend them.
         """
         with self._txn() as cur:
@@ -520,8 +535,14 @@ class ClusterStore:
                 check_worker_transition(WorkerState(row[0]), WorkerState.ALIVE)
             write_worker(cur, info, address, now)
             change = self._change(cur, now)
+            for key, exit_code, failure in exited:
+                change.record_exit(self._current(cur, key, info.worker_id), exit_code, failure)
             change.reconcile(info.worker_id, set(running))
             return change.effects()
+
+    def worker_epoch(self, worker_id: str) -> int:
+        """The worker's current epoch (its registration count); raises :class:`NotFound`."""
+        return self.get_worker(worker_id).epoch
 
     def reconcile_worker(self, worker_id: str, running: Iterable[TaskKey], now: float) -> Effects:
         """Compare an alive worker's list of running tasks with the store (see :meth:`register_worker`)."""
@@ -539,12 +560,22 @@ class ClusterStore:
             act(change)
             return change.effects()
 
-    def heartbeat(self, worker_id: str, now: float) -> bool:
-        """Record that ``worker_id`` is alive. False if it is unknown or was declared lost (it must re-register)."""
+    def heartbeat(self, worker_id: str, now: float, epoch: int | None = None) -> bool:
+        """Record that ``worker_id`` is alive. False if it is unknown or was declared lost (it must re-register).
+
+        With ``epoch``, also False when the worker registered again since (the caller is
+        fenced: it speaks for an epoch that has ended).
+        """
         with self._lock:
-            cur = self._conn.execute(
-                "UPDATE workers SET last_heartbeat = ? WHERE id = ? AND state = 'alive'", (now, worker_id)
-            )
+            if epoch is None:
+                cur = self._conn.execute(
+                    "UPDATE workers SET last_heartbeat = ? WHERE id = ? AND state = 'alive'", (now, worker_id)
+                )
+            else:
+                cur = self._conn.execute(
+                    "UPDATE workers SET last_heartbeat = ? WHERE id = ? AND state = 'alive' AND epoch = ?",
+                    (now, worker_id, epoch),
+                )
             return cur.rowcount == 1
 
     def expire_workers(self, now: float, timeout: float) -> Effects:
@@ -683,3 +714,4 @@ class ClusterStore:
         """
         with self._read() as cur:
             return _tables.check_invariants(cur)
+
