@@ -22,6 +22,7 @@ from fray.errors import (
     RemoteError,
     RpcTimeoutError,
     SerializationError,
+    StorageError,
     StoreError,
 )
 from fray.job import (
@@ -85,6 +86,7 @@ __all__ = [
     "ResourceConfig",
     "RpcTimeoutError",
     "SerializationError",
+    "StorageError",
     "StoreError",
     "TpuConfig",
     "TpuTopology",

@@ -33,6 +33,7 @@ __all__ = [
     "RemoteTraceback",
     "RpcTimeoutError",
     "SerializationError",
+    "StorageError",
     "StoreError",
 ]
 
@@ -226,6 +227,14 @@ class ProtocolError(FrayError):
 
 class StoreError(FrayError):
     """The cluster's store refused an operation (see the message for why)."""
+
+
+class StorageError(StoreError):
+    """The store's file could not be written (disk full, read-only, I/O error); nothing of the operation was.
+
+    The message names the file and the free space on its filesystem. A controller that
+    hits it stays up, read-only, and says so in its ``health()`` until writes work again.
+    """
 
 
 class IllegalTransition(StoreError):

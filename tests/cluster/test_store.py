@@ -504,6 +504,7 @@ def test_a_version_1_file_is_migrated(tmp_path: Path) -> None:
     with sqlite3.connect(path) as conn:  # what version 1 looked like: no final failure per job
         conn.execute("ALTER TABLE jobs DROP COLUMN failure")
         conn.execute("ALTER TABLE workers DROP COLUMN epoch")
+        conn.execute("ALTER TABLE workers DROP COLUMN health")
         conn.execute("UPDATE schema_version SET version = 1")
     with ClusterStore(path) as store:
         assert store.schema_version == SCHEMA_VERSION

@@ -25,7 +25,9 @@ def test_jobs_finishing_during_a_controller_outage_complete_exactly_once(
     # Several workers: before the fix each one independently lost the race between its two loops.
     client = with_workers(cluster, 2, 2, 2, 2)
     jobs = [
-        client.submit(JobRequest(name=f"j{i}", entrypoint=Entrypoint.from_callable(gated_then_mark, args=(str(tmp_path),))))
+        client.submit(
+            JobRequest(name=f"j{i}", entrypoint=Entrypoint.from_callable(gated_then_mark, args=(str(tmp_path),)))
+        )
         for i in range(JOBS)
     ]
     for i in range(JOBS):

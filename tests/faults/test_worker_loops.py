@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fray import EnvironmentConfig, Entrypoint, JobFailed, JobRequest, JobStatus
+from fray import Entrypoint, EnvironmentConfig, JobFailed, JobRequest, JobStatus
 from fray.cluster.launcher import LocalCluster
 
 from .helpers import with_workers

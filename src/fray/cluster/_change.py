@@ -183,9 +183,7 @@ class Change:
         self.create_tasks(job, attempt)
         self._retried.append(job.job_id)
 
-    def record_exit(
-        self, current: tuple[JobRecord, TaskRecord] | None, exit_code: int, failure: bytes | None
-    ) -> bool:
+    def record_exit(self, current: tuple[JobRecord, TaskRecord] | None, exit_code: int, failure: bytes | None) -> bool:
         """Record a task's exit: success (the job's too once all its tasks succeeded) or a gang failure.
 
         ``current`` is the job and task the report is about, None when the report is

@@ -116,7 +116,8 @@ CREATE TABLE workers (
     state TEXT NOT NULL,
     registered_at REAL NOT NULL,
     last_heartbeat REAL NOT NULL,
-    epoch INTEGER NOT NULL DEFAULT 0
+    epoch INTEGER NOT NULL DEFAULT 0,
+    health TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE endpoints (
     namespace TEXT NOT NULL,
@@ -155,16 +156,20 @@ ACTIVE = ("assigned", "running")
 
 WORKER_COLS = (
     "id, address, cpu_millis, ram_bytes, disk_bytes, devices, attributes, state, registered_at, last_heartbeat, "
-    "epoch"
+    "epoch, health"
 )
 
 # Each step brings a file from version N to N + 1. Failures are encoded as
 # ``fray._lifecycle.Failure`` from version 2 on; version 1's pickled reports are dropped
 # (the controller never unpickles them) and a FAILED job keeps its message. Version 3
-# gives every worker an epoch, which each registration advances (fencing).
+# gives every worker an epoch, which each registration advances (fencing), and a health
+# note (empty: healthy; otherwise why the worker takes no new tasks).
 _MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: ("ALTER TABLE jobs ADD COLUMN failure BLOB", "UPDATE tasks SET failure = NULL"),
-    2: ("ALTER TABLE workers ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0",),
+    2: (
+        "ALTER TABLE workers ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE workers ADD COLUMN health TEXT NOT NULL DEFAULT ''",
+    ),
 }
 
 
@@ -269,7 +274,7 @@ def with_reason(task: TaskRecord, job: JobRecord) -> TaskRecord:
 
 
 def worker_from(row: Sequence[Any]) -> WorkerRecord:
-    wid, address, cpu, ram, disk, devices, attributes, state, registered, heartbeat, epoch = row
+    wid, address, cpu, ram, disk, devices, attributes, state, registered, heartbeat, epoch, health = row
     info = WorkerInfo(
         worker_id=str(wid),
         cpu_millis=int(cpu),
@@ -279,7 +284,9 @@ def worker_from(row: Sequence[Any]) -> WorkerRecord:
         attributes=json.loads(str(attributes)),
         alive=state == WorkerState.ALIVE.value,
     )
-    return WorkerRecord(info, str(address), WorkerState(state), float(registered), float(heartbeat), int(epoch))
+    return WorkerRecord(
+        info, str(address), WorkerState(state), float(registered), float(heartbeat), int(epoch), str(health)
+    )
 
 
 def read_job(cur: sqlite3.Cursor, job_id: str) -> JobRecord:
@@ -330,7 +337,8 @@ def read_scheduler_input(cur: sqlite3.Cursor) -> SchedulerInput:
     )
     workers = tuple(
         worker_from(row).info
-        for row in cur.execute(f"SELECT {WORKER_COLS} FROM workers WHERE state = 'alive' ORDER BY id")
+        # An unhealthy worker keeps its tasks but gets no new ones.
+        for row in cur.execute(f"SELECT {WORKER_COLS} FROM workers WHERE state = 'alive' AND health = '' ORDER BY id")
     )
     cols = ", ".join(f"j.{c.strip()}" for c in RES_COLS.split(","))
     running = tuple(

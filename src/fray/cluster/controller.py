@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import pickle
+import os
+import shutil
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from fray.cluster import _codec as codec
+from fray.cluster._api import ControllerAPI
 from fray.cluster.capacity import WorkerInfo
 from fray.cluster.messages import (
     CONTROLLER_ACTOR,
@@ -34,10 +37,11 @@ from fray.cluster.messages import (
 from fray.cluster.records import Effects, Endpoint, JobRecord, TaskKey, TaskRecord, TaskState, WorkerRecord
 from fray.cluster.scheduler import schedule
 from fray.cluster.store import ClusterStore
-from fray.errors import FrayError, JobAlreadyExists, NotFound
+from fray.errors import ConfigError, FrayError, JobAlreadyExists, NotFound, StorageError
 from fray.job import JobStatus
-from fray.rpc.registry import REGISTRY_ACTOR_NAME, SYSTEM_NAMESPACE, EndpointRegistry
-from fray.rpc.server import ActorServer
+from fray.rpc.datarpc import DEFAULT_MAX_REQUEST_BYTES, DataServer, pack, unpack
+from fray.rpc.namespace import default_token
+from fray.rpc.registry import EndpointRegistry
 
 __all__ = ["CONTROLLER_ACTOR", "Controller", "ControllerService"]
 
@@ -63,7 +67,7 @@ class _Outbox:
 
 
 class ControllerService:
-    """Everything the controller does, as methods: served over RPC as :data:`CONTROLLER_ACTOR`.
+    """Everything the controller does, as methods: served over the data-only RPC by :class:`Controller`.
 
     ``spec_cache_size`` bounds how many decoded job specs stay in memory (least recently
     used go first; default 1,024); a job whose spec was dropped is read back from the store.
@@ -96,6 +100,8 @@ class ControllerService:
         self._scheduler: threading.Thread | None = None
         # Endpoints of servers that are not Fray tasks (registered through the registry API).
         self._external = EndpointRegistry()
+        # Why the store cannot be written ("" while it can): the controller then serves reads only.
+        self._read_only = ""
 
     def _notify_changed(self) -> None:
         """Wake long-polls waiting for a job or endpoint to change (call with ``_lock`` held)."""
@@ -137,13 +143,53 @@ class ControllerService:
                 return
             try:
                 now = self._clock()
+                if self._read_only:
+                    self._try_writable(now)
+                    continue
                 self._apply(self._store.expire_workers(now, self._worker_timeout))
                 if now - last_accrual >= 5.0:
                     self._store.accrue_credits(now)
                     last_accrual = now
                 self.schedule_once(now)
+            except StorageError as exc:
+                self.storage_failed(exc)
             except Exception:  # the loop must survive anything one pass hits
                 logger.exception("scheduling pass failed")
+
+    # ----- storage failures ---------------------------------------------------------------------
+
+    def storage_failed(self, error: StorageError) -> None:
+        """The store could not be written: serve reads only until a write succeeds again."""
+        with self._lock:
+            first = not self._read_only
+            self._read_only = str(error)
+        if first:
+            logger.error("the controller is READ-ONLY until its storage can be written again: %s", error)
+
+    def _try_writable(self, now: float) -> None:
+        # Heartbeats could not be recorded meanwhile: give every worker a full timeout again
+        # (as after a restart), so no worker -- and none of its finished jobs -- is declared
+        # lost for the controller's own outage. That write is also the probe.
+        try:
+            self._store.refresh_heartbeats(now)
+        except StorageError as exc:
+            with self._lock:
+                self._read_only = str(exc)
+            return
+        with self._lock:
+            self._read_only = ""
+        logger.warning("the controller's storage is writable again; leaving read-only mode")
+        self._kick.set()
+
+    def health(self) -> dict[str, object]:
+        """Plain data for ``fray status``: read-only or not and why, the state file and its free space."""
+        try:
+            free: int | None = shutil.disk_usage(os.path.dirname(os.path.abspath(self._store.path))).free
+        except OSError:
+            free = None
+        with self._lock:
+            reason = self._read_only
+        return {"read_only": bool(reason), "reason": reason, "db_path": self._store.path, "free_bytes": free}
 
     def schedule_once(self, now: float | None = None) -> list[TaskRecord]:
         """Run one scheduling pass and send the assigned tasks to their workers."""
@@ -169,7 +215,7 @@ class ControllerService:
             if spec is not None:
                 self._specs.move_to_end(job_id)
                 return spec
-        spec = pickle.loads(self._store.job_request(job_id))
+        spec = codec.spec_from(unpack(self._store.job_request(job_id)))
         self._remember_spec(job_id, spec)
         return spec
 
@@ -288,15 +334,19 @@ class ControllerService:
         with self._store.batch():
             if not self._store.heartbeat(worker_id, now, epoch):
                 return False
+            if self._store.set_worker_health(worker_id, report.health):
+                if report.health:
+                    logger.warning("worker %s is unhealthy, it gets no new tasks: %s", worker_id, report.health)
+                else:
+                    logger.info("worker %s recovered", worker_id)
+                self._kick.set()
             for key in report.started:
                 self._store.mark_task_running(key, now, worker_id)
             for key, lines in report.logs:
                 with contextlib.suppress(NotFound):
                     self._store.append_logs(key, lines)
             for exit_ in report.exited:
-                effects.append(
-                    self._store.mark_task_exited(exit_.key, exit_.exit_code, now, exit_.failure, worker_id)
-                )
+                effects.append(self._store.mark_task_exited(exit_.key, exit_.exit_code, now, exit_.failure, worker_id))
         for effect in effects:
             self._apply(effect)
         if report.exited:
@@ -334,7 +384,7 @@ class ControllerService:
                     )
             record = self._store.submit_request(
                 spec,
-                pickle.dumps(spec),
+                pack(codec.spec_data(spec)),
                 user=user,
                 now=now,
                 parent_id=parent_id,
@@ -468,7 +518,8 @@ class Controller:
     """A running controller: the store at ``db_path`` served on ``host:port``.
 
     The token (default ``FRAY_TOKEN``) is required of every worker, client and
-    resolver before any request is decoded.
+    resolver before any request is decoded, and requests are plain data
+    (:mod:`fray.rpc.datarpc`): the controller never unpickles anything.
     """
 
     def __init__(
@@ -480,12 +531,22 @@ class Controller:
         token: str | bytes | None = None,
         worker_timeout: float = 10.0,
         advertise_host: str | None = None,
+        max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     ) -> None:
+        resolved = default_token(token)
+        if resolved is None:
+            raise ConfigError("the controller needs a token (FRAY_TOKEN or token=): it never runs unauthenticated")
         self.store = ClusterStore(db_path)
         self.service = ControllerService(self.store, worker_timeout=worker_timeout)
-        self.server = ActorServer(host, port, token, namespace=SYSTEM_NAMESPACE, advertise_host=advertise_host)
-        self.server.register(CONTROLLER_ACTOR, self.service, max_concurrency=_MAX_CONCURRENCY)
-        self.server.register(REGISTRY_ACTOR_NAME, self.service, max_concurrency=64)
+        self.server = DataServer(
+            ControllerAPI(self.service),
+            host,
+            port,
+            resolved,
+            advertise_host=advertise_host,
+            max_request_bytes=max_request_bytes,
+            name="controller",
+        )
 
     @property
     def address(self) -> str:

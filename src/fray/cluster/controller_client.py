@@ -1,9 +1,11 @@
-"""Reaching a Fray cluster's controller: the cluster token, and an RPC handle that rides out restarts.
+"""Reaching a Fray cluster's controller: the cluster token, and typed handles that ride out restarts.
 
 Clients, workers, the launcher and the CLI all talk to the controller through
-:func:`controller_client` (one raw RPC handle) or :func:`connect_controller` (one
-shared, retrying handle per address and token). Nothing here imports the
-controller's store or the worker daemon.
+:func:`controller_client` (one :class:`ControllerProxy`, no retries) or
+:func:`connect_controller` (one shared :class:`ControllerHandle` per address and token,
+which retries). Calls travel over the data-only RPC (:mod:`fray.rpc.datarpc`): the
+typed values are turned into plain data here (:mod:`fray.cluster._codec`) and back.
+Nothing here imports the controller's store or the worker daemon.
 """
 
 from __future__ import annotations
@@ -14,13 +16,21 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fray.cluster.messages import CONTROLLER_ACTOR
+from fray.cluster import _codec as codec
+from fray.cluster.capacity import WorkerInfo
+from fray.cluster.messages import JobSpec, JobView, TaskExit, WorkerCommands, WorkerReport
+from fray.cluster.records import Endpoint, TaskKey, TaskRecord, WorkerRecord
 from fray.errors import ActorUnavailableError, CallNotSentError
-from fray.rpc.client import ActorClient, RpcOptions
-from fray.rpc.registry import SYSTEM_NAMESPACE
-from fray.rpc.resolver import FixedResolver
+from fray.rpc.datarpc import DataClient
 
-__all__ = ["CONTROLLER_RETRY_SECONDS", "ControllerHandle", "connect_controller", "controller_client", "load_token"]
+__all__ = [
+    "CONTROLLER_RETRY_SECONDS",
+    "ControllerHandle",
+    "ControllerProxy",
+    "connect_controller",
+    "controller_client",
+    "load_token",
+]
 
 _TOKEN_FILE = Path.home() / ".config" / "fray" / "token"
 
@@ -43,13 +53,103 @@ def load_token(token: str | bytes | None = None) -> bytes | None:
         return None
 
 
-def controller_client(address: str, token: str | bytes | None = None, timeout: float = 30.0) -> ActorClient[Any]:
-    """A raw RPC handle on the controller at ``address`` (``host:port``): no retries beyond the RPC layer's."""
-    resolver = FixedResolver({CONTROLLER_ACTOR: f"actor://{address}/{CONTROLLER_ACTOR}"}, namespace=SYSTEM_NAMESPACE)
-    return ActorClient(resolver, CONTROLLER_ACTOR, RpcOptions(timeout=timeout), token=token)
+class ControllerProxy:
+    """The controller's API as typed methods over one :class:`DataClient` (no retries of its own)."""
+
+    def __init__(self, rpc: DataClient, timeout: float | None = None) -> None:
+        self._rpc = rpc
+        self._timeout = timeout
+
+    @property
+    def address(self) -> str:
+        return self._rpc.address
+
+    def with_timeout(self, timeout: float) -> ControllerProxy:
+        """The same controller (sharing connections) with calls limited to ``timeout`` seconds, no retries."""
+        return ControllerProxy(self._rpc, timeout)
+
+    def close(self) -> None:
+        """Close idle connections."""
+        self._rpc.close()
+
+    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return self._rpc.call(method, list(args), kwargs, self._timeout)
+
+    # -- workers --------------------------------------------------------------------------------
+
+    def register_worker(
+        self, info: WorkerInfo, address: str, running: list[TaskKey], exited: list[TaskExit]
+    ) -> WorkerCommands:
+        data = self._call(
+            "register_worker",
+            codec.worker_info_data(info),
+            address,
+            [codec.key_data(k) for k in running],
+            [codec.exit_data(e) for e in exited],
+        )
+        return codec.commands_from(data)
+
+    def poll(self, worker_id: str, epoch: int, wait: float) -> WorkerCommands:
+        return codec.commands_from(self._call("poll", worker_id, epoch, wait))
+
+    def report(self, worker_id: str, epoch: int, report: WorkerReport) -> bool:
+        return bool(self._call("report", worker_id, epoch, codec.report_data(report)))
+
+    # -- jobs -----------------------------------------------------------------------------------
+
+    def submit(
+        self, spec: JobSpec, *, user: str, parent_id: str | None = None, namespace: str | None = None
+    ) -> JobView:
+        data = self._call("submit", codec.spec_data(spec), user, parent_id=parent_id, namespace=namespace)
+        return codec.view_from(data)
+
+    def job(self, job_id: str) -> JobView:
+        return codec.view_from(self._call("job", job_id))
+
+    def wait(self, job_ids: list[str], timeout: float = 10.0, *, any_finished: bool = True) -> list[JobView]:
+        return [codec.view_from(v) for v in self._call("wait", job_ids, timeout, any_finished=any_finished)]
+
+    def terminate(self, job_id: str, reason: str = "terminated") -> JobView:
+        return codec.view_from(self._call("terminate", job_id, reason))
+
+    def logs(self, job_id: str, last: int | None = None, after_id: int = 0) -> list[tuple[int, str]]:
+        return [(int(i), str(line)) for i, line in self._call("logs", job_id, last, after_id)]
+
+    def list_jobs(self, states: list[str] | None = None) -> list[JobView]:
+        return [codec.view_from(v) for v in self._call("list_jobs", states)]
+
+    def tasks(self, job_id: str) -> list[TaskRecord]:
+        return [codec.task_from(t) for t in self._call("tasks", job_id)]
+
+    def list_workers(self) -> list[WorkerRecord]:
+        return [codec.worker_record_from(w) for w in self._call("list_workers")]
+
+    def health(self) -> dict[str, Any]:
+        """Whether the controller is read-only (and why), its state file and the free space there."""
+        return dict(self._call("health"))
+
+    # -- endpoints ------------------------------------------------------------------------------
+
+    def register_endpoint(self, namespace: str, name: str, url: str, task: TaskKey) -> bool:
+        return bool(self._call("register_endpoint", namespace, name, url, codec.key_data(task)))
+
+    def list_endpoints(self, namespace: str | None = None) -> list[Endpoint]:
+        return [codec.endpoint_from(e) for e in self._call("list_endpoints", namespace)]
+
+    def wait_actor(self, namespace: str, name: str, job_id: str, timeout: float = 10.0) -> tuple[str, str, JobView]:
+        state, detail, view = self._call("wait_actor", namespace, name, job_id, timeout)
+        return str(state), str(detail), codec.view_from(view)
+
+    def resolve(self, namespace: str, name: str) -> list[str]:
+        return [str(url) for url in self._call("resolve", namespace, name)]
 
 
-class ControllerHandle:
+def controller_client(address: str, token: str | bytes | None = None, timeout: float = 30.0) -> ControllerProxy:
+    """A typed handle on the controller at ``address`` (``host:port``): no retries beyond the connection's."""
+    return ControllerProxy(DataClient(address, load_token(token), timeout=timeout))
+
+
+class ControllerHandle(ControllerProxy):
     """Calls the controller, riding out its restarts.
 
     A call that provably was not sent is retried until :data:`CONTROLLER_RETRY_SECONDS`
@@ -57,33 +157,27 @@ class ControllerHandle:
     """
 
     def __init__(self, address: str, token: bytes | None) -> None:
-        self.address = address
-        self._rpc = controller_client(address, token)
+        super().__init__(DataClient(address, token))
 
-    def bounded(self, timeout: float) -> Any:
-        """The raw controller handle with a call timeout and no retries (for shutdown paths)."""
-        return self._rpc.with_options(timeout=timeout)
+    def bounded(self, timeout: float) -> ControllerProxy:
+        """The controller with a call timeout and no retries (for shutdown paths)."""
+        return self.with_timeout(timeout)
 
-    def __getattr__(self, method: str) -> Any:
-        call = getattr(self._rpc, method)
-
-        def retrying(*args: Any, **kwargs: Any) -> Any:
-            deadline = time.monotonic() + CONTROLLER_RETRY_SECONDS
-            delay = 0.02
-            while True:
-                try:
-                    return call(*args, **kwargs)
-                except ActorUnavailableError as exc:
-                    may_have_run = not isinstance(exc, CallNotSentError)
-                    if (may_have_run and method in _NOT_IDEMPOTENT) or time.monotonic() > deadline:
-                        raise
-                time.sleep(delay)
-                delay = min(delay * 2, 0.5)
-
-        return retrying
+    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        deadline = time.monotonic() + CONTROLLER_RETRY_SECONDS
+        delay = 0.02
+        while True:
+            try:
+                return super()._call(method, *args, **kwargs)
+            except ActorUnavailableError as exc:
+                may_have_run = not isinstance(exc, CallNotSentError)
+                if (may_have_run and method in _NOT_IDEMPOTENT) or time.monotonic() > deadline:
+                    raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.5)
 
 
-# One controller connection per (address, token) per process, shared by every handle.
+# One controller connection pool per (address, token) per process, shared by every handle.
 _handles: dict[tuple[str, bytes | None], ControllerHandle] = {}
 _handles_lock = threading.Lock()
 

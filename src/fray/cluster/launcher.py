@@ -20,7 +20,7 @@ class LocalCluster:
     """A controller plus workers, each its own process, state and logs under ``directory``.
 
     The controller binds 127.0.0.1 and requires ``token`` (a fresh random one by
-    default); ``env`` is added to every process's environment (and so to its tasks'). Processes are started detached (own session) so that tests can kill
+    default); its state goes to ``db_path`` (default ``directory/controller.db``); ``env`` is added to every process's environment (and so to its tasks'). Processes are started detached (own session) so that tests can kill
     them with SIGKILL one by one, as a machine failure would.
     """
 
@@ -32,10 +32,12 @@ class LocalCluster:
         port: int = 0,
         worker_timeout: float = 10.0,
         env: dict[str, str] | None = None,
+        db_path: str | Path | None = None,
     ) -> None:
         self.extra_env = dict(env or {})
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
+        self.db_path = Path(db_path) if db_path is not None else self.directory / "controller.db"
         self.token = token or secrets.token_hex(16)
         self.port = port
         self.worker_timeout = worker_timeout
@@ -73,7 +75,7 @@ class LocalCluster:
             "--port",
             str(self.port),
             "--db",
-            str(self.directory / "controller.db"),
+            str(self.db_path),
             "--address-file",
             str(address_file),
             "--worker-timeout",

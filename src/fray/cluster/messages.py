@@ -1,9 +1,8 @@
-"""What clients, the controller and workers send each other: plain, picklable dataclasses.
+"""What clients, the controller and workers send each other: plain frozen dataclasses.
 
-The controller never unpickles user code: a callable job travels as an opaque
-``payload`` (the cloudpickled entrypoint) that only the task process opens.
-Everything else here is built from Fray's own types, so the controller can decode
-it without the user's modules installed.
+On the wire (and in the controller's store) they travel as plain data -- see
+:mod:`fray.cluster._codec` -- and the controller never unpickles anything: a callable
+job's entrypoint is an opaque ``payload`` (cloudpickled) that only the task process opens.
 """
 
 from __future__ import annotations
@@ -13,9 +12,9 @@ from dataclasses import dataclass, field
 import cloudpickle
 
 from fray._serialization import call_parts, check_picklable
+from fray.cluster.capacity import TaskResources
 from fray.cluster.records import TaskKey
 from fray.job import BinaryEntrypoint, CallableEntrypoint, EnvironmentConfig, JobRequest, JobStatus
-from fray.resources import ResourceConfig
 
 __all__ = [
     "CONTROLLER_ACTOR",
@@ -33,10 +32,14 @@ CONTROLLER_ACTOR = "fray-controller"
 
 @dataclass(frozen=True)
 class JobSpec:
-    """A job as the controller stores it: the request without any user code in the clear."""
+    """A job as the controller stores it: the request without any user code in the clear.
+
+    ``resources`` is the normalized :class:`~fray.cluster.capacity.TaskResources` (plain
+    numbers), so the controller needs nothing of the client's :mod:`fray.resources`.
+    """
 
     name: str
-    resources: ResourceConfig
+    resources: TaskResources
     environment: EnvironmentConfig
     replicas: int
     max_retries_failure: int
@@ -57,7 +60,7 @@ class JobSpec:
             payload = encode_callable(request.name, entry)
         return cls(
             name=request.name,
-            resources=request.resources,
+            resources=TaskResources.from_config(request.resources),
             environment=request.environment or EnvironmentConfig(),
             replicas=request.replicas,
             max_retries_failure=request.max_retries_failure,
@@ -106,11 +109,12 @@ class TaskExit:
 
 @dataclass
 class WorkerReport:
-    """What a worker has to tell since its last report."""
+    """What a worker has to tell since its last report; ``health`` is "" or why it cannot run tasks now."""
 
     started: list[TaskKey] = field(default_factory=list)
     exited: list[TaskExit] = field(default_factory=list)
     logs: list[tuple[TaskKey, list[str]]] = field(default_factory=list)
+    health: str = ""
 
     def __bool__(self) -> bool:
         return bool(self.started or self.exited or self.logs)

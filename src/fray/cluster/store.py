@@ -26,8 +26,10 @@ by the caller (``now``), on the controller's wall clock.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
+import shutil
 import sqlite3
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -72,10 +74,15 @@ from fray.cluster.records import (
     check_worker_transition,
 )
 from fray.cluster.scheduler import SchedulingDecision
-from fray.errors import NotFound, StoreError
+from fray.errors import NotFound, StorageError, StoreError
 from fray.job import JobStatus, validate_name
+from fray.resources import format_size
 
 __all__ = ["ClusterStore"]
+
+# SQLITE_READONLY, SQLITE_IOERR, SQLITE_FULL, SQLITE_CANTOPEN (primary codes; extended ones keep them in the low byte).
+_STORAGE_CODES = frozenset({8, 10, 13, 14})
+_STORAGE_WORDS = ("disk is full", "readonly", "read-only", "disk i/o", "unable to open")
 
 
 class ClusterStore:
@@ -107,19 +114,24 @@ class ClusterStore:
         # keeps every method's transaction from interleaving with another thread's.
         self._lock = threading.RLock()
         self._in_batch = False
-        self._conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=30.0)
-        mode = self._conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        try:
+            self._conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=30.0)
+            mode = self._conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            self._conn.execute(f"PRAGMA synchronous={synchronous.upper()}")
+            self._conn.execute("PRAGMA busy_timeout=30000")
+        except sqlite3.Error as exc:
+            raise self._error(exc) from exc
         if str(mode).lower() != "wal":
             raise StoreError(f"{self.path}: could not switch the database to WAL mode (got {mode!r})")
-        self._conn.execute(f"PRAGMA synchronous={synchronous.upper()}")
-        self._conn.execute("PRAGMA busy_timeout=30000")
+        with contextlib.suppress(OSError):  # the state of every job: for the controller's user only
+            os.chmod(self.path, 0o600)
         self._init_schema()
 
     # -- plumbing -------------------------------------------------------------------------
 
     def close(self) -> None:
         """Close the database connection."""
-        with self._lock:
+        with self._locked():
             self._conn.close()
 
     def __enter__(self) -> ClusterStore:
@@ -129,36 +141,69 @@ class ClusterStore:
         self.close()
 
     @contextmanager
+    def _locked(self) -> Iterator[None]:
+        """Hold the store's lock; SQLite's own errors leave as a :class:`StoreError` naming the file."""
+        with self._lock:
+            try:
+                yield
+            except sqlite3.Error as exc:
+                raise self._error(exc) from exc
+
+    def _error(self, exc: sqlite3.Error) -> StoreError:
+        """The Fray error for a failure of SQLite: :class:`StorageError` when the file cannot be written."""
+        text = str(exc)
+        code = getattr(exc, "sqlite_errorcode", None)
+        storage = (code is not None and code & 0xFF in _STORAGE_CODES) or any(
+            word in text.lower() for word in _STORAGE_WORDS
+        )
+        if not storage:
+            return StoreError(f"{self.path}: {text}")
+        try:
+            free = format_size(shutil.disk_usage(os.path.dirname(os.path.abspath(self.path))).free)
+        except OSError:
+            free = "unknown"
+        return StorageError(
+            f"cannot write the cluster state {self.path}: {text} ({free} free on its filesystem); "
+            "nothing of this operation was written"
+        )
+
+    @contextmanager
     def _txn(self) -> Iterator[sqlite3.Cursor]:
         """One write transaction: everything inside commits together or not at all.
 
         Inside :meth:`batch` it is a savepoint instead, so that each call stays atomic
         (a call that raises leaves no trace) while the batch commits once.
         """
-        with self._lock:
+        with self._locked():
             cur = self._conn.cursor()
             if self._in_batch:
                 cur.execute("SAVEPOINT call")
                 try:
                     yield cur
                 except BaseException:
-                    cur.execute("ROLLBACK TO call")
-                    cur.execute("RELEASE call")
+                    self._rollback("ROLLBACK TO call", "RELEASE call")
                     raise
                 cur.execute("RELEASE call")
                 return
             cur.execute("BEGIN IMMEDIATE")
             try:
                 yield cur
+                cur.execute("COMMIT")
             except BaseException:
-                cur.execute("ROLLBACK")
+                self._rollback("ROLLBACK")
                 raise
-            cur.execute("COMMIT")
+
+    def _rollback(self, *statements: str) -> None:
+        # SQLite may already have rolled back on its own (a full disk, an I/O error): a
+        # failing ROLLBACK must not hide the error that caused it.
+        for statement in statements:
+            with contextlib.suppress(sqlite3.Error):
+                self._conn.execute(statement)
 
     @contextmanager
     def _read(self) -> Iterator[sqlite3.Cursor]:
         """A read transaction: several SELECTs see one snapshot."""
-        with self._lock:
+        with self._locked():
             cur = self._conn.cursor()
             if self._in_batch:
                 yield cur
@@ -178,19 +223,19 @@ class ClusterStore:
         block ends normally and is rolled back entirely if an exception leaves it.
         Other threads wait until the batch ends. Batches do not nest.
         """
-        with self._lock:
+        with self._locked():
             if self._in_batch:
                 raise StoreError("ClusterStore.batch() does not nest")
             self._conn.execute("BEGIN IMMEDIATE")
             self._in_batch = True
             try:
                 yield
+                self._in_batch = False
+                self._conn.execute("COMMIT")
             except BaseException:
                 self._in_batch = False
-                self._conn.execute("ROLLBACK")
+                self._rollback("ROLLBACK")
                 raise
-            self._in_batch = False
-            self._conn.execute("COMMIT")
 
     def _init_schema(self) -> None:
         with self._txn() as cur:
@@ -199,7 +244,7 @@ class ClusterStore:
     @property
     def schema_version(self) -> int:
         """The schema version stored in the file."""
-        with self._lock:
+        with self._locked():
             return int(self._conn.execute("SELECT version FROM schema_version").fetchone()[0])
 
     # -- jobs ------------------------------------------------------------------------------
@@ -296,7 +341,9 @@ class ClusterStore:
             name=request.name,
             user=user,
             request=request_bytes,
-            resources=TaskResources.from_config(request.resources),
+            resources=request.resources
+            if isinstance(request.resources, TaskResources)
+            else TaskResources.from_config(request.resources),
             now=now,
             replicas=request.replicas,
             max_retries_failure=request.max_retries_failure,
@@ -308,12 +355,12 @@ class ClusterStore:
 
     def get_job(self, job_id: str) -> JobRecord:
         """The job ``job_id``; raises :class:`NotFound`."""
-        with self._lock:
+        with self._locked():
             return read_job(self._conn.cursor(), job_id)
 
     def job_request(self, job_id: str) -> bytes:
         """The opaque request bytes given at submission."""
-        with self._lock:
+        with self._locked():
             row = self._conn.execute("SELECT request FROM jobs WHERE id = ?", (job_id,)).fetchone()
         if row is None:
             raise NotFound(f"no job {job_id!r}")
@@ -340,7 +387,7 @@ class ClusterStore:
             clauses.append("user_name = ?")
             params.append(user)
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-        with self._lock:
+        with self._locked():
             rows = self._conn.execute(f"SELECT {JOB_COLS} FROM jobs {where} ORDER BY seq", params).fetchall()
         return [job_from(r) for r in rows]
 
@@ -487,7 +534,7 @@ class ClusterStore:
 
     def job_failure(self, job_id: str) -> bytes | None:
         """The final failure of a FAILED job (a :class:`~fray._lifecycle.Failure`, encoded); None otherwise."""
-        with self._lock:
+        with self._locked():
             row = self._conn.execute("SELECT failure FROM jobs WHERE id = ?", (job_id,)).fetchone()
         if row is None:
             raise NotFound(f"no job {job_id!r}")
@@ -495,7 +542,7 @@ class ClusterStore:
 
     def live_job_with_label(self, namespace: str, label: str) -> str | None:
         """The id of an unfinished job in ``namespace`` whose label is ``label``, if there is one."""
-        with self._lock:
+        with self._locked():
             row = self._conn.execute(
                 "SELECT id FROM jobs WHERE namespace = ? AND label = ? AND state IN ('pending', 'running') LIMIT 1",
                 (namespace, label),
@@ -540,6 +587,16 @@ class ClusterStore:
             change.reconcile(info.worker_id, set(running))
             return change.effects()
 
+    def set_worker_health(self, worker_id: str, health: str) -> bool:
+        """Record why ``worker_id`` cannot take tasks ("" once it can again); True if that changed anything."""
+        with self._txn() as cur:
+            return (
+                cur.execute(
+                    "UPDATE workers SET health = ? WHERE id = ? AND health != ?", (health, worker_id, health)
+                ).rowcount
+                == 1
+            )
+
     def worker_epoch(self, worker_id: str) -> int:
         """The worker's current epoch (its registration count); raises :class:`NotFound`."""
         return self.get_worker(worker_id).epoch
@@ -566,7 +623,7 @@ class ClusterStore:
         With ``epoch``, also False when the worker registered again since (the caller is
         fenced: it speaks for an epoch that has ended).
         """
-        with self._lock:
+        with self._locked():
             if epoch is None:
                 cur = self._conn.execute(
                     "UPDATE workers SET last_heartbeat = ? WHERE id = ? AND state = 'alive'", (now, worker_id)
@@ -610,13 +667,13 @@ class ClusterStore:
     def list_workers(self, *, alive_only: bool = False) -> list[WorkerRecord]:
         """Registered workers by id."""
         where = "WHERE state = 'alive'" if alive_only else ""
-        with self._lock:
+        with self._locked():
             rows = self._conn.execute(f"SELECT {WORKER_COLS} FROM workers {where} ORDER BY id").fetchall()
         return [worker_from(r) for r in rows]
 
     def get_worker(self, worker_id: str) -> WorkerRecord:
         """The worker ``worker_id`` (alive or lost); raises :class:`NotFound`."""
-        with self._lock:
+        with self._locked():
             row = self._conn.execute(
                 f"SELECT {WORKER_COLS} FROM workers WHERE id = ?",
                 (worker_id,),
@@ -627,7 +684,7 @@ class ClusterStore:
 
     def tasks_on_worker(self, worker_id: str) -> list[TaskRecord]:
         """The tasks currently assigned to or running on ``worker_id``."""
-        with self._lock:
+        with self._locked():
             rows = self._conn.execute(
                 f"SELECT {TASK_COLS} FROM tasks WHERE worker_id = ? AND state IN (?, ?) "
                 "ORDER BY job_id, attempt, task_index",
@@ -658,7 +715,7 @@ class ClusterStore:
 
     def list_endpoints(self, namespace: str, prefix: str = "") -> list[Endpoint]:
         """Endpoints in ``namespace`` whose name starts with ``prefix``, by name then registration."""
-        with self._lock:
+        with self._locked():
             return _tables.list_endpoints(self._conn.cursor(), namespace, prefix)
 
     def remove_endpoint(self, namespace: str, name: str, task: TaskKey | None = None) -> int:
@@ -680,14 +737,14 @@ class ClusterStore:
 
         Pass the last ``line_id`` seen as ``after_id`` to follow the output.
         """
-        with self._lock:
+        with self._locked():
             return _tables.read_logs(self._conn.cursor(), job_id, after_id, last)
 
     # -- credit ----------------------------------------------------------------------------
 
     def credits(self) -> dict[str, float]:
         """Every known user's current balance (as of the last :meth:`accrue_credits`)."""
-        with self._lock:
+        with self._locked():
             return {name: balance for name, balance in self._conn.execute("SELECT name, balance FROM users")}
 
     def set_credit(self, user: str, balance: float, now: float) -> None:
@@ -714,4 +771,3 @@ class ClusterStore:
         """
         with self._read() as cur:
             return _tables.check_invariants(cur)
-

@@ -154,6 +154,7 @@ class Worker:
         self._threads: list[threading.Thread] = []
         self._forkserver: ForkServer | None = None
         self._refused: set[TaskKey] = set()
+        self._health = ""  # why this worker cannot start tasks now ("" when it can)
 
     # ----- lifecycle ----------------------------------------------------------------------------
 
@@ -199,7 +200,7 @@ class Worker:
         # Task processes are started from this one long-lived thread: the kernel's
         # parent-death signal follows the thread that forked them.
         backoff = 0.05
-        poller = self._client.with_options(timeout=self._poll_wait + 30.0)
+        poller = self._client.with_timeout(self._poll_wait + 30.0)
         self._forkserver = self._start_forkserver()
         while not self._stopping.is_set():
             try:
@@ -220,7 +221,7 @@ class Worker:
             with self._lock:
                 running = list(self._tasks)
                 exits = self._journal.pending()
-            commands: WorkerCommands = self._client.register_worker(self.info, self._address(), running, exits)
+            commands = self._client.register_worker(self.info, self._address(), running, exits)
             self._journal.acknowledge([e.key for e in exits])
             self._epoch = commands.epoch
             self._lease_seconds = commands.lease_seconds
@@ -246,6 +247,9 @@ class Worker:
                 except Exception as exc:  # a task we cannot start fails; the worker goes on
                     logger.exception("cannot start task %s", assignment.key)
                     self._cannot_start(assignment.key, f"the worker could not start the task: {_describe(exc)}")
+                    if isinstance(exc, OSError):  # the machine, not the task: take no more until it recovers
+                        self._health = f"cannot start tasks in {self.workdir}: {_describe(exc)}"
+                        self._report_ready.set()
         for key in commands.kill:
             self._kill(key)
 
@@ -317,7 +321,7 @@ class Worker:
         task = _Task(assignment, None, failure_path)
         with self._lock:
             self._tasks[key] = task
-        proc = self._fork(request)
+        proc: _Process | None = self._fork(request)
         if proc is None:
             if argv is None:
                 argv = [sys.executable, "-m", "fray.cluster._task", str(payload), str(failure_path)]
@@ -433,7 +437,22 @@ class Worker:
                 backoff = min(backoff * 2, 2.0)
                 self._report_ready.set()
 
+    def _check_health(self) -> None:
+        """An unhealthy worker recovers on its own once it can write its task directory again."""
+        if not self._health:
+            return
+        probe = self.workdir / "tasks" / ".probe"
+        try:
+            probe.parent.mkdir(parents=True, exist_ok=True)
+            probe.write_bytes(b"ok")
+            probe.unlink()
+        except OSError:
+            return
+        logger.info("worker %s can start tasks again", self.worker_id)
+        self._health = ""
+
     def _report(self) -> None:
+        self._check_health()
         with self._session:
             if not self._registered:
                 return
@@ -441,7 +460,8 @@ class Worker:
                 started, logs = self._pending.take()
                 exits = self._journal.pending()
             try:
-                accepted = self._client.report(self.worker_id, self._epoch, WorkerReport(started, exits, logs))
+                report = WorkerReport(started, exits, logs, self._health)
+                accepted = self._client.report(self.worker_id, self._epoch, report)
             except BaseException:
                 with self._lock:
                     self._pending.put_back(started, logs)

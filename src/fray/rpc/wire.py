@@ -85,8 +85,9 @@ _STATUS_OK = 0
 _STATUS_REFUSED = 1
 _STATUS_VERSION = 2
 
-# The handshake of a peer that connects and then says nothing must not hold a thread forever.
-HANDSHAKE_TIMEOUT = 10.0
+# The whole handshake of a peer must end within this many seconds (a peer that connects and
+# then says nothing, or trickles its bytes, must not hold a thread for long).
+HANDSHAKE_TIMEOUT = 5.0
 
 _LENGTH = struct.Struct("!Q")
 # Frames below this size are written with one contiguous send (and may be batched).
@@ -132,11 +133,18 @@ def _mac(token: bytes, role: bytes, server_nonce: bytes, client_nonce: bytes) ->
     return hmac.new(token, message, hashlib.sha256).digest()
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
+def _recv_exact(sock: socket.socket, n: int, deadline: float | None = None) -> bytes:
     buf = bytearray(n)
     view = memoryview(buf)
     got = 0
     while got < n:
+        if deadline is not None:
+            # The deadline covers the whole handshake: a peer trickling one byte at a time
+            # cannot hold the connection longer by resetting a per-read timeout.
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError("the handshake took too long")
+            sock.settimeout(remaining)
         k = sock.recv_into(view[got:])
         if k == 0:
             raise ConnectionError("connection closed during the handshake")
@@ -144,17 +152,22 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-def server_handshake(sock: socket.socket, token: bytes | None) -> bool:
+def server_handshake(sock: socket.socket, token: bytes | None, deadline: float | None = None) -> bool:
     """Run the server side of the handshake on a freshly accepted socket.
 
     Returns True when the peer may send frames. Returns False (after telling the
     peer why, where the format allows) when it must be disconnected. Only fixed-size
     binary records are read here: nothing from an unauthenticated peer is unpickled.
+    ``deadline`` (a ``time.monotonic()`` value, default :data:`HANDSHAKE_TIMEOUT` from now)
+    bounds the whole handshake; past it, ``TimeoutError``.
     """
+    if deadline is None:
+        deadline = time.monotonic() + HANDSHAKE_TIMEOUT
     server_nonce = os.urandom(_NONCE_BYTES)
     flags = _FLAG_TOKEN if token is not None else 0
+    sock.settimeout(max(deadline - time.monotonic(), 0.001))
     sock.sendall(_HELLO.pack(_HANDSHAKE_MAGIC, PROTOCOL_VERSION, flags, server_nonce))
-    magic, version, client_flags, client_nonce, client_mac = _AUTH.unpack(_recv_exact(sock, _AUTH.size))
+    magic, version, client_flags, client_nonce, client_mac = _AUTH.unpack(_recv_exact(sock, _AUTH.size, deadline))
     if magic != _HANDSHAKE_MAGIC:
         return False
     if version != PROTOCOL_VERSION:

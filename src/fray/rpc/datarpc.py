@@ -1,0 +1,287 @@
+"""A data-only RPC on the Fray framing: nothing is unpickled on either side.
+
+The cluster controller speaks this instead of the actor protocol, so that no peer --
+not even an authenticated one -- can make it run code by sending a crafted pickle.
+Connections are authenticated exactly like actor connections (the handshake of
+:mod:`fray.rpc.wire`), and frames use the same header; what differs is the payload:
+
+* CALL: one segment, msgpack ``[method, args (list), kwargs (map)]``;
+* RESULT: one segment, the msgpack return value;
+* ERROR: one segment, msgpack ``{"type": name, "message": text}`` -- the name of a
+  :mod:`fray.errors` class, which the client raises again (anything else becomes a
+  plain :class:`~fray.errors.FrayError`).
+
+msgpack carries only nil, booleans, numbers, strings, byte strings, arrays and maps;
+user payloads travel as opaque byte strings that only a task or a client opens.
+
+:class:`DataServer` serves one handler function (a connection thread per client
+connection, each running its calls in order); :class:`DataClient` keeps a small pool
+of connections so that a long-poll in one thread does not hold up calls from others.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import msgpack
+
+from fray import errors
+from fray.errors import (
+    ActorUnavailableError,
+    CallNotSentError,
+    FrayError,
+    ProtocolError,
+    RpcTimeoutError,
+    SerializationError,
+)
+from fray.rpc import wire
+from fray.rpc._accept import Acceptor, Limits
+from fray.rpc.server import bind_listener
+
+__all__ = ["DEFAULT_MAX_REQUEST_BYTES", "DataClient", "DataServer", "pack", "unpack"]
+
+logger = logging.getLogger(__name__)
+
+#: Largest request a DataServer accepts by default: 256 MiB.
+DEFAULT_MAX_REQUEST_BYTES = 256 << 20
+
+# Errors whose constructor takes more than a message are never rebuilt by name.
+_NOT_REBUILT = frozenset({"JobFailed", "RemoteError"})
+
+
+def pack(value: Any) -> bytes:
+    """``value`` as msgpack (tuples become arrays); SerializationError for anything that is not plain data."""
+    try:
+        return msgpack.packb(value, use_bin_type=True)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise SerializationError(f"not plain data (nil, bool, number, str, bytes, list, map): {exc}") from exc
+
+
+def unpack(data: bytes | bytearray) -> Any:
+    """Decode msgpack; ProtocolError if it is not well-formed."""
+    try:
+        return msgpack.unpackb(data, raw=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several unrelated types for bad input
+        raise ProtocolError(f"malformed msgpack payload: {exc}") from exc
+
+
+def _error_payload(exc: BaseException) -> bytes:
+    kind = type(exc).__name__ if isinstance(exc, FrayError) else "FrayError"
+    message = str(exc) if isinstance(exc, FrayError) else f"internal error: {type(exc).__name__}: {exc}"
+    return pack({"type": kind, "message": message})
+
+
+def _rebuild_error(payload: Any, what: str) -> FrayError:
+    if not isinstance(payload, dict) or not isinstance(payload.get("message"), str):
+        return ProtocolError(f"malformed error report for {what}")
+    kind, message = payload.get("type"), payload["message"]
+    cls = getattr(errors, kind, None) if isinstance(kind, str) and kind not in _NOT_REBUILT else None
+    if isinstance(cls, type) and issubclass(cls, FrayError):
+        return cls(message)
+    return FrayError(message)
+
+
+class DataServer:
+    """Serves ``handler(method, args, kwargs) -> plain data`` on ``host:port`` to authenticated clients.
+
+    ``handler`` raises a :class:`~fray.errors.FrayError` to answer with that error;
+    anything else is logged and answered as an internal error. Requests larger than
+    ``max_request_bytes`` are refused before they are read.
+    """
+
+    def __init__(
+        self,
+        handler: Callable[[str, list[Any], dict[str, Any]], Any],
+        host: str = "127.0.0.1",
+        port: int = 0,
+        token: bytes | None = None,
+        *,
+        advertise_host: str | None = None,
+        max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+        limits: Limits | None = None,
+        name: str = "fray",
+    ) -> None:
+        if token is None:
+            raise FrayError("a DataServer always requires a token")
+        self._handler = handler
+        self._max_request_bytes = max_request_bytes
+        self._listener, self._port, self._advertise_host = bind_listener(host, port, advertise_host, name)
+        self._acceptor = Acceptor(self._listener, token, self._serve, limits=limits, name=name)
+        self._stopped = False
+
+    @property
+    def address(self) -> str:
+        """``host:port`` where clients reach this server."""
+        host = f"[{self._advertise_host}]" if ":" in self._advertise_host else self._advertise_host
+        return f"{host}:{self._port}"
+
+    def start(self) -> DataServer:
+        """Serve in background threads."""
+        self._acceptor.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop accepting and drop every connection."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self._acceptor.stop()
+        self._listener.close()
+
+    def _serve(self, sock: socket.socket, peer: str) -> None:
+        reader = wire.FrameReader(sock, max_frame_bytes=self._max_request_bytes, max_segments=1)
+        while True:
+            try:
+                frame = reader.read_frame()
+            except ProtocolError as exc:
+                logger.warning("dropping connection from %s: %s", peer, exc)
+                with contextlib.suppress(OSError):
+                    wire.send_frame(sock, wire.FrameKind.PROTOCOL_ERROR, 0, [str(exc).encode()])
+                return
+            if frame is None:
+                return
+            if frame.kind is not wire.FrameKind.CALL:
+                message = f"clients may not send {frame.kind.name} frames"
+                wire.send_frame(sock, wire.FrameKind.PROTOCOL_ERROR, frame.request_id, [message.encode()])
+                return
+            kind, payload = self._answer(frame.segments[0], peer)
+            wire.send_frame(sock, kind, frame.request_id, [payload])
+
+    def _answer(self, segment: bytes | bytearray, peer: str) -> tuple[wire.FrameKind, bytes]:
+        try:
+            request = unpack(segment)
+            if not (
+                isinstance(request, list)
+                and len(request) == 3
+                and isinstance(request[0], str)
+                and isinstance(request[1], list)
+                and isinstance(request[2], dict)
+            ):
+                raise ProtocolError("a call is [method, args, kwargs]")
+            method, args, kwargs = request
+            return wire.FrameKind.RESULT, pack(self._handler(method, args, kwargs))
+        except FrayError as exc:
+            return wire.FrameKind.ERROR, _error_payload(exc)
+        except Exception as exc:
+            logger.exception("internal error answering %s", peer)
+            return wire.FrameKind.ERROR, _error_payload(exc)
+
+
+class _Conn:
+    def __init__(self, host: str, port: int, token: bytes | None, timeout: float) -> None:
+        sock = socket.create_connection((host, port), timeout=min(timeout, wire.HANDSHAKE_TIMEOUT))
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            wire.client_handshake(sock, token, f"{host}:{port}")
+            sock.settimeout(None)
+        except BaseException:
+            sock.close()
+            raise
+        self.sock = sock
+        self.reader = wire.FrameReader(sock, max_segments=1)
+        self.ids = 0
+
+    def idle_and_open(self) -> bool:
+        """False if the server closed this idle connection (e.g. it restarted)."""
+        try:
+            self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            return True
+        except OSError:
+            return False
+        return False  # EOF, or bytes nobody asked for (a server never speaks unasked)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()
+
+
+class DataClient:
+    """Calls a :class:`DataServer` at ``address`` (``host:port``); thread-safe, with a pool of connections.
+
+    A call that provably was not sent (no connection could be opened) raises
+    :class:`~fray.errors.CallNotSentError`; one whose connection broke after it was sent
+    raises :class:`~fray.errors.ActorUnavailableError` ("may or may not have run"); one
+    without an answer within ``timeout`` seconds raises
+    :class:`~fray.errors.RpcTimeoutError`. Server-side errors are raised as their
+    :mod:`fray.errors` class.
+    """
+
+    def __init__(self, address: str, token: bytes | None, *, timeout: float = 30.0, max_idle: int = 4) -> None:
+        host, _, port = address.rpartition(":")
+        self.address = address
+        self._host, self._port = host.strip("[]"), int(port)
+        self._token = token
+        self.timeout = timeout
+        self._lock = threading.Lock()
+        self._idle: list[_Conn] = []
+        self._max_idle = max_idle
+
+    def call(self, method: str, args: list[Any], kwargs: dict[str, Any], timeout: float | None = None) -> Any:
+        """Call ``method`` and return its (msgpack-decoded) result."""
+        timeout = self.timeout if timeout is None else timeout
+        segment = pack([method, args, kwargs])
+        what = f"controller call {method} at {self.address}"
+        conn = self._take()
+        if conn is None:
+            try:
+                conn = _Conn(self._host, self._port, self._token, timeout)
+            except (OSError, EOFError) as exc:
+                raise CallNotSentError(f"{what} was not sent: cannot connect: {exc}") from None
+        conn.ids += 1
+        try:
+            wire.send_frame(conn.sock, wire.FrameKind.CALL, conn.ids, [segment])
+        except OSError as exc:
+            conn.close()
+            raise CallNotSentError(f"{what} was not sent: {exc}") from None
+        try:
+            frame = conn.reader.read_frame(time.monotonic() + timeout)
+        except TimeoutError:
+            conn.close()
+            raise RpcTimeoutError(f"{what} did not complete within {timeout}s; it may or may not have run") from None
+        except (OSError, ProtocolError, ValueError) as exc:
+            conn.close()
+            raise ActorUnavailableError(
+                f"connection lost during {what} ({exc}); the call may or may not have run"
+            ) from None
+        if frame is None or frame.request_id != conn.ids:
+            conn.close()
+            raise ActorUnavailableError(f"the server closed the connection during {what}; it may or may not have run")
+        self._give_back(conn)
+        if frame.kind is wire.FrameKind.RESULT:
+            return unpack(frame.segments[0])
+        if frame.kind is wire.FrameKind.ERROR:
+            raise _rebuild_error(unpack(frame.segments[0]), what)
+        raise ProtocolError(f"{self.address} answered {what} with a {frame.kind.name} frame")
+
+    def _take(self) -> _Conn | None:
+        while True:
+            with self._lock:
+                if not self._idle:
+                    return None
+                conn = self._idle.pop()
+            if conn.idle_and_open():
+                return conn
+            conn.close()
+
+    def _give_back(self, conn: _Conn) -> None:
+        with self._lock:
+            if len(self._idle) < self._max_idle:
+                self._idle.append(conn)
+                return
+        conn.close()
+
+    def close(self) -> None:
+        """Close the idle connections (calls in flight finish on theirs)."""
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
