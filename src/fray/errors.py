@@ -28,6 +28,7 @@ __all__ = [
     "JobFailed",
     "JobTerminated",
     "NotFound",
+    "PermissionDenied",
     "ProtocolError",
     "RemoteError",
     "RemoteTraceback",
@@ -219,6 +220,10 @@ class AuthenticationError(FrayError):
     Raised by a client whose server refused its token (or has none while the client
     does); the call was not sent. Set the same ``FRAY_TOKEN`` on both sides.
     """
+
+
+class PermissionDenied(FrayError, PermissionError):
+    """The caller's credential does not allow this (e.g. stopping another user's job, registering a worker)."""
 
 
 class ProtocolError(FrayError):

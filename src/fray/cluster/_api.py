@@ -12,7 +12,8 @@ from collections.abc import Callable
 from typing import Any
 
 from fray.cluster import _codec as codec
-from fray.errors import ProtocolError, StorageError
+from fray.cluster.credentials import ADMIN, WORKER
+from fray.errors import PermissionDenied, ProtocolError, StorageError
 
 __all__ = ["ControllerAPI"]
 
@@ -25,8 +26,39 @@ def _opt_str(value: Any) -> str | None:
     return value
 
 
+# Only workers (and the administrator) drive tasks.
+_WORKER_METHODS = frozenset({"register_worker", "poll", "report"})
+# What a worker credential may call: its own protocol and nothing that changes jobs.
+_WORKER_MAY = _WORKER_METHODS | {"health", "job", "tasks", "list_workers"}
+
+
+class Caller:
+    """Who is calling, from the principal their connection proved (see :mod:`fray.cluster.credentials`)."""
+
+    def __init__(self, principal: str, service: Any) -> None:
+        self.principal = principal
+        self.admin = principal == ADMIN
+        self.worker = principal == WORKER
+        self.job_id = principal.removeprefix("job:") if principal.startswith("job:") else None
+        if principal.startswith("user:"):
+            self.user: str | None = principal.removeprefix("user:")
+        elif self.job_id is not None:
+            self.user = service.job(self.job_id).user  # a job acts for its user
+        else:
+            self.user = None
+
+    def may_act_for(self, user: str) -> bool:
+        return self.admin or (self.user is not None and self.user == user)
+
+
 class ControllerAPI:
-    """Dispatches ``(method, args, kwargs)`` of plain data to a :class:`ControllerService`."""
+    """Dispatches ``(principal, method, args, kwargs)`` of plain data to a :class:`ControllerService`.
+
+    It also decides what each principal may do: workers drive tasks and nothing else;
+    users and jobs submit and stop their own user's jobs (a job only submits its own
+    children) in namespaces that are theirs; the administrator (the cluster token) may do
+    everything, including acting for a named user.
+    """
 
     def __init__(self, service: Any) -> None:  # a ControllerService (which composes this API)
         self._service = service
@@ -56,7 +88,6 @@ class ControllerAPI:
                 codec.view_data(v)
                 for v in s.wait([str(j) for j in job_ids], float(timeout), any_finished=bool(any_finished))
             ],
-            "terminate": lambda job_id, reason="terminated": codec.view_data(s.terminate(str(job_id), str(reason))),
             "logs": lambda job_id, last=None, after_id=0: [
                 [i, line] for i, line in s.logs(str(job_id), None if last is None else int(last), int(after_id))
             ],
@@ -67,9 +98,6 @@ class ControllerAPI:
             "list_workers": lambda: [codec.worker_record_data(w) for w in s.list_workers()],
             "health": lambda: s.health(),
             # endpoints
-            "register_endpoint": lambda namespace, name, url, task: s.register_endpoint(
-                str(namespace), str(name), str(url), codec.key_from(task)
-            ),
             "list_endpoints": lambda namespace=None: [
                 codec.endpoint_data(e) for e in s.list_endpoints(_opt_str(namespace))
             ],
@@ -79,17 +107,78 @@ class ControllerAPI:
             "unregister": lambda namespace, name, url: s.unregister(str(namespace), str(name), str(url)),
             "list": lambda namespace: s.list(str(namespace)),
         }
+        self._personal: dict[str, _Method] = {
+            "submit": self._submit,
+            "terminate": self._terminate,
+            "register_endpoint": self._register_endpoint,
+            "namespace_token": self._namespace_token,
+        }
+
+    # -- methods that depend on who calls ----------------------------------------------------------
+
+    def _submit(
+        self, caller: Caller, spec: Any, user: Any, parent_id: Any = None, namespace: Any = None
+    ) -> dict[str, Any]:
+        parent, ns = _opt_str(parent_id), _opt_str(namespace)
+        if caller.admin:
+            owner = str(user)
+        elif caller.user is None:
+            raise PermissionDenied("a worker credential cannot submit jobs")
+        else:
+            owner = caller.user  # identified by the credential, whatever the request says
+        if caller.job_id is not None and parent != caller.job_id:
+            raise PermissionDenied(
+                f"job {caller.job_id!r} may only submit its own children (parent_id={parent!r} was given)"
+            )
+        if ns is not None and not caller.admin:
+            holder = self._service.namespace_owner(ns)
+            if holder is not None and holder != owner:
+                raise PermissionDenied(f"namespace {ns!r} belongs to user {holder!r}; pick another namespace")
+        view = self._service.submit(codec.spec_from(spec), user=owner, parent_id=parent, namespace=ns)
+        return codec.view_data(view)
+
+    def _terminate(self, caller: Caller, job_id: Any, reason: Any = "terminated") -> dict[str, Any]:
+        job = self._service.job(str(job_id))
+        if not caller.may_act_for(job.user):
+            raise PermissionDenied(
+                f"job {job.job_id!r} belongs to user {job.user!r}; only they or the cluster's administrator may stop it"
+            )
+        return codec.view_data(self._service.terminate(str(job_id), str(reason)))
+
+    def _register_endpoint(self, caller: Caller, namespace: Any, name: Any, url: Any, task: Any) -> bool:
+        key = codec.key_from(task)
+        if not caller.admin and caller.job_id != key.job_id:
+            raise PermissionDenied(f"only the task's own job may register an endpoint for {key}")
+        return bool(self._service.register_endpoint(str(namespace), str(name), str(url), key))
+
+    def _namespace_token(self, caller: Caller, namespace: Any) -> str:
+        ns = str(namespace)
+        holder = self._service.namespace_owner(ns)
+        if not caller.admin and (caller.user is None or (holder is not None and holder != caller.user)):
+            raise PermissionDenied(f"namespace {ns!r} belongs to user {holder!r}")
+        return str(self._service.namespace_token(ns))
 
     def _wait_actor(self, namespace: Any, name: Any, job_id: Any, timeout: Any = 10.0) -> list[Any]:
         state, detail, view = self._service.wait_actor(str(namespace), str(name), str(job_id), float(timeout))
         return [state, detail, codec.view_data(view)]
 
-    def __call__(self, method: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
+    def __call__(self, principal: str, method: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
+        caller = Caller(principal, self._service)
+        if method in _WORKER_METHODS and not (caller.admin or caller.worker):
+            raise PermissionDenied(f"{method} needs the worker credential")
+        if caller.worker and method not in _WORKER_MAY:
+            raise PermissionDenied(f"a worker credential may not call {method}")
+        personal = self._personal.get(method)
         function = self._methods.get(method)
-        if function is None:
+        if personal is None and function is None:
             raise ProtocolError(f"the controller has no method {method!r}")
         try:
-            return codec.checked(f"arguments of {method}", lambda: function(*args, **kwargs))
+            if personal is not None:
+                call = personal
+                return codec.checked(f"arguments of {method}", lambda: call(caller, *args, **kwargs))
+            assert function is not None
+            plain = function
+            return codec.checked(f"arguments of {method}", lambda: plain(*args, **kwargs))
         except StorageError as exc:
             self._service.storage_failed(exc)
             raise

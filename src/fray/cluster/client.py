@@ -26,7 +26,8 @@ from fray._runtime import check_terminated
 from fray._serialization import check_call_picklable
 from fray.actor import ActorFuture, ActorGroup, check_actor_method, check_actor_request, group_member_names
 from fray.client import ClientSpec
-from fray.cluster.controller_client import connect_controller, load_token
+from fray.cluster.controller_client import CredentialLike, connect_controller, resolve_credential
+from fray.cluster.credentials import Credential
 from fray.cluster.messages import JobSpec, JobView
 from fray.cluster.records import TaskKey
 from fray.errors import ActorDiedError, ActorUnavailableError, ConfigError, FrayError, SerializationError
@@ -63,10 +64,10 @@ _POLL_SECONDS = 10.0
 class ClusterJobHandle:
     """A job on a Fray cluster. Picklable: it keeps the controller address and job id."""
 
-    def __init__(self, address: str, job_id: str, token: bytes | None = None) -> None:
+    def __init__(self, address: str, job_id: str, token: CredentialLike = None) -> None:
         self._address = address
         self._job_id = job_id
-        self._token = token if token is not None else load_token()
+        self._token = resolve_credential(token)
         self._controller = connect_controller(address, self._token)
 
     def __reduce__(self) -> tuple[object, ...]:
@@ -110,7 +111,7 @@ class ClusterJobHandle:
         are polled side by side, and the first answer with a finished job ends the wait.
         """
         seconds = _POLL_SECONDS if timeout is None else min(max(timeout, 0.0), _POLL_SECONDS)
-        groups: dict[tuple[str, bytes | None], list[int]] = {}
+        groups: dict[tuple[str, Credential | None], list[int]] = {}
         for index, job in enumerate(jobs):
             groups.setdefault((job._address, job._token), []).append(index)
         statuses: list[JobStatus | None] = [None] * len(jobs)
@@ -164,7 +165,8 @@ def _host_actor(actor_class: type, args: tuple[Any, ...], kwargs: dict[str, Any]
     server.start()
     address = os.environ["FRAY_CLIENT_SPEC"].removeprefix("fray://")
     key = TaskKey(info.job_id, int(os.environ.get("FRAY_TASK_INDEX", "0")), info.attempt)
-    connect_controller(address, load_token()).register_endpoint(info.namespace, name, server.url(name), key)
+    # The task's own job credential (FRAY_CREDENTIAL); the server above uses its namespace's key (FRAY_TOKEN).
+    connect_controller(address).register_endpoint(info.namespace, name, server.url(name), key)
     threading.Event().wait()  # until the job is terminated
 
 
@@ -191,14 +193,14 @@ class ClusterActorHandle:
     """
 
     def __init__(
-        self, address: str, namespace: str, name: str, job_id: str, cls: type, token: bytes | None = None
+        self, address: str, namespace: str, name: str, job_id: str, cls: type, token: CredentialLike = None
     ) -> None:
         self._address = address
         self._namespace = namespace
         self._name = name
         self._job_id = job_id
         self._cls = cls
-        self._token = token if token is not None else load_token()
+        self._token = resolve_credential(token)
         self._lock = threading.Lock()
         self._ready: concurrent.futures.Future[None] = concurrent.futures.Future()
         self._rpc: ActorClient[Any] | None = None
@@ -240,7 +242,12 @@ class ClusterActorHandle:
                 return
             if state == "ready":
                 resolver = FixedResolver({self._name: detail}, namespace=self._namespace)
-                self._settle(ActorClient(resolver, self._name, RpcOptions(), token=self._token), None)
+                try:  # actor servers authenticate with their namespace's key, which the controller hands out
+                    actor_key = controller.namespace_token(self._namespace)
+                except FrayError as exc:
+                    self._settle(None, ActorUnavailableError(f"no access to actor {self._name!r}: {exc}"))
+                    return
+                self._settle(ActorClient(resolver, self._name, RpcOptions(), token=actor_key), None)
                 return
             if state == "dead":
                 self._settle(None, self._death(view))
@@ -348,16 +355,19 @@ def _release_actors_at_exit() -> None:
 class ClusterClient:
     """A client of the Fray cluster whose controller is at ``address`` (``host:port``).
 
-    The token comes from ``token``, ``FRAY_TOKEN`` or ``~/.config/fray/token``. Inside a
+    ``token`` is a :class:`~fray.cluster.credentials.Credential` or the cluster token;
+    by default ``FRAY_CREDENTIAL``, ``FRAY_TOKEN``, ``~/.config/fray/credential`` or
+    ``~/.config/fray/token``. A user credential identifies the user (``user`` is then
+    ignored by the controller); the cluster token may act for any ``user``. Inside a
     cluster job the client submits child jobs of that job, in its namespace. Actors it
     created are stopped when the process exits (or at :meth:`shutdown`); jobs are not.
     """
 
     def __init__(
-        self, address: str, *, token: str | bytes | None = None, namespace: str | None = None, user: str | None = None
+        self, address: str, *, token: CredentialLike = None, namespace: str | None = None, user: str | None = None
     ) -> None:
         self.address = address
-        self._token = load_token(token)
+        self._token = resolve_credential(token)
         self._controller = connect_controller(address, self._token)
         self.user = user or os.environ.get("FRAY_USER") or getpass.getuser()
         inside = os.environ.get("FRAY_CLIENT_SPEC", "") == f"fray://{address}" and bool(os.environ.get("FRAY_JOB_ID"))

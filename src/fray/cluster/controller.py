@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from fray.cluster import _codec as codec
 from fray.cluster._api import ControllerAPI
 from fray.cluster.capacity import WorkerInfo
+from fray.cluster.credentials import ADMIN, WORKER, Credential, derive_key, job_principal, namespace_principal
 from fray.cluster.messages import (
     CONTROLLER_ACTOR,
     JobSpec,
@@ -71,6 +72,8 @@ class ControllerService:
 
     ``spec_cache_size`` bounds how many decoded job specs stay in memory (least recently
     used go first; default 1,024); a job whose spec was dropped is read back from the store.
+    ``master`` is the cluster token, from which every credential is derived (see
+    :mod:`fray.cluster.credentials`).
     """
 
     def __init__(
@@ -80,8 +83,10 @@ class ControllerService:
         worker_timeout: float = 10.0,
         clock: Callable[[], float] = time.time,
         spec_cache_size: int = _SPEC_CACHE_SIZE,
+        master: bytes | None = None,
     ) -> None:
         self._store = store
+        self._master = master  # the cluster token: every credential is derived from it
         self._worker_timeout = worker_timeout
         self._clock = clock
         self._lock = threading.Lock()
@@ -236,7 +241,42 @@ class ControllerService:
             replica_count=job.replicas,
             host_index=task.host_index,
             spec=self._spec(task.job_id),
+            credential=self._credential(job_principal(job.job_id)).encode() if self._master else "",
+            actor_token=self.namespace_token(job.namespace),
         )
+
+    # ----- credentials --------------------------------------------------------------------------
+
+    def _credential(self, principal: str) -> Credential:
+        assert self._master is not None
+        return Credential.mint(self._master, principal)
+
+    def key_for(self, principal: str) -> bytes | None:
+        """The key a connection claiming ``principal`` must prove (None: refused); see :mod:`.credentials`."""
+        if self._master is None:
+            return None
+        if principal == ADMIN:
+            return self._master
+        if principal == WORKER or principal.startswith("user:"):
+            return derive_key(self._master, principal)
+        if principal.startswith("job:"):
+            try:
+                job = self._store.get_job(principal.removeprefix("job:"))
+            except NotFound:
+                return None
+            # A job's credential dies with the job.
+            return None if job.state.finished else derive_key(self._master, principal)
+        return None
+
+    def namespace_token(self, namespace: str) -> str:
+        """The key actor servers and clients of ``namespace`` authenticate with (hex; "" without a master)."""
+        if self._master is None:
+            return ""
+        return derive_key(self._master, namespace_principal(namespace)).hex()
+
+    def namespace_owner(self, namespace: str) -> str | None:
+        """The user whose jobs the namespace holds (None: nobody's yet)."""
+        return self._store.namespace_owner(namespace)
 
     def _apply(self, effects: Effects) -> None:
         """Act on what a state change caused: send kills, wake waiters and the scheduler."""
@@ -537,12 +577,12 @@ class Controller:
         if resolved is None:
             raise ConfigError("the controller needs a token (FRAY_TOKEN or token=): it never runs unauthenticated")
         self.store = ClusterStore(db_path)
-        self.service = ControllerService(self.store, worker_timeout=worker_timeout)
+        self.service = ControllerService(self.store, worker_timeout=worker_timeout, master=resolved)
         self.server = DataServer(
             ControllerAPI(self.service),
             host,
             port,
-            resolved,
+            self.service.key_for,
             advertise_host=advertise_host,
             max_request_bytes=max_request_bytes,
             name="controller",

@@ -18,6 +18,7 @@ from typing import Any
 
 from fray.cluster import _codec as codec
 from fray.cluster.capacity import WorkerInfo
+from fray.cluster.credentials import Credential, load_credential
 from fray.cluster.messages import JobSpec, JobView, TaskExit, WorkerCommands, WorkerReport
 from fray.cluster.records import Endpoint, TaskKey, TaskRecord, WorkerRecord
 from fray.errors import ActorUnavailableError, CallNotSentError
@@ -27,9 +28,11 @@ __all__ = [
     "CONTROLLER_RETRY_SECONDS",
     "ControllerHandle",
     "ControllerProxy",
+    "CredentialLike",
     "connect_controller",
     "controller_client",
     "load_token",
+    "resolve_credential",
 ]
 
 _TOKEN_FILE = Path.home() / ".config" / "fray" / "token"
@@ -51,6 +54,23 @@ def load_token(token: str | bytes | None = None) -> bytes | None:
         return _TOKEN_FILE.read_text().strip().encode() or None
     except OSError:
         return None
+
+
+CredentialLike = Credential | str | bytes | None
+"""A :class:`Credential`; a ``str``/``bytes`` cluster token; or None: :func:`load_credential` decides."""
+
+
+def resolve_credential(credential: CredentialLike) -> Credential | None:
+    """The credential meant by ``credential`` (see :data:`CredentialLike`)."""
+    if isinstance(credential, Credential):
+        return credential
+    return load_credential(credential)
+
+
+def _data_client(address: str, credential: Credential | None, timeout: float = 30.0) -> DataClient:
+    if credential is None:
+        return DataClient(address, None, timeout=timeout)
+    return DataClient(address, credential.key, principal=credential.principal, timeout=timeout)
 
 
 class ControllerProxy:
@@ -143,10 +163,20 @@ class ControllerProxy:
     def resolve(self, namespace: str, name: str) -> list[str]:
         return [str(url) for url in self._call("resolve", namespace, name)]
 
+    def namespace_token(self, namespace: str) -> bytes:
+        """The token of ``namespace``'s actor servers, as their tasks have it in ``FRAY_TOKEN``.
 
-def controller_client(address: str, token: str | bytes | None = None, timeout: float = 30.0) -> ControllerProxy:
-    """A typed handle on the controller at ``address`` (``host:port``): no retries beyond the connection's."""
-    return ControllerProxy(DataClient(address, load_token(token), timeout=timeout))
+        Refused unless the namespace is the caller's user's (or the caller is the administrator).
+        """
+        return str(self._call("namespace_token", namespace)).encode()
+
+
+def controller_client(address: str, token: CredentialLike = None, timeout: float = 30.0) -> ControllerProxy:
+    """A typed handle on the controller at ``address`` (``host:port``): no retries beyond the connection's.
+
+    ``token``: a :class:`Credential`, the cluster token, or None for :func:`load_credential`'s choice.
+    """
+    return ControllerProxy(_data_client(address, resolve_credential(token), timeout))
 
 
 class ControllerHandle(ControllerProxy):
@@ -156,8 +186,8 @@ class ControllerHandle(ControllerProxy):
     pass; one that may have run is retried only if repeating it is harmless.
     """
 
-    def __init__(self, address: str, token: bytes | None) -> None:
-        super().__init__(DataClient(address, token))
+    def __init__(self, address: str, credential: Credential | None) -> None:
+        super().__init__(_data_client(address, credential))
 
     def bounded(self, timeout: float) -> ControllerProxy:
         """The controller with a call timeout and no retries (for shutdown paths)."""
@@ -177,14 +207,14 @@ class ControllerHandle(ControllerProxy):
             delay = min(delay * 2, 0.5)
 
 
-# One controller connection pool per (address, token) per process, shared by every handle.
-_handles: dict[tuple[str, bytes | None], ControllerHandle] = {}
+# One controller connection pool per (address, credential) per process, shared by every handle.
+_handles: dict[tuple[str, Credential | None], ControllerHandle] = {}
 _handles_lock = threading.Lock()
 
 
-def connect_controller(address: str, token: str | bytes | None = None) -> ControllerHandle:
-    """The process's shared, retrying handle on the controller at ``address`` (token: see :func:`load_token`)."""
-    resolved = load_token(token)
+def connect_controller(address: str, token: CredentialLike = None) -> ControllerHandle:
+    """The process's shared, retrying handle on the controller at ``address`` (``token``: see :data:`CredentialLike`)."""
+    resolved = resolve_credential(token)
     with _handles_lock:
         handle = _handles.get((address, resolved))
         if handle is None:

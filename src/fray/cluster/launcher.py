@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from fray.cluster.controller_client import controller_client
+from fray.cluster.credentials import WORKER, Credential
 from fray.errors import FrayError
 
 __all__ = ["LocalCluster"]
@@ -36,9 +37,12 @@ class LocalCluster:
     ) -> None:
         self.extra_env = dict(env or {})
         self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
+        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(self.directory, 0o700)
         self.db_path = Path(db_path) if db_path is not None else self.directory / "controller.db"
         self.token = token or secrets.token_hex(16)
+        #: What workers authenticate with (see :mod:`fray.cluster.credentials`).
+        self.worker_credential = Credential.mint(self.token.encode(), WORKER)
         self.port = port
         self.worker_timeout = worker_timeout
         self.controller: subprocess.Popen[bytes] | None = None
@@ -50,10 +54,16 @@ class LocalCluster:
         """The environment a client needs: the token and the client spec."""
         return {"FRAY_TOKEN": self.token, "FRAY_CLIENT_SPEC": f"fray://{self.address}"}
 
-    def _spawn(self, args: list[str], log_name: str) -> subprocess.Popen[bytes]:
+    def _spawn(self, args: list[str], log_name: str, *, worker: bool = False) -> subprocess.Popen[bytes]:
         env = {**os.environ, **self.extra_env, "FRAY_TOKEN": self.token, "PYTHONUNBUFFERED": "1"}
         env.pop("FRAY_CLIENT_SPEC", None)
-        log = open(self.directory / log_name, "ab")  # noqa: SIM115 - handed to the child
+        env.pop("FRAY_CREDENTIAL", None)
+        if worker:
+            # Workers hold the worker credential only: never the cluster token, which their tasks must not see.
+            del env["FRAY_TOKEN"]
+            env["FRAY_CREDENTIAL"] = self.worker_credential.encode()
+        fd = os.open(self.directory / log_name, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        log = os.fdopen(fd, "ab")
         try:
             return subprocess.Popen(
                 [sys.executable, "-m", "fray.cli", *args],
@@ -109,7 +119,7 @@ class LocalCluster:
             str(self.directory / worker_id),
             *extra,
         ]
-        proc = self._spawn(args, f"{worker_id}.log")
+        proc = self._spawn(args, f"{worker_id}.log", worker=True)
         self.workers[worker_id] = proc
         return proc
 

@@ -82,7 +82,12 @@ def encode_callable(job_name: str, entry: CallableEntrypoint) -> bytes:
 
 @dataclass(frozen=True)
 class TaskAssignment:
-    """Tells a worker to start one task."""
+    """Tells a worker to start one task.
+
+    ``credential`` is the job's own credential (encoded, see :mod:`fray.cluster.credentials`)
+    and ``actor_token`` its namespace's key for actor RPC: what the task gets in its
+    environment instead of the cluster token.
+    """
 
     key: TaskKey
     job_name: str
@@ -91,6 +96,8 @@ class TaskAssignment:
     replica_count: int
     host_index: int
     spec: JobSpec
+    credential: str = ""
+    actor_token: str = ""
 
 
 @dataclass(frozen=True)

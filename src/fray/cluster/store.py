@@ -540,6 +540,14 @@ class ClusterStore:
             raise NotFound(f"no job {job_id!r}")
         return None if row[0] is None else bytes(row[0])
 
+    def namespace_owner(self, namespace: str) -> str | None:
+        """The user of the first job submitted in ``namespace`` (None if it has none): who owns the namespace."""
+        with self._locked():
+            row = self._conn.execute(
+                "SELECT user_name FROM jobs WHERE namespace = ? ORDER BY seq LIMIT 1", (namespace,)
+            ).fetchone()
+        return None if row is None else str(row[0])
+
     def live_job_with_label(self, namespace: str, label: str) -> str | None:
         """The id of an unfinished job in ``namespace`` whose label is ``label``, if there is one."""
         with self._locked():

@@ -39,11 +39,10 @@ from fray._process import kill_process_group
 from fray.cluster._journal import OutcomeJournal
 from fray.cluster._launch import ForkedProcess, ForkServer, die_with_worker
 from fray.cluster.capacity import Device, WorkerInfo
-from fray.cluster.controller_client import controller_client
+from fray.cluster.controller_client import CredentialLike, controller_client
 from fray.cluster.messages import TaskAssignment, TaskExit, WorkerCommands, WorkerReport
 from fray.cluster.records import TaskKey
 from fray.job import JobInfo, replica_env
-from fray.rpc.namespace import default_token
 
 __all__ = ["LAST_OUTPUT_LINES", "Worker"]
 
@@ -53,6 +52,9 @@ LAST_OUTPUT_LINES = 5
 logger = logging.getLogger(__name__)
 
 _Process = subprocess.Popen[bytes] | ForkedProcess
+
+# The worker's own secrets, which its tasks must not inherit.
+_SECRETS = frozenset({"FRAY_TOKEN", "FRAY_CREDENTIAL"})
 
 
 def _total_memory() -> int:
@@ -103,6 +105,9 @@ def _nul_problem(argv: list[str], env: dict[str, str]) -> str:
 class Worker:
     """Runs the controller's tasks on this machine.
 
+    ``token`` is the worker's credential (default: ``FRAY_CREDENTIAL``, which the
+    launcher sets to the worker credential; the cluster token works too).
+
     Resources default to the machine's (cpu count, physical memory, free disk in
     ``workdir``); ``devices`` and ``attributes`` (``preemptible``, ``region``,
     ``zone``, ``tpu-name``, ``tpu-worker-id``, ...) describe what the scheduler may
@@ -113,7 +118,7 @@ class Worker:
         self,
         controller: str,
         *,
-        token: str | bytes | None = None,
+        token: CredentialLike = None,
         worker_id: str | None = None,
         cpu: float | None = None,
         ram_bytes: int | None = None,
@@ -125,7 +130,6 @@ class Worker:
         heartbeat: float = 1.0,
     ) -> None:
         self.controller = controller
-        self._token = default_token(token)
         self.worker_id = worker_id or f"worker-{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
         self.workdir = Path(workdir or Path.home() / ".cache" / "fray" / "workers" / self.worker_id)
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -288,15 +292,19 @@ class Worker:
             assignment.namespace,
             key.attempt,
         )
-        # The worker's own variables, then Fray's for this task, then the user's (which win).
-        env = dict(os.environ)
+        # The worker's own variables (never its credential, nor a cluster token), then Fray's
+        # for this task -- the job's own credential and its namespace's actor key -- then the
+        # user's (which win).
+        env = {k: v for k, v in os.environ.items() if k not in _SECRETS}
         env.update(
             FRAY_TASK_INDEX=str(key.task_index),
             FRAY_HOST_INDEX=str(assignment.host_index),
             FRAY_WORKER_ID=self.worker_id,
         )
-        if self._token is not None:
-            env["FRAY_TOKEN"] = self._token.decode()
+        if assignment.credential:
+            env["FRAY_CREDENTIAL"] = assignment.credential
+        if assignment.actor_token:
+            env["FRAY_TOKEN"] = assignment.actor_token
         env.update(replica_env(info, f"fray://{self.controller}", spec.environment.env_vars))
         argv = list(spec.argv) if spec.argv is not None else None
         problem = _nul_problem(argv or [], env)

@@ -49,21 +49,23 @@ class Limits:
 class Acceptor:
     """Accepts connections on ``listener``, authenticates them, and serves each in its own thread.
 
-    ``serve(sock, peer)`` runs after a successful handshake and owns the socket until it
+    ``keys`` is what the handshake checks proofs against (see
+    :func:`~fray.rpc.wire.server_handshake`). ``serve(sock, peer, principal)`` runs after a
+    successful handshake, with the authenticated principal, and owns the socket until it
     returns (the acceptor closes it afterwards).
     """
 
     def __init__(
         self,
         listener: socket.socket,
-        token: bytes | None,
-        serve: Callable[[socket.socket, str], None],
+        keys: wire.KeySource,
+        serve: Callable[[socket.socket, str, str], None],
         *,
         limits: Limits | None = None,
         name: str = "fray",
     ) -> None:
         self._listener = listener
-        self._token = token
+        self._keys = keys
         self._serve = serve
         self._limits = limits or Limits()
         self._name = name
@@ -159,7 +161,8 @@ class Acceptor:
         counted = False
         try:
             wire.tune_socket(sock)
-            if not wire.server_handshake(sock, self._token, time.monotonic() + wire.HANDSHAKE_TIMEOUT):
+            principal = wire.server_handshake(sock, self._keys, time.monotonic() + wire.HANDSHAKE_TIMEOUT)
+            if principal is None:
                 logger.warning("refused connection from %s: authentication failed", peer)
                 return
             sock.settimeout(None)
@@ -178,7 +181,7 @@ class Acceptor:
                 )
                 logger.warning("refused connection from %s: too many connections (at most %s)", peer, which)
                 return
-            self._serve(sock, peer)
+            self._serve(sock, peer, principal)
         except (OSError, ValueError):
             return  # a reset, the handshake deadline, or a socket closed by stop() or eviction
         except Exception:

@@ -88,7 +88,11 @@ def _rebuild_error(payload: Any, what: str) -> FrayError:
 
 
 class DataServer:
-    """Serves ``handler(method, args, kwargs) -> plain data`` on ``host:port`` to authenticated clients.
+    """Serves ``handler(principal, method, args, kwargs) -> plain data`` on ``host:port`` to authenticated clients.
+
+    ``keys`` is the token, or a function from principal to key (see
+    :func:`~fray.rpc.wire.server_handshake`); the handler learns which principal
+    authenticated the connection.
 
     ``handler`` raises a :class:`~fray.errors.FrayError` to answer with that error;
     anything else is logged and answered as an internal error. Requests larger than
@@ -97,22 +101,22 @@ class DataServer:
 
     def __init__(
         self,
-        handler: Callable[[str, list[Any], dict[str, Any]], Any],
+        handler: Callable[[str, str, list[Any], dict[str, Any]], Any],
         host: str = "127.0.0.1",
         port: int = 0,
-        token: bytes | None = None,
+        keys: wire.KeySource = None,
         *,
         advertise_host: str | None = None,
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
         limits: Limits | None = None,
         name: str = "fray",
     ) -> None:
-        if token is None:
-            raise FrayError("a DataServer always requires a token")
+        if keys is None:
+            raise FrayError("a DataServer always requires a token (or a key for each principal)")
         self._handler = handler
         self._max_request_bytes = max_request_bytes
         self._listener, self._port, self._advertise_host = bind_listener(host, port, advertise_host, name)
-        self._acceptor = Acceptor(self._listener, token, self._serve, limits=limits, name=name)
+        self._acceptor = Acceptor(self._listener, keys, self._serve, limits=limits, name=name)
         self._stopped = False
 
     @property
@@ -134,7 +138,7 @@ class DataServer:
         self._acceptor.stop()
         self._listener.close()
 
-    def _serve(self, sock: socket.socket, peer: str) -> None:
+    def _serve(self, sock: socket.socket, peer: str, principal: str) -> None:
         reader = wire.FrameReader(sock, max_frame_bytes=self._max_request_bytes, max_segments=1)
         while True:
             try:
@@ -150,10 +154,10 @@ class DataServer:
                 message = f"clients may not send {frame.kind.name} frames"
                 wire.send_frame(sock, wire.FrameKind.PROTOCOL_ERROR, frame.request_id, [message.encode()])
                 return
-            kind, payload = self._answer(frame.segments[0], peer)
+            kind, payload = self._answer(frame.segments[0], peer, principal)
             wire.send_frame(sock, kind, frame.request_id, [payload])
 
-    def _answer(self, segment: bytes | bytearray, peer: str) -> tuple[wire.FrameKind, bytes]:
+    def _answer(self, segment: bytes | bytearray, peer: str, principal: str) -> tuple[wire.FrameKind, bytes]:
         try:
             request = unpack(segment)
             if not (
@@ -165,7 +169,7 @@ class DataServer:
             ):
                 raise ProtocolError("a call is [method, args, kwargs]")
             method, args, kwargs = request
-            return wire.FrameKind.RESULT, pack(self._handler(method, args, kwargs))
+            return wire.FrameKind.RESULT, pack(self._handler(principal, method, args, kwargs))
         except FrayError as exc:
             return wire.FrameKind.ERROR, _error_payload(exc)
         except Exception as exc:
@@ -174,12 +178,12 @@ class DataServer:
 
 
 class _Conn:
-    def __init__(self, host: str, port: int, token: bytes | None, timeout: float) -> None:
+    def __init__(self, host: str, port: int, token: bytes | None, principal: str, timeout: float) -> None:
         sock = socket.create_connection((host, port), timeout=min(timeout, wire.HANDSHAKE_TIMEOUT))
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-            wire.client_handshake(sock, token, f"{host}:{port}")
+            wire.client_handshake(sock, token, f"{host}:{port}", principal)
             sock.settimeout(None)
         except BaseException:
             sock.close()
@@ -207,6 +211,8 @@ class _Conn:
 class DataClient:
     """Calls a :class:`DataServer` at ``address`` (``host:port``); thread-safe, with a pool of connections.
 
+    ``token`` is the key of ``principal`` ("" for the plain token).
+
     A call that provably was not sent (no connection could be opened) raises
     :class:`~fray.errors.CallNotSentError`; one whose connection broke after it was sent
     raises :class:`~fray.errors.ActorUnavailableError` ("may or may not have run"); one
@@ -215,11 +221,14 @@ class DataClient:
     :mod:`fray.errors` class.
     """
 
-    def __init__(self, address: str, token: bytes | None, *, timeout: float = 30.0, max_idle: int = 4) -> None:
+    def __init__(
+        self, address: str, token: bytes | None, *, principal: str = "", timeout: float = 30.0, max_idle: int = 4
+    ) -> None:
         host, _, port = address.rpartition(":")
         self.address = address
         self._host, self._port = host.strip("[]"), int(port)
         self._token = token
+        self._principal = principal
         self.timeout = timeout
         self._lock = threading.Lock()
         self._idle: list[_Conn] = []
@@ -233,7 +242,7 @@ class DataClient:
         conn = self._take()
         if conn is None:
             try:
-                conn = _Conn(self._host, self._port, self._token, timeout)
+                conn = _Conn(self._host, self._port, self._token, self._principal, timeout)
             except (OSError, EOFError) as exc:
                 raise CallNotSentError(f"{what} was not sent: cannot connect: {exc}") from None
         conn.ids += 1

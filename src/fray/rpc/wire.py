@@ -81,6 +81,10 @@ _AUTH_REPLY = struct.Struct("!4sBB32s")
 _HEADER = struct.Struct("!2sBBQI")
 
 _FLAG_TOKEN = 1  # in HELLO: the server requires a token; in AUTH: the client has one.
+_FLAG_PRINCIPAL = 2  # in AUTH: a u16 length and a principal name follow the record.
+_PRINCIPAL_LENGTH = struct.Struct("!H")
+#: Longest principal name a handshake may carry.
+MAX_PRINCIPAL_BYTES = 512
 _STATUS_OK = 0
 _STATUS_REFUSED = 1
 _STATUS_VERSION = 2
@@ -152,46 +156,72 @@ def _recv_exact(sock: socket.socket, n: int, deadline: float | None = None) -> b
     return bytes(buf)
 
 
-def server_handshake(sock: socket.socket, token: bytes | None, deadline: float | None = None) -> bool:
+KeySource = bytes | None | Callable[[str], "bytes | None"]
+"""What a server checks proofs against: one token, none, or a function from principal to key (None: unknown)."""
+
+
+def _key_for(keys: KeySource, principal: str) -> bytes | None:
+    if callable(keys):
+        return keys(principal)
+    return keys if principal == "" else None
+
+
+def server_handshake(sock: socket.socket, keys: KeySource, deadline: float | None = None) -> str | None:
     """Run the server side of the handshake on a freshly accepted socket.
 
-    Returns True when the peer may send frames. Returns False (after telling the
-    peer why, where the format allows) when it must be disconnected. Only fixed-size
-    binary records are read here: nothing from an unauthenticated peer is unpickled.
-    ``deadline`` (a ``time.monotonic()`` value, default :data:`HANDSHAKE_TIMEOUT` from now)
-    bounds the whole handshake; past it, ``TimeoutError``.
+    Returns the authenticated *principal* when the peer may send frames ("" for a peer
+    proving the plain token), None (after telling the peer why, where the format
+    allows) when it must be disconnected. ``keys`` is the token, None (no
+    authentication: loopback only), or a function giving the key of a principal
+    (``"worker"``, ``"user:alice"``, ``"job:<id>"``...; None refuses it). Only fixed-size
+    binary records and a bounded principal name are read here: nothing from an
+    unauthenticated peer is unpickled. ``deadline`` (a ``time.monotonic()`` value,
+    default :data:`HANDSHAKE_TIMEOUT` from now) bounds the whole handshake; past it,
+    ``TimeoutError``.
     """
     if deadline is None:
         deadline = time.monotonic() + HANDSHAKE_TIMEOUT
     server_nonce = os.urandom(_NONCE_BYTES)
-    flags = _FLAG_TOKEN if token is not None else 0
+    flags = _FLAG_TOKEN if keys is not None else 0
     sock.settimeout(max(deadline - time.monotonic(), 0.001))
     sock.sendall(_HELLO.pack(_HANDSHAKE_MAGIC, PROTOCOL_VERSION, flags, server_nonce))
     magic, version, client_flags, client_nonce, client_mac = _AUTH.unpack(_recv_exact(sock, _AUTH.size, deadline))
     if magic != _HANDSHAKE_MAGIC:
-        return False
+        return None
     if version != PROTOCOL_VERSION:
         sock.sendall(_AUTH_REPLY.pack(_HANDSHAKE_MAGIC, _STATUS_VERSION, PROTOCOL_VERSION, bytes(_MAC_BYTES)))
-        return False
-    if token is None:
+        return None
+    principal = ""
+    if client_flags & _FLAG_PRINCIPAL:
+        (length,) = _PRINCIPAL_LENGTH.unpack(_recv_exact(sock, _PRINCIPAL_LENGTH.size, deadline))
+        if length > MAX_PRINCIPAL_BYTES:
+            return None
+        try:
+            principal = _recv_exact(sock, length, deadline).decode()
+        except UnicodeDecodeError:
+            return None
+    if keys is None:
         # Unauthenticated servers only ever listen on loopback (see ActorServer).
         sock.sendall(_AUTH_REPLY.pack(_HANDSHAKE_MAGIC, _STATUS_OK, 0, bytes(_MAC_BYTES)))
-        return True
-    expected = _mac(token, b"client", server_nonce, client_nonce)
-    if not (client_flags & _FLAG_TOKEN) or not hmac.compare_digest(expected, client_mac):
+        return ""
+    key = _key_for(keys, principal)
+    expected = _mac(key, b"client", server_nonce, client_nonce + principal.encode()) if key is not None else None
+    if expected is None or not (client_flags & _FLAG_TOKEN) or not hmac.compare_digest(expected, client_mac):
         sock.sendall(_AUTH_REPLY.pack(_HANDSHAKE_MAGIC, _STATUS_REFUSED, 0, bytes(_MAC_BYTES)))
-        return False
-    proof = _mac(token, b"server", server_nonce, client_nonce)
+        return None
+    assert key is not None
+    proof = _mac(key, b"server", server_nonce, client_nonce + principal.encode())
     sock.sendall(_AUTH_REPLY.pack(_HANDSHAKE_MAGIC, _STATUS_OK, _FLAG_TOKEN, proof))
-    return True
+    return principal
 
 
-def client_handshake(sock: socket.socket, token: bytes | None, address: str) -> None:
-    """Run the client side of the handshake; raise unless both sides proved the same token.
+def client_handshake(sock: socket.socket, token: bytes | None, address: str, principal: str = "") -> None:
+    """Run the client side of the handshake; raise unless both sides proved the same key.
 
-    A client that holds a token also requires the *server* to prove it, so results are
-    never unpickled from an impostor. A client without a token only talks to a server
-    without one, and only over loopback.
+    ``principal`` names whose key ``token`` is ("" for the plain token, else e.g.
+    ``"user:alice"``). A client that holds a token also requires the *server* to prove
+    it, so results are never unpickled from an impostor. A client without a token only
+    talks to a server without one, and only over loopback.
     """
     magic, version, flags, server_nonce = _HELLO.unpack(_recv_exact(sock, _HELLO.size))
     if magic != _HANDSHAKE_MAGIC:
@@ -216,21 +246,27 @@ def client_handshake(sock: socket.socket, token: bytes | None, address: str) -> 
             f"refusing an unauthenticated connection to {address}: without a token only loopback is allowed"
         )
     client_nonce = os.urandom(_NONCE_BYTES)
-    client_mac = _mac(token, b"client", server_nonce, client_nonce) if token is not None else bytes(_MAC_BYTES)
-    sock.sendall(
-        _AUTH.pack(
-            _HANDSHAKE_MAGIC, PROTOCOL_VERSION, _FLAG_TOKEN if token is not None else 0, client_nonce, client_mac
-        )
-    )
+    name = principal.encode()
+    if len(name) > MAX_PRINCIPAL_BYTES:
+        raise AuthenticationError(f"principal name {principal!r} is too long")
+    client_mac = _mac(token, b"client", server_nonce, client_nonce + name) if token is not None else bytes(_MAC_BYTES)
+    flags_out = (_FLAG_TOKEN if token is not None else 0) | (_FLAG_PRINCIPAL if principal else 0)
+    record = _AUTH.pack(_HANDSHAKE_MAGIC, PROTOCOL_VERSION, flags_out, client_nonce, client_mac)
+    if principal:
+        record += _PRINCIPAL_LENGTH.pack(len(name)) + name
+    sock.sendall(record)
     magic, status, _flags, server_mac = _AUTH_REPLY.unpack(_recv_exact(sock, _AUTH_REPLY.size))
     if magic != _HANDSHAKE_MAGIC:
         raise ProtocolError(f"{address} sent a bad handshake reply")
     if status == _STATUS_VERSION:
         raise ProtocolError(f"{address} does not support Fray protocol version {PROTOCOL_VERSION}")
+    who = f"the credential of {principal!r}" if principal else "our token (is FRAY_TOKEN the cluster's?)"
     if status != _STATUS_OK:
-        raise AuthenticationError(f"actor server at {address} refused our token (is FRAY_TOKEN the cluster's?)")
-    if token is not None and not hmac.compare_digest(server_mac, _mac(token, b"server", server_nonce, client_nonce)):
-        raise AuthenticationError(f"actor server at {address} could not prove it holds the cluster token")
+        raise AuthenticationError(f"server at {address} refused {who}")
+    if token is not None and not hmac.compare_digest(
+        server_mac, _mac(token, b"server", server_nonce, client_nonce + name)
+    ):
+        raise AuthenticationError(f"server at {address} could not prove it holds the key of {who}")
 
 
 def _is_loopback_peer(sock: socket.socket) -> bool:
