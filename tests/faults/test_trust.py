@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import pickle
 import socket
+import threading
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from fray.cluster.controller_client import controller_client
 from fray.cluster.credentials import WORKER, Credential, user_principal
 from fray.cluster.launcher import LocalCluster
 from fray.rpc import wire
-from fray.rpc.datarpc import unpack
+from fray.rpc.datarpc import _Integrity, pack, unpack
 
 from .helpers import with_workers
 
@@ -35,11 +36,13 @@ def test_the_controller_never_unpickles_even_from_the_administrator(cluster: Loc
     target = tmp_path / "pwned"
     host, port = cluster.address.rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=30) as sock:
-        wire.client_handshake(sock, cluster.token.encode(), cluster.address)
-        wire.send_frame(sock, wire.FrameKind.CALL, 1, [pickle.dumps(WritesAFile(str(target)))])
+        session = wire.client_handshake(sock, cluster.token.encode(), cluster.address)
+        integrity = _Integrity(session, b"C", b"S")  # a correctly authenticated frame...
+        evil = pickle.dumps(WritesAFile(str(target)))  # ...carrying a pickle
+        wire.send_frame(sock, wire.FrameKind.CALL, 1, [integrity.seal(wire.FrameKind.CALL, 1, evil)])
         frame = wire.FrameReader(sock).read_frame()
     assert frame is not None and frame.kind is wire.FrameKind.ERROR
-    assert unpack(frame.segments[0])["type"] == "ProtocolError"
+    assert unpack(integrity.open(frame))["type"] == "ProtocolError"
     assert not target.exists()
     # The controller is still up and serving.
     assert controller_client(cluster.address, cluster.token).health()["read_only"] is False
@@ -103,3 +106,32 @@ def test_only_the_worker_credential_registers_workers(cluster: LocalCluster) -> 
         )
     with pytest.raises(AuthenticationError):  # a credential not derived from the cluster token
         controller_client(cluster.address, Credential(WORKER, b"guessed" * 4)).health()
+
+
+def test_relaying_a_handshake_gains_nothing(cluster: LocalCluster) -> None:
+    """A man-in-the-middle passes a token holder's handshake through, then sends its own frame."""
+    host, port = cluster.address.rsplit(":", 1)
+    victim_side, attacker_side = socket.socketpair()
+    with socket.create_connection((host, int(port)), timeout=30) as upstream:
+        # The relay: the victim's handshake bytes go through unchanged, both ways.
+        hello = upstream.recv(38, socket.MSG_WAITALL)
+        attacker_side.sendall(hello)
+        relay_done = []
+
+        def victim() -> None:
+            relay_done.append(wire.client_handshake(victim_side, cluster.token.encode(), "victim"))
+
+        thread = threading.Thread(target=victim)
+        thread.start()
+        upstream.sendall(attacker_side.recv(70, socket.MSG_WAITALL))
+        attacker_side.sendall(upstream.recv(38, socket.MSG_WAITALL))
+        thread.join(30)
+        assert relay_done, "the relayed handshake succeeded for the victim"
+        # Now the relay injects its own call; it cannot tag it without the session key.
+        forged = b"\0" * 32 + pack(["terminate", ["any-job"], {}])
+        wire.send_frame(upstream, wire.FrameKind.CALL, 1, [forged])
+        frame = wire.FrameReader(upstream).read_frame()
+    victim_side.close()
+    attacker_side.close()
+    assert frame is not None and frame.kind is wire.FrameKind.PROTOCOL_ERROR
+    assert b"integrity" in bytes(frame.segments[0])

@@ -50,8 +50,8 @@ class Acceptor:
     """Accepts connections on ``listener``, authenticates them, and serves each in its own thread.
 
     ``keys`` is what the handshake checks proofs against (see
-    :func:`~fray.rpc.wire.server_handshake`). ``serve(sock, peer, principal)`` runs after a
-    successful handshake, with the authenticated principal, and owns the socket until it
+    :func:`~fray.rpc.wire.server_handshake`). ``serve(sock, peer, authenticated)`` runs after a
+    successful handshake, with the principal and session key it established, and owns the socket until it
     returns (the acceptor closes it afterwards).
     """
 
@@ -59,7 +59,7 @@ class Acceptor:
         self,
         listener: socket.socket,
         keys: wire.KeySource,
-        serve: Callable[[socket.socket, str, str], None],
+        serve: Callable[[socket.socket, str, wire.Authenticated], None],
         *,
         limits: Limits | None = None,
         name: str = "fray",
@@ -161,8 +161,8 @@ class Acceptor:
         counted = False
         try:
             wire.tune_socket(sock)
-            principal = wire.server_handshake(sock, self._keys, time.monotonic() + wire.HANDSHAKE_TIMEOUT)
-            if principal is None:
+            peer_auth = wire.server_handshake(sock, self._keys, time.monotonic() + wire.HANDSHAKE_TIMEOUT)
+            if peer_auth is None:
                 logger.warning("refused connection from %s: authentication failed", peer)
                 return
             sock.settimeout(None)
@@ -181,7 +181,7 @@ class Acceptor:
                 )
                 logger.warning("refused connection from %s: too many connections (at most %s)", peer, which)
                 return
-            self._serve(sock, peer, principal)
+            self._serve(sock, peer, peer_auth)
         except (OSError, ValueError):
             return  # a reset, the handshake deadline, or a socket closed by stop() or eviction
         except Exception:

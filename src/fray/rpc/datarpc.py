@@ -14,6 +14,13 @@ Connections are authenticated exactly like actor connections (the handshake of
 msgpack carries only nil, booleans, numbers, strings, byte strings, arrays and maps;
 user payloads travel as opaque byte strings that only a task or a client opens.
 
+Every frame after the handshake is authenticated: its segment starts with a 32-byte
+HMAC-SHA256 tag, under the connection's session key (:func:`fray.rpc.wire.session_key`),
+over the direction, the frame's sequence number on that direction, its request id,
+kind and payload. A man-in-the-middle who relays a token holder's handshake gains
+nothing: without the session key it can neither inject, alter, replay nor reorder a
+frame -- the receiver drops the connection at the first bad tag.
+
 :class:`DataServer` serves one handler function (a connection thread per client
 connection, each running its calls in order); :class:`DataClient` keeps a small pool
 of connections so that a long-poll in one thread does not hold up calls from others.
@@ -22,8 +29,11 @@ of connections so that a long-poll in one thread does not hold up calls from oth
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
 import logging
 import socket
+import struct
 import threading
 import time
 from collections.abc import Callable
@@ -51,6 +61,9 @@ logger = logging.getLogger(__name__)
 #: Largest request a DataServer accepts by default: 256 MiB.
 DEFAULT_MAX_REQUEST_BYTES = 256 << 20
 
+_TAG_BYTES = 32
+_SEQ = struct.Struct("!QQB")
+
 # Errors whose constructor takes more than a message are never rebuilt by name.
 _NOT_REBUILT = frozenset({"JobFailed", "RemoteError"})
 
@@ -69,6 +82,38 @@ def unpack(data: bytes | bytearray) -> Any:
         return msgpack.unpackb(data, raw=False, strict_map_key=True)
     except Exception as exc:  # msgpack raises several unrelated types for bad input
         raise ProtocolError(f"malformed msgpack payload: {exc}") from exc
+
+
+class _Integrity:
+    """Tags and checks the frames of one connection (see the module docstring)."""
+
+    def __init__(self, session: bytes, sends: bytes, receives: bytes) -> None:
+        self._session = session
+        self._sends, self._receives = sends, receives
+        self._sent = 0
+        self._received = 0
+
+    def _tag(self, direction: bytes, seq: int, request_id: int, kind: int, payload: bytes | memoryview) -> bytes:
+        mac = hmac.new(self._session, direction + _SEQ.pack(seq, request_id, kind), hashlib.sha256)
+        mac.update(payload)
+        return mac.digest()
+
+    def seal(self, kind: wire.FrameKind, request_id: int, payload: bytes) -> bytes:
+        tag = self._tag(self._sends, self._sent, request_id, int(kind), payload)
+        self._sent += 1
+        return tag + payload
+
+    def open(self, frame: wire.Frame) -> bytes:
+        """The payload of a received frame; ProtocolError if its tag is wrong."""
+        segment = frame.segments[0]
+        if len(segment) < _TAG_BYTES:
+            raise ProtocolError("frame without an integrity tag")
+        view = memoryview(segment)
+        expected = self._tag(self._receives, self._received, frame.request_id, int(frame.kind), view[_TAG_BYTES:])
+        if not hmac.compare_digest(expected, bytes(view[:_TAG_BYTES])):
+            raise ProtocolError("frame failed its integrity check (altered, replayed or injected)")
+        self._received += 1
+        return bytes(view[_TAG_BYTES:])
 
 
 def _error_payload(exc: BaseException) -> bytes:
@@ -138,24 +183,24 @@ class DataServer:
         self._acceptor.stop()
         self._listener.close()
 
-    def _serve(self, sock: socket.socket, peer: str, principal: str) -> None:
+    def _serve(self, sock: socket.socket, peer: str, authenticated: wire.Authenticated) -> None:
+        integrity = _Integrity(authenticated.session, b"S", b"C")
         reader = wire.FrameReader(sock, max_frame_bytes=self._max_request_bytes, max_segments=1)
         while True:
             try:
                 frame = reader.read_frame()
+                if frame is None:
+                    return
+                if frame.kind is not wire.FrameKind.CALL:
+                    raise ProtocolError(f"clients may not send {frame.kind.name} frames")
+                payload = integrity.open(frame)
             except ProtocolError as exc:
                 logger.warning("dropping connection from %s: %s", peer, exc)
                 with contextlib.suppress(OSError):
                     wire.send_frame(sock, wire.FrameKind.PROTOCOL_ERROR, 0, [str(exc).encode()])
                 return
-            if frame is None:
-                return
-            if frame.kind is not wire.FrameKind.CALL:
-                message = f"clients may not send {frame.kind.name} frames"
-                wire.send_frame(sock, wire.FrameKind.PROTOCOL_ERROR, frame.request_id, [message.encode()])
-                return
-            kind, payload = self._answer(frame.segments[0], peer, principal)
-            wire.send_frame(sock, kind, frame.request_id, [payload])
+            kind, answer = self._answer(payload, peer, authenticated.principal)
+            wire.send_frame(sock, kind, frame.request_id, [integrity.seal(kind, frame.request_id, answer)])
 
     def _answer(self, segment: bytes | bytearray, peer: str, principal: str) -> tuple[wire.FrameKind, bytes]:
         try:
@@ -183,13 +228,14 @@ class _Conn:
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-            wire.client_handshake(sock, token, f"{host}:{port}", principal)
+            session = wire.client_handshake(sock, token, f"{host}:{port}", principal)
             sock.settimeout(None)
         except BaseException:
             sock.close()
             raise
         self.sock = sock
         self.reader = wire.FrameReader(sock, max_segments=1)
+        self.integrity = _Integrity(session, b"C", b"S")
         self.ids = 0
 
     def idle_and_open(self) -> bool:
@@ -237,7 +283,7 @@ class DataClient:
     def call(self, method: str, args: list[Any], kwargs: dict[str, Any], timeout: float | None = None) -> Any:
         """Call ``method`` and return its (msgpack-decoded) result."""
         timeout = self.timeout if timeout is None else timeout
-        segment = pack([method, args, kwargs])
+        request = pack([method, args, kwargs])
         what = f"controller call {method} at {self.address}"
         conn = self._take()
         if conn is None:
@@ -247,6 +293,7 @@ class DataClient:
                 raise CallNotSentError(f"{what} was not sent: cannot connect: {exc}") from None
         conn.ids += 1
         try:
+            segment = conn.integrity.seal(wire.FrameKind.CALL, conn.ids, request)
             wire.send_frame(conn.sock, wire.FrameKind.CALL, conn.ids, [segment])
         except OSError as exc:
             conn.close()
@@ -264,11 +311,19 @@ class DataClient:
         if frame is None or frame.request_id != conn.ids:
             conn.close()
             raise ActorUnavailableError(f"the server closed the connection during {what}; it may or may not have run")
+        if frame.kind is wire.FrameKind.PROTOCOL_ERROR:
+            conn.close()
+            raise ProtocolError(f"{self.address} refused {what}: {bytes(frame.segments[0]).decode(errors='replace')}")
+        try:
+            payload = conn.integrity.open(frame)
+        except ProtocolError:
+            conn.close()
+            raise
         self._give_back(conn)
         if frame.kind is wire.FrameKind.RESULT:
-            return unpack(frame.segments[0])
+            return unpack(payload)
         if frame.kind is wire.FrameKind.ERROR:
-            raise _rebuild_error(unpack(frame.segments[0]), what)
+            raise _rebuild_error(unpack(payload), what)
         raise ProtocolError(f"{self.address} answered {what} with a {frame.kind.name} frame")
 
     def _take(self) -> _Conn | None:

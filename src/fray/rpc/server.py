@@ -270,7 +270,7 @@ class ActorServer:
 
     # -- connection handling ----------------------------------------------------------------------
 
-    def _serve_connection(self, sock: socket.socket, peer: str, principal: str) -> None:
+    def _serve_connection(self, sock: socket.socket, peer: str, authenticated: wire.Authenticated) -> None:
         """Serve one authenticated connection (the acceptor ran the handshake and closes the socket after)."""
         conn = ServerConnection(sock, peer)
         with self._lock:

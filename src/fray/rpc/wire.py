@@ -41,6 +41,7 @@ __all__ = [
     "DEFAULT_MAX_FRAME_BYTES",
     "DEFAULT_MAX_SEGMENTS",
     "PROTOCOL_VERSION",
+    "Authenticated",
     "Frame",
     "FrameKind",
     "FrameReader",
@@ -49,6 +50,7 @@ __all__ = [
     "encode",
     "send_frame",
     "server_handshake",
+    "session_key",
     "small_frame",
     "tune_socket",
 ]
@@ -166,11 +168,27 @@ def _key_for(keys: KeySource, principal: str) -> bytes | None:
     return keys if principal == "" else None
 
 
-def server_handshake(sock: socket.socket, keys: KeySource, deadline: float | None = None) -> str | None:
+class Authenticated(NamedTuple):
+    """A successful server handshake: who the peer proved to be, and the connection's session key.
+
+    The session key (empty without authentication) is fresh per connection and known only
+    to the two ends; protocols that authenticate every frame use it (see :func:`session_key`).
+    """
+
+    principal: str
+    session: bytes
+
+
+def session_key(key: bytes, server_nonce: bytes, client_nonce: bytes, principal: bytes) -> bytes:
+    """The key both ends derive after a handshake: nobody who merely relayed the handshake knows it."""
+    return hmac.new(key, b"fray-session-v1" + server_nonce + client_nonce + principal, hashlib.sha256).digest()
+
+
+def server_handshake(sock: socket.socket, keys: KeySource, deadline: float | None = None) -> Authenticated | None:
     """Run the server side of the handshake on a freshly accepted socket.
 
-    Returns the authenticated *principal* when the peer may send frames ("" for a peer
-    proving the plain token), None (after telling the peer why, where the format
+    Returns the authenticated *principal* ("" for a peer proving the plain token) and the
+    session key when the peer may send frames, None (after telling the peer why, where the format
     allows) when it must be disconnected. ``keys`` is the token, None (no
     authentication: loopback only), or a function giving the key of a principal
     (``"worker"``, ``"user:alice"``, ``"job:<id>"``...; None refuses it). Only fixed-size
@@ -203,7 +221,7 @@ def server_handshake(sock: socket.socket, keys: KeySource, deadline: float | Non
     if keys is None:
         # Unauthenticated servers only ever listen on loopback (see ActorServer).
         sock.sendall(_AUTH_REPLY.pack(_HANDSHAKE_MAGIC, _STATUS_OK, 0, bytes(_MAC_BYTES)))
-        return ""
+        return Authenticated("", b"")
     key = _key_for(keys, principal)
     expected = _mac(key, b"client", server_nonce, client_nonce + principal.encode()) if key is not None else None
     if expected is None or not (client_flags & _FLAG_TOKEN) or not hmac.compare_digest(expected, client_mac):
@@ -212,11 +230,11 @@ def server_handshake(sock: socket.socket, keys: KeySource, deadline: float | Non
     assert key is not None
     proof = _mac(key, b"server", server_nonce, client_nonce + principal.encode())
     sock.sendall(_AUTH_REPLY.pack(_HANDSHAKE_MAGIC, _STATUS_OK, _FLAG_TOKEN, proof))
-    return principal
+    return Authenticated(principal, session_key(key, server_nonce, client_nonce, principal.encode()))
 
 
-def client_handshake(sock: socket.socket, token: bytes | None, address: str, principal: str = "") -> None:
-    """Run the client side of the handshake; raise unless both sides proved the same key.
+def client_handshake(sock: socket.socket, token: bytes | None, address: str, principal: str = "") -> bytes:
+    """Run the client side of the handshake; raise unless both sides proved the same key; return the session key.
 
     ``principal`` names whose key ``token`` is ("" for the plain token, else e.g.
     ``"user:alice"``). A client that holds a token also requires the *server* to prove
@@ -267,6 +285,7 @@ def client_handshake(sock: socket.socket, token: bytes | None, address: str, pri
         server_mac, _mac(token, b"server", server_nonce, client_nonce + name)
     ):
         raise AuthenticationError(f"server at {address} could not prove it holds the key of {who}")
+    return session_key(token, server_nonce, client_nonce, name) if token is not None else b""
 
 
 def _is_loopback_peer(sock: socket.socket) -> bool:
