@@ -76,7 +76,12 @@ def _wait_for_signal(stop: Callable[[], None]) -> None:
 )
 @click.option("--worker-timeout", default=10.0, show_default=True, help="Seconds of silence before a worker is lost.")
 @click.option("--address-file", type=click.Path(dir_okay=False), help="Write HOST:PORT here once serving.")
-def controller(host: str, port: int, db_path: str, worker_timeout: float, address_file: str | None) -> None:
+@click.option(
+    "--tls-dir", default=None, help="Cluster CA and certificate (made if missing) when --host is not loopback."
+)
+def controller(
+    host: str, port: int, db_path: str, worker_timeout: float, address_file: str | None, tls_dir: str | None
+) -> None:
     """Run the cluster controller (state in SQLite; needs FRAY_TOKEN)."""
     from fray.cluster.controller import Controller
     from fray.cluster.controller_client import load_token
@@ -86,13 +91,23 @@ def controller(host: str, port: int, db_path: str, worker_timeout: float, addres
         raise click.UsageError(
             "set FRAY_TOKEN (or write ~/.config/fray/token): the controller never runs unauthenticated"
         )
+    os.umask(0o077)  # the state, its journal and the TLS keys: for this user only
     Path(db_path).parent.mkdir(parents=True, exist_ok=True)
-    ctl = Controller(db_path, host=host, port=port, token=token, worker_timeout=worker_timeout).start()
+    try:
+        ctl = Controller(
+            db_path, host=host, port=port, token=token, worker_timeout=worker_timeout, tls_dir=tls_dir
+        ).start()
+    except fray.FrayError as exc:
+        raise click.ClickException(str(exc)) from None
     if address_file:
         tmp = Path(address_file + ".tmp")
         tmp.write_text(ctl.address)
         tmp.replace(address_file)
     click.echo(f"fray controller serving on {ctl.address} (state: {db_path})", err=True)
+    if ctl.tls_files is not None:
+        click.echo(
+            f"TLS required beyond this machine; clients and workers need FRAY_TLS_CA={ctl.tls_files.ca_cert}", err=True
+        )
     _wait_for_signal(ctl.stop)
 
 

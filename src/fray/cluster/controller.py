@@ -43,6 +43,7 @@ from fray.job import JobStatus
 from fray.rpc.datarpc import DEFAULT_MAX_REQUEST_BYTES, DataServer, pack, unpack
 from fray.rpc.namespace import default_token
 from fray.rpc.registry import EndpointRegistry
+from fray.rpc.tls import TlsFiles, ensure_cluster_tls, is_loopback_address, server_context
 
 __all__ = ["CONTROLLER_ACTOR", "Controller", "ControllerService"]
 
@@ -559,7 +560,10 @@ class Controller:
 
     The token (default ``FRAY_TOKEN``) is required of every worker, client and
     resolver before any request is decoded, and requests are plain data
-    (:mod:`fray.rpc.datarpc`): the controller never unpickles anything.
+    (:mod:`fray.rpc.datarpc`): the controller never unpickles anything. Bound to an
+    address other than loopback, the controller makes (once) a cluster CA and its own
+    certificate in ``tls_dir`` (default: ``tls/`` beside the database) and requires TLS
+    of every peer beyond this machine; clients need the CA (``FRAY_TLS_CA``).
     """
 
     def __init__(
@@ -572,10 +576,19 @@ class Controller:
         worker_timeout: float = 10.0,
         advertise_host: str | None = None,
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+        tls_dir: str | None = None,
     ) -> None:
         resolved = default_token(token)
         if resolved is None:
             raise ConfigError("the controller needs a token (FRAY_TOKEN or token=): it never runs unauthenticated")
+        tls = None
+        if not is_loopback_address(host):
+            # Beyond this machine every connection is TLS, checked against this cluster's own CA.
+            directory = tls_dir or os.path.join(os.path.dirname(os.path.abspath(db_path)), "tls")
+            self.tls_files: TlsFiles | None = ensure_cluster_tls(directory, [h for h in (advertise_host, host) if h])
+            tls = server_context(self.tls_files)
+        else:
+            self.tls_files = None
         self.store = ClusterStore(db_path)
         self.service = ControllerService(self.store, worker_timeout=worker_timeout, master=resolved)
         self.server = DataServer(
@@ -586,6 +599,7 @@ class Controller:
             advertise_host=advertise_host,
             max_request_bytes=max_request_bytes,
             name="controller",
+            tls=tls,
         )
 
     @property

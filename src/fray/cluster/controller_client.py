@@ -67,10 +67,12 @@ def resolve_credential(credential: CredentialLike) -> Credential | None:
     return load_credential(credential)
 
 
-def _data_client(address: str, credential: Credential | None, timeout: float = 30.0) -> DataClient:
+def _data_client(
+    address: str, credential: Credential | None, timeout: float = 30.0, ca: Path | None = None
+) -> DataClient:
     if credential is None:
-        return DataClient(address, None, timeout=timeout)
-    return DataClient(address, credential.key, principal=credential.principal, timeout=timeout)
+        return DataClient(address, None, timeout=timeout, ca=ca)
+    return DataClient(address, credential.key, principal=credential.principal, timeout=timeout, ca=ca)
 
 
 class ControllerProxy:
@@ -171,12 +173,15 @@ class ControllerProxy:
         return str(self._call("namespace_token", namespace)).encode()
 
 
-def controller_client(address: str, token: CredentialLike = None, timeout: float = 30.0) -> ControllerProxy:
+def controller_client(
+    address: str, token: CredentialLike = None, timeout: float = 30.0, *, ca: Path | None = None
+) -> ControllerProxy:
     """A typed handle on the controller at ``address`` (``host:port``): no retries beyond the connection's.
 
-    ``token``: a :class:`Credential`, the cluster token, or None for :func:`load_credential`'s choice.
+    ``token``: a :class:`Credential`, the cluster token, or None for :func:`load_credential`'s choice;
+    ``ca``: the cluster CA for a controller beyond this machine (default ``FRAY_TLS_CA``).
     """
-    return ControllerProxy(_data_client(address, resolve_credential(token), timeout))
+    return ControllerProxy(_data_client(address, resolve_credential(token), timeout, ca))
 
 
 class ControllerHandle(ControllerProxy):

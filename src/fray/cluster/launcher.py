@@ -13,6 +13,7 @@ from pathlib import Path
 from fray.cluster.controller_client import controller_client
 from fray.cluster.credentials import WORKER, Credential
 from fray.errors import FrayError
+from fray.rpc.tls import is_loopback_address
 
 __all__ = ["LocalCluster"]
 
@@ -34,12 +35,16 @@ class LocalCluster:
         worker_timeout: float = 10.0,
         env: dict[str, str] | None = None,
         db_path: str | Path | None = None,
+        host: str = "127.0.0.1",
     ) -> None:
         self.extra_env = dict(env or {})
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(self.directory, 0o700)
         self.db_path = Path(db_path) if db_path is not None else self.directory / "controller.db"
+        self.host = host
+        #: The cluster CA, which the controller makes when it binds a non-loopback ``host``.
+        self.ca_file = None if is_loopback_address(host) else self.db_path.parent / "tls" / "ca.pem"
         self.token = token or secrets.token_hex(16)
         #: What workers authenticate with (see :mod:`fray.cluster.credentials`).
         self.worker_credential = Credential.mint(self.token.encode(), WORKER)
@@ -51,13 +56,18 @@ class LocalCluster:
 
     @property
     def env(self) -> dict[str, str]:
-        """The environment a client needs: the token and the client spec."""
-        return {"FRAY_TOKEN": self.token, "FRAY_CLIENT_SPEC": f"fray://{self.address}"}
+        """The environment a client needs: the token and the client spec (and the CA, with TLS)."""
+        env = {"FRAY_TOKEN": self.token, "FRAY_CLIENT_SPEC": f"fray://{self.address}"}
+        if self.ca_file is not None:
+            env["FRAY_TLS_CA"] = str(self.ca_file)
+        return env
 
     def _spawn(self, args: list[str], log_name: str, *, worker: bool = False) -> subprocess.Popen[bytes]:
         env = {**os.environ, **self.extra_env, "FRAY_TOKEN": self.token, "PYTHONUNBUFFERED": "1"}
         env.pop("FRAY_CLIENT_SPEC", None)
         env.pop("FRAY_CREDENTIAL", None)
+        if self.ca_file is not None:
+            env["FRAY_TLS_CA"] = str(self.ca_file)
         if worker:
             # Workers hold the worker credential only: never the cluster token, which their tasks must not see.
             del env["FRAY_TOKEN"]
@@ -82,6 +92,8 @@ class LocalCluster:
         address_file.unlink(missing_ok=True)
         args = [
             "controller",
+            "--host",
+            self.host,
             "--port",
             str(self.port),
             "--db",
@@ -125,7 +137,7 @@ class LocalCluster:
 
     def wait_for_workers(self, count: int, timeout: float = 30.0) -> None:
         """Block until ``count`` workers are registered and alive."""
-        client = controller_client(self.address, self.token)
+        client = controller_client(self.address, self.token, ca=self.ca_file)
         deadline = time.monotonic() + timeout
         try:
             while True:

@@ -11,6 +11,8 @@ protects against, before any peer is authenticated:
   millisecond) almost nothing;
 * too many connections: at most ``max_connections`` authenticated ones in total and
   ``max_per_peer`` from one address (the excess is closed with a log line);
+* eavesdroppers and meddlers beyond this machine: with a TLS context, every peer that is
+  not on a loopback address must speak TLS before the Fray handshake (see :mod:`fray.rpc.tls`);
 * running out of file descriptors: ``accept()`` failing with EMFILE/ENFILE makes the
   loop log it (once per episode), drop the oldest handshake and back off, instead of
   spinning on a listener that stays readable.
@@ -24,11 +26,13 @@ import errno
 import logging
 import selectors
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable
 
 from fray.rpc import wire
+from fray.rpc.tls import is_loopback_address
 
 __all__ = ["Acceptor", "Limits"]
 
@@ -63,8 +67,10 @@ class Acceptor:
         *,
         limits: Limits | None = None,
         name: str = "fray",
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self._listener = listener
+        self._tls = tls
         self._keys = keys
         self._serve = serve
         self._limits = limits or Limits()
@@ -145,6 +151,30 @@ class Acceptor:
             self._forget(sock)
             sock.close()
 
+    def _start_tls(self, plain: socket.socket) -> socket.socket:
+        """Run the TLS handshake (within the handshake deadline); the TLS socket replaces the plain one."""
+        deadline = time.monotonic() + wire.HANDSHAKE_TIMEOUT
+        with self._lock:
+            self._handshaking.pop(plain, None)
+            self._sockets.discard(plain)
+        assert self._tls is not None
+        secure = self._tls.wrap_socket(plain, server_side=True, do_handshake_on_connect=False)
+        with self._lock:
+            self._handshaking[secure] = time.monotonic()
+            self._sockets.add(secure)
+        try:
+            secure.settimeout(wire.HANDSHAKE_TIMEOUT)
+            secure.do_handshake()
+            if time.monotonic() > deadline:
+                raise TimeoutError("the TLS handshake took too long")
+        except BaseException:
+            # The plain socket was handed over to the TLS one: close that, or the peer hangs on.
+            self._forget(secure)
+            _shutdown(secure)
+            secure.close()
+            raise
+        return secure
+
     def _evict_oldest(self) -> None:
         with self._lock:
             if not self._handshaking:
@@ -161,6 +191,8 @@ class Acceptor:
         counted = False
         try:
             wire.tune_socket(sock)
+            if self._tls is not None and not is_loopback_address(host):
+                sock = self._start_tls(sock)
             peer_auth = wire.server_handshake(sock, self._keys, time.monotonic() + wire.HANDSHAKE_TIMEOUT)
             if peer_auth is None:
                 logger.warning("refused connection from %s: authentication failed", peer)

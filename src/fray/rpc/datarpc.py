@@ -32,11 +32,14 @@ import contextlib
 import hashlib
 import hmac
 import logging
+import select
 import socket
+import ssl
 import struct
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -44,7 +47,9 @@ import msgpack
 from fray import errors
 from fray.errors import (
     ActorUnavailableError,
+    AuthenticationError,
     CallNotSentError,
+    ConfigError,
     FrayError,
     ProtocolError,
     RpcTimeoutError,
@@ -53,6 +58,7 @@ from fray.errors import (
 from fray.rpc import wire
 from fray.rpc._accept import Acceptor, Limits
 from fray.rpc.server import bind_listener
+from fray.rpc.tls import CA_FILE, client_context, default_ca, is_loopback_address
 
 __all__ = ["DEFAULT_MAX_REQUEST_BYTES", "DataClient", "DataServer", "pack", "unpack"]
 
@@ -137,7 +143,8 @@ class DataServer:
 
     ``keys`` is the token, or a function from principal to key (see
     :func:`~fray.rpc.wire.server_handshake`); the handler learns which principal
-    authenticated the connection.
+    authenticated the connection. With ``tls``, peers beyond this machine must use TLS
+    (see :mod:`fray.rpc.tls`).
 
     ``handler`` raises a :class:`~fray.errors.FrayError` to answer with that error;
     anything else is logged and answered as an internal error. Requests larger than
@@ -155,13 +162,14 @@ class DataServer:
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
         limits: Limits | None = None,
         name: str = "fray",
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         if keys is None:
             raise FrayError("a DataServer always requires a token (or a key for each principal)")
         self._handler = handler
         self._max_request_bytes = max_request_bytes
         self._listener, self._port, self._advertise_host = bind_listener(host, port, advertise_host, name)
-        self._acceptor = Acceptor(self._listener, keys, self._serve, limits=limits, name=name)
+        self._acceptor = Acceptor(self._listener, keys, self._serve, limits=limits, name=name, tls=tls)
         self._stopped = False
 
     @property
@@ -223,11 +231,29 @@ class DataServer:
 
 
 class _Conn:
-    def __init__(self, host: str, port: int, token: bytes | None, principal: str, timeout: float) -> None:
+    def __init__(
+        self, host: str, port: int, token: bytes | None, principal: str, timeout: float, ca: Path | None
+    ) -> None:
+        tls = None
+        if not is_loopback_address(host):
+            ca = ca or default_ca()
+            if ca is None:
+                raise ConfigError(
+                    f"{host}:{port} is not on this machine, so the connection must use TLS: set FRAY_TLS_CA to the "
+                    f"cluster's CA certificate (fray cluster up writes it to {CA_FILE})"
+                )
+            tls = client_context(ca)
         sock = socket.create_connection((host, port), timeout=min(timeout, wire.HANDSHAKE_TIMEOUT))
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            if tls is not None:
+                try:
+                    sock = tls.wrap_socket(sock)
+                except ssl.SSLCertVerificationError as exc:
+                    raise AuthenticationError(
+                        f"{host}:{port} did not present a certificate of this cluster's CA: {exc}"
+                    ) from None
             session = wire.client_handshake(sock, token, f"{host}:{port}", principal)
             sock.settimeout(None)
         except BaseException:
@@ -240,13 +266,14 @@ class _Conn:
 
     def idle_and_open(self) -> bool:
         """False if the server closed this idle connection (e.g. it restarted)."""
+        # A server never speaks unasked: anything readable on an idle connection (EOF, a
+        # reset, stray bytes) means it is finished. poll(), unlike select(), takes any fd.
+        poller = select.poll()
+        poller.register(self.sock, select.POLLIN)
         try:
-            self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
-        except (BlockingIOError, InterruptedError):
-            return True
+            return not poller.poll(0)
         except OSError:
             return False
-        return False  # EOF, or bytes nobody asked for (a server never speaks unasked)
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -257,7 +284,9 @@ class _Conn:
 class DataClient:
     """Calls a :class:`DataServer` at ``address`` (``host:port``); thread-safe, with a pool of connections.
 
-    ``token`` is the key of ``principal`` ("" for the plain token).
+    ``token`` is the key of ``principal`` ("" for the plain token). A server beyond this
+    machine is reached over TLS, trusting the CA certificate ``ca`` (default: see
+    :func:`~fray.rpc.tls.default_ca`).
 
     A call that provably was not sent (no connection could be opened) raises
     :class:`~fray.errors.CallNotSentError`; one whose connection broke after it was sent
@@ -268,13 +297,21 @@ class DataClient:
     """
 
     def __init__(
-        self, address: str, token: bytes | None, *, principal: str = "", timeout: float = 30.0, max_idle: int = 4
+        self,
+        address: str,
+        token: bytes | None,
+        *,
+        principal: str = "",
+        timeout: float = 30.0,
+        max_idle: int = 4,
+        ca: Path | None = None,
     ) -> None:
         host, _, port = address.rpartition(":")
         self.address = address
         self._host, self._port = host.strip("[]"), int(port)
         self._token = token
         self._principal = principal
+        self._ca = ca
         self.timeout = timeout
         self._lock = threading.Lock()
         self._idle: list[_Conn] = []
@@ -288,7 +325,7 @@ class DataClient:
         conn = self._take()
         if conn is None:
             try:
-                conn = _Conn(self._host, self._port, self._token, self._principal, timeout)
+                conn = _Conn(self._host, self._port, self._token, self._principal, timeout, self._ca)
             except (OSError, EOFError) as exc:
                 raise CallNotSentError(f"{what} was not sent: cannot connect: {exc}") from None
         conn.ids += 1
