@@ -34,6 +34,7 @@ from fray.errors import ActorDiedError, ActorUnavailableError, ConfigError, Fray
 from fray.job import Entrypoint, JobRequest, JobStatus, current_job
 from fray.resources import ResourceConfig
 from fray.rpc.client import ActorClient, RpcOptions
+from fray.rpc.namespace import resolve_namespace
 from fray.rpc.resolver import FixedResolver
 from fray.rpc.server import ActorServer
 
@@ -55,6 +56,9 @@ def _settled_status(view: JobView) -> JobStatus:
         return JobStatus.RUNNING
     return view.state
 
+
+# How long a call whose connection broke waits to learn whether its actor's job ended.
+_DEATH_NOTICE_SECONDS = 5.0
 
 # A long-poll never blocks longer than this, so a waiter without a timeout still hears of
 # a controller that went away (and wait_all can re-check its own deadline).
@@ -314,16 +318,25 @@ class ClusterActorHandle:
             if error is None:
                 future.set_result(done.result())
             elif isinstance(error, ActorUnavailableError):
-                future.set_exception(self._explain_unavailable(error))
+                # Finding out whether the actor died means asking the controller: not on the
+                # thread that read the broken connection.
+                threading.Thread(
+                    target=lambda: future.set_exception(self._explain_unavailable(error)),
+                    name=f"fray-actor-died-{self._name}",
+                    daemon=True,
+                ).start()
             else:
                 future.set_exception(error)
 
         inner.add_done_callback(relay)
 
     def _explain_unavailable(self, error: ActorUnavailableError) -> BaseException:
-        # The connection broke: if the actor's job has ended, say the actor died.
+        # The connection broke. A killed actor's job ends as soon as its worker sees the exit:
+        # give that a moment, then say the actor died -- or, if its job still runs (a network
+        # fault, a worker being replaced), that it is unavailable.
         try:
-            view: JobView = connect_controller(self._address, self._token).job(self._job_id)
+            controller = connect_controller(self._address, self._token)
+            view: JobView = controller.wait([self._job_id], _DEATH_NOTICE_SECONDS)[0]
         except FrayError:
             return error
         if view.state.finished:
@@ -372,7 +385,8 @@ class ClusterClient:
         self.user = user or os.environ.get("FRAY_USER") or getpass.getuser()
         inside = os.environ.get("FRAY_CLIENT_SPEC", "") == f"fray://{address}" and bool(os.environ.get("FRAY_JOB_ID"))
         self._parent = os.environ["FRAY_JOB_ID"] if inside else None
-        self.namespace = (
+        # One namespace rule for jobs and actors (fray.rpc.namespace): refused here, not when an actor starts.
+        self.namespace = resolve_namespace(
             namespace or (os.environ.get("FRAY_NAMESPACE") if inside else None) or f"{self.user}-{uuid.uuid4().hex[:8]}"
         )
         self._owned: list[tuple[str, bool]] = []  # (job id, is actor)

@@ -34,13 +34,14 @@ from fray.cluster.messages import (
     TaskExit,
     WorkerCommands,
     WorkerReport,
+    max_argument_bytes,
 )
 from fray.cluster.records import Effects, Endpoint, JobRecord, TaskKey, TaskRecord, TaskState, WorkerRecord
 from fray.cluster.scheduler import schedule
 from fray.cluster.store import ClusterStore
 from fray.errors import ConfigError, FrayError, JobAlreadyExists, NotFound, StorageError
 from fray.job import JobStatus
-from fray.rpc.datarpc import DEFAULT_MAX_REQUEST_BYTES, DataServer, pack, unpack
+from fray.rpc.datarpc import DataServer, pack, unpack
 from fray.rpc.namespace import default_token
 from fray.rpc.registry import EndpointRegistry
 from fray.rpc.tls import TlsFiles, ensure_cluster_tls, is_loopback_address, server_context
@@ -53,8 +54,10 @@ logger = logging.getLogger(__name__)
 _MAX_CONCURRENCY = 512
 # Decoded job specs kept in memory, least recently used first out: 1,024 specs. A spec
 # is needed again for every task assignment of its job (retries, worker re-registration);
-# a miss only costs one read and one unpickling of the stored request.
+# a miss only costs one read and one decoding of the stored request. The cache also holds
+# at most this many payload bytes, and never a spec whose payload alone is over a tenth of it.
 _SPEC_CACHE_SIZE = 1024
+_SPEC_CACHE_BYTES = 64 << 20
 # A worker's tasks may run this fraction of the worker timeout without the worker
 # renewing its lease: they are dead before the controller can declare the worker lost.
 _LEASE_FRACTION = 0.75
@@ -101,6 +104,7 @@ class ControllerService:
         self._unconfirmed_kills: dict[TaskKey, str] = {}
         self._specs: OrderedDict[str, JobSpec] = OrderedDict()  # at most spec_cache_size, LRU
         self._spec_cache_size = spec_cache_size
+        self._spec_bytes = 0  # payload bytes held by _specs
         self._kick = threading.Event()
         self._stopping = threading.Event()
         self._scheduler: threading.Thread | None = None
@@ -226,11 +230,17 @@ class ControllerService:
         return spec
 
     def _remember_spec(self, job_id: str, spec: JobSpec) -> None:
+        size = len(spec.payload or b"")
+        if size > _SPEC_CACHE_BYTES // 10:
+            return  # a huge argument is read back from the store when needed, never kept
         with self._lock:
+            previous = self._specs.pop(job_id, None)
+            self._spec_bytes -= len(previous.payload or b"") if previous is not None else 0
             self._specs[job_id] = spec
-            self._specs.move_to_end(job_id)
-            while len(self._specs) > self._spec_cache_size:
-                self._specs.popitem(last=False)
+            self._spec_bytes += size
+            while len(self._specs) > self._spec_cache_size or self._spec_bytes > _SPEC_CACHE_BYTES:
+                _, dropped = self._specs.popitem(last=False)
+                self._spec_bytes -= len(dropped.payload or b"")
 
     def _assignment(self, task: TaskRecord) -> TaskAssignment:
         job = self._store.get_job(task.job_id)
@@ -575,7 +585,7 @@ class Controller:
         token: str | bytes | None = None,
         worker_timeout: float = 10.0,
         advertise_host: str | None = None,
-        max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+        max_request_bytes: int | None = None,
         tls_dir: str | None = None,
     ) -> None:
         resolved = default_token(token)
@@ -597,7 +607,8 @@ class Controller:
             port,
             self.service.key_for,
             advertise_host=advertise_host,
-            max_request_bytes=max_request_bytes,
+            # A job's arguments, plus room for the rest of the request.
+            max_request_bytes=max_request_bytes or max_argument_bytes() + (16 << 20),
             name="controller",
             tls=tls,
         )

@@ -7,6 +7,7 @@ job's entrypoint is an opaque ``payload`` (cloudpickled) that only the task proc
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import cloudpickle
@@ -14,20 +15,27 @@ import cloudpickle
 from fray._serialization import call_parts, check_picklable
 from fray.cluster.capacity import TaskResources
 from fray.cluster.records import TaskKey
+from fray.errors import SerializationError
 from fray.job import BinaryEntrypoint, CallableEntrypoint, EnvironmentConfig, JobRequest, JobStatus
+from fray.resources import format_size, parse_size
 
 __all__ = [
     "CONTROLLER_ACTOR",
+    "DEFAULT_MAX_ARGUMENT_BYTES",
     "JobSpec",
     "JobView",
     "TaskAssignment",
     "TaskExit",
     "WorkerCommands",
     "WorkerReport",
+    "max_argument_bytes",
 ]
 
-#: The actor name (in the system namespace) under which the controller serves its API.
+#: The name under which the controller's API was served as an actor (kept for compatibility).
 CONTROLLER_ACTOR = "fray-controller"
+
+#: The default of :func:`max_argument_bytes`: 256 MiB.
+DEFAULT_MAX_ARGUMENT_BYTES = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -71,13 +79,31 @@ class JobSpec:
         )
 
 
+def max_argument_bytes() -> int:
+    """The largest pickled entrypoint a cluster job may carry: ``FRAY_MAX_ARGUMENT_BYTES``, default 256 MiB."""
+    configured = os.environ.get("FRAY_MAX_ARGUMENT_BYTES", "").strip()
+    return parse_size(configured) if configured else DEFAULT_MAX_ARGUMENT_BYTES
+
+
 def encode_callable(job_name: str, entry: CallableEntrypoint) -> bytes:
-    """Cloudpickle a callable entrypoint, naming the offending part if that fails."""
+    """Cloudpickle a callable entrypoint, naming the offending part if that fails, refusing one too large."""
     try:
-        return cloudpickle.dumps(entry)
-    except Exception:
+        payload = cloudpickle.dumps(entry)
+    except Exception as exc:
         check_picklable(f"job {job_name!r}", call_parts(entry.callable, entry.args, entry.kwargs))
+        if isinstance(exc, RecursionError):
+            raise SerializationError(
+                f"job {job_name!r}: its arguments are nested too deeply to pickle ({exc}); flatten them"
+            ) from None
         raise
+    limit = max_argument_bytes()
+    if len(payload) > limit:
+        raise SerializationError(
+            f"job {job_name!r}: its callable and arguments take {format_size(len(payload))} pickled, over the "
+            f"limit of {format_size(limit)} (FRAY_MAX_ARGUMENT_BYTES); put large data in shared storage and pass "
+            "its path instead"
+        )
+    return payload
 
 
 @dataclass(frozen=True)

@@ -123,9 +123,10 @@ class ClusterStore:
             raise self._error(exc) from exc
         if str(mode).lower() != "wal":
             raise StoreError(f"{self.path}: could not switch the database to WAL mode (got {mode!r})")
-        with contextlib.suppress(OSError):  # the state of every job: for the controller's user only
-            os.chmod(self.path, 0o600)
         self._init_schema()
+        for suffix in ("", "-wal", "-shm"):  # the state of every job: for the controller's user only
+            with contextlib.suppress(OSError):
+                os.chmod(self.path + suffix, 0o600)
 
     # -- plumbing -------------------------------------------------------------------------
 

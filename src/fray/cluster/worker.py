@@ -91,6 +91,81 @@ class _Pending:
             self.logs.setdefault(key, [])[:0] = lines
 
 
+#: Longest output line stored whole; a longer one keeps its first this many bytes, and a note.
+MAX_LINE_BYTES = 64 * 1024
+#: Output kept per task: the first and the last this many lines (and bytes), with a note of the rest.
+HEAD_LINES = TAIL_LINES = 4_000
+HEAD_BYTES = TAIL_BYTES = 8 << 20
+
+
+class _OutputCap:
+    """Keeps one task's output bounded: long lines cut, and only its head and tail once it is long.
+
+    Lines up to the head budget are passed on as they come; after that, only the most
+    recent ones are kept (a bounded tail), and :meth:`finish` returns a note of what was
+    dropped followed by the tail. Memory never holds more than the tail and one line.
+    """
+
+    def __init__(self) -> None:
+        self._head_lines = 0
+        self._head_bytes = 0
+        self._tail: collections.deque[str] = collections.deque()
+        self._tail_bytes = 0
+        self._dropped_lines = 0
+        self._dropped_bytes = 0
+        self.last_lines: collections.deque[str] = collections.deque(maxlen=LAST_OUTPUT_LINES)
+
+    @property
+    def last(self) -> list[str]:
+        """The task's last few lines, for a failure message."""
+        return list(self.last_lines)
+
+    def read_line(self, stream: Any) -> str | None:
+        """The next line (None at the end), cut to :data:`MAX_LINE_BYTES` with a note of the rest."""
+        raw = stream.readline(MAX_LINE_BYTES + 1)
+        if not raw:
+            return None
+        cut = 0
+        if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+            # An overlong line: its rest is counted as it streams past, never held.
+            cut = len(raw) - MAX_LINE_BYTES
+            raw = raw[:MAX_LINE_BYTES]
+            while more := stream.readline(MAX_LINE_BYTES):
+                ends = more.endswith(b"\n")
+                cut += len(more) - ends
+                if ends:
+                    break
+        line = raw.decode(errors="replace").rstrip("\n")
+        if cut:
+            line += f" [fray: line cut, {cut} more bytes dropped]"
+        self.last_lines.append(line)
+        return line
+
+    def keep(self, line: str) -> bool:
+        """True: pass ``line`` on now (within the head); False: it went to the bounded tail."""
+        size = len(line) + 1
+        if self._head_lines < HEAD_LINES and self._head_bytes + size <= HEAD_BYTES:
+            self._head_lines += 1
+            self._head_bytes += size
+            return True
+        self._tail.append(line)
+        self._tail_bytes += size
+        while len(self._tail) > TAIL_LINES or self._tail_bytes > TAIL_BYTES:
+            dropped = self._tail.popleft()
+            self._tail_bytes -= len(dropped) + 1
+            self._dropped_lines += 1
+            self._dropped_bytes += len(dropped) + 1
+        return False
+
+    def finish(self) -> list[str]:
+        """What is left to pass on at the end: a note of what was dropped, then the tail."""
+        tail = list(self._tail)
+        if self._dropped_lines:
+            note = f"[fray: {self._dropped_lines} lines ({self._dropped_bytes} bytes) of output dropped here]"
+            tail.insert(0, note)
+        return tail
+
+
 def _nul_problem(argv: list[str], env: dict[str, str]) -> str:
     """Why the task cannot be started because of a NUL byte, or ""."""
     for i, arg in enumerate(argv):
@@ -385,14 +460,20 @@ class Worker:
     def _watch(self, task: _Task) -> None:
         proc, key = task.proc, task.assignment.key
         assert proc is not None and proc.stdout is not None
-        last: collections.deque[str] = collections.deque(maxlen=LAST_OUTPUT_LINES)
+        output = _OutputCap()
         try:
-            for raw in proc.stdout:
-                line = raw.decode(errors="replace").rstrip("\n")
-                last.append(line)
-                self._queue_logs(key, [line])
+            while True:
+                line = output.read_line(proc.stdout)
+                if line is None:
+                    break
+                if output.keep(line):
+                    self._queue_logs(key, [line])
         except Exception:
             logger.exception("reading the output of task %s failed", key)
+        tail = output.finish()
+        if tail:
+            self._queue_logs(key, tail)
+        last = output.last
         code = proc.wait()
         if isinstance(proc, ForkedProcess) and proc.fenced:
             failure: bytes | None = Failure.lost(
@@ -400,7 +481,7 @@ class Worker:
                 "its tasks were killed so that they cannot run beside their replacements"
             ).encode()
         else:
-            failure = None if code == 0 or task.killed else self._failure(task, code, list(last))
+            failure = None if code == 0 or task.killed else self._failure(task, code, last)
         self._record_exit(TaskExit(key, code, failure))
 
     @staticmethod

@@ -39,6 +39,8 @@ __all__ = ["Acceptor", "Limits"]
 logger = logging.getLogger(__name__)
 
 _FD_ERRORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+# Seconds without running out of descriptors after which an episode counts as over.
+_RECOVERED_AFTER = 30.0
 
 
 class Limits:
@@ -85,7 +87,11 @@ class Acceptor:
         self._sockets: set[socket.socket] = set()
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name=f"{self._name}-accept", daemon=True)
+        # The selector is made here, so that a failure to make it is the caller's error, not a dead thread.
+        selector = selectors.DefaultSelector()
+        selector.register(self._listener, selectors.EVENT_READ)
+        selector.register(self._wakeup_r, selectors.EVENT_READ)
+        self._thread = threading.Thread(target=self._loop, args=(selector,), name=f"{self._name}-accept", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
@@ -102,11 +108,10 @@ class Acceptor:
         for sock in sockets:
             _shutdown(sock)
 
-    def _loop(self) -> None:
+    def _loop(self, selector: selectors.BaseSelector) -> None:
         backoff = 0.0
-        with selectors.DefaultSelector() as selector:
-            selector.register(self._listener, selectors.EVENT_READ)
-            selector.register(self._wakeup_r, selectors.EVENT_READ)
+        starved_since = 0.0  # when accept() last failed for lack of descriptors (0: not starved)
+        with selector:
             while not self._stopped.is_set():
                 # Out of descriptors: wait for some to be freed rather than spin.
                 if backoff and self._stopped.wait(backoff):
@@ -118,22 +123,30 @@ class Acceptor:
                     sock, address = self._listener.accept()
                 except OSError as exc:
                     if exc.errno in _FD_ERRORS:
-                        if not backoff:
+                        if not starved_since:
                             logger.error(
                                 "%s server cannot accept connections: %s; dropping the oldest unauthenticated "
                                 "connection and backing off",
                                 self._name,
                                 exc,
                             )
+                        starved_since = time.monotonic()
                         self._evict_oldest()
                         backoff = min(max(backoff * 2, 0.05), 1.0)
+                    logger.warning("%s server: accept() failed: %s", self._name, exc)
                     continue
-                if backoff:
+                backoff = 0.0
+                if starved_since and time.monotonic() - starved_since > _RECOVERED_AFTER:
+                    # One episode is one log line: only a quiet spell ends it.
                     logger.warning("%s server accepts connections again", self._name)
-                    backoff = 0.0
+                    starved_since = 0.0
                 peer = f"{address[0]}:{address[1]}" if isinstance(address, tuple) else str(address)
                 host = address[0] if isinstance(address, tuple) else str(address)
-                self._admit(sock, peer, host)
+                try:
+                    self._admit(sock, peer, host)
+                except Exception:  # the loop must outlive any one connection
+                    logger.exception("%s server: could not take the connection from %s", self._name, peer)
+                    sock.close()
 
     def _admit(self, sock: socket.socket, peer: str, host: str) -> None:
         with self._lock:

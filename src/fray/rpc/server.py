@@ -79,6 +79,23 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+def _reachable_address() -> str:
+    """The address other machines reach this one by: the host name's, unless that is loopback
+    (as on many Linux set-ups), then the source address of the default route."""
+    try:
+        named = socket.gethostbyname(socket.gethostname())
+    except OSError:
+        named = "127.0.0.1"
+    if not _is_loopback(named):
+        return named
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))  # sends nothing: only asks the kernel for a route
+            return str(probe.getsockname()[0])
+        except OSError:
+            return named
+
+
 def bind_listener(
     host: str, port: int, advertise_host: str | None, name: str = "fray"
 ) -> tuple[socket.socket, int, str]:
@@ -94,7 +111,7 @@ def bind_listener(
     listener.listen(512)
     bound: int = listener.getsockname()[1]
     if advertise_host is None:
-        advertise_host = socket.gethostbyname(socket.gethostname()) if host in ("0.0.0.0", "", "::") else host
+        advertise_host = _reachable_address() if host in ("0.0.0.0", "", "::") else host
     if not _is_loopback(host):
         everywhere = " (every interface)" if host in ("0.0.0.0", "", "::") else ""
         logger.warning(

@@ -53,6 +53,7 @@ __all__ = [
     "session_key",
     "small_frame",
     "tune_socket",
+    "wait_for",
 ]
 
 #: Version of the frame layout and handshake. Bumped on any incompatible change;
@@ -402,7 +403,7 @@ class FrameReader:
 
     def _wait_readable(self, deadline: float) -> None:
         remaining = deadline - time.monotonic()
-        if remaining <= 0 or not select.select([self._sock], [], [], remaining)[0]:
+        if remaining <= 0 or not wait_for(self._sock, select.POLLIN, remaining):
             raise TimeoutError("no frame before the deadline")
 
     def _fill(self, n: int, *, at_boundary: bool = False) -> bool:
@@ -460,6 +461,18 @@ def _allocate(n: int) -> Any:
     buffer = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     buffer.madvise(mmap.MADV_HUGEPAGE)
     return buffer
+
+
+def wait_for(sock: socket.socket, events: int, timeout: float | None) -> int:
+    """Wait until ``sock`` has ``events`` (``select.POLLIN``/``POLLOUT``); return those that happened (0: timeout).
+
+    ``poll()``, unlike ``select()``, works for any descriptor number: a process with more
+    than 1,024 open files can still use Fray.
+    """
+    poller = select.poll()
+    poller.register(sock, events)
+    ready = poller.poll(None if timeout is None else max(timeout, 0.0) * 1000)
+    return ready[0][1] if ready else 0
 
 
 def tune_socket(sock: socket.socket) -> None:
