@@ -26,18 +26,16 @@ by the caller (``now``), on the controller's wall clock.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import secrets
-import shutil
 import sqlite3
-import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager
 
 from fray._lifecycle import Failure
 from fray.cluster import _tables
 from fray.cluster._change import STALE, Change
+from fray.cluster._database import Database
 from fray.cluster._schema import (
     ACTIVE,
     JOB_COLS,
@@ -74,15 +72,10 @@ from fray.cluster.records import (
     check_worker_transition,
 )
 from fray.cluster.scheduler import SchedulingDecision
-from fray.errors import NotFound, StorageError, StoreError
+from fray.errors import NotFound, StoreError
 from fray.job import JobStatus, validate_name
-from fray.resources import format_size
 
 __all__ = ["ClusterStore"]
-
-# SQLITE_READONLY, SQLITE_IOERR, SQLITE_FULL, SQLITE_CANTOPEN (primary codes; extended ones keep them in the low byte).
-_STORAGE_CODES = frozenset({8, 10, 13, 14})
-_STORAGE_WORDS = ("disk is full", "readonly", "read-only", "disk i/o", "unable to open")
 
 
 class ClusterStore:
@@ -110,30 +103,15 @@ class ClusterStore:
         self.path = os.fspath(path)
         self.credit_policy = credit_policy or CreditPolicy()
         self.max_log_lines_per_task = max_log_lines_per_task
-        # One connection, serialized by a lock: SQLite allows one writer anyway, and this
-        # keeps every method's transaction from interleaving with another thread's.
-        self._lock = threading.RLock()
-        self._in_batch = False
-        try:
-            self._conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=30.0)
-            mode = self._conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-            self._conn.execute(f"PRAGMA synchronous={synchronous.upper()}")
-            self._conn.execute("PRAGMA busy_timeout=30000")
-        except sqlite3.Error as exc:
-            raise self._error(exc) from exc
-        if str(mode).lower() != "wal":
-            raise StoreError(f"{self.path}: could not switch the database to WAL mode (got {mode!r})")
+        self._db = Database(self.path, synchronous)
         self._init_schema()
-        for suffix in ("", "-wal", "-shm"):  # the state of every job: for the controller's user only
-            with contextlib.suppress(OSError):
-                os.chmod(self.path + suffix, 0o600)
+        self._db.make_private()
 
     # -- plumbing -------------------------------------------------------------------------
 
     def close(self) -> None:
         """Close the database connection."""
-        with self._locked():
-            self._conn.close()
+        self._db.close()
 
     def __enter__(self) -> ClusterStore:
         return self
@@ -141,112 +119,19 @@ class ClusterStore:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    @contextmanager
-    def _locked(self) -> Iterator[None]:
-        """Hold the store's lock; SQLite's own errors leave as a :class:`StoreError` naming the file."""
-        with self._lock:
-            try:
-                yield
-            except sqlite3.Error as exc:
-                raise self._error(exc) from exc
-
-    def _error(self, exc: sqlite3.Error) -> StoreError:
-        """The Fray error for a failure of SQLite: :class:`StorageError` when the file cannot be written."""
-        text = str(exc)
-        code = getattr(exc, "sqlite_errorcode", None)
-        storage = (code is not None and code & 0xFF in _STORAGE_CODES) or any(
-            word in text.lower() for word in _STORAGE_WORDS
-        )
-        if not storage:
-            return StoreError(f"{self.path}: {text}")
-        try:
-            free = format_size(shutil.disk_usage(os.path.dirname(os.path.abspath(self.path))).free)
-        except OSError:
-            free = "unknown"
-        return StorageError(
-            f"cannot write the cluster state {self.path}: {text} ({free} free on its filesystem); "
-            "nothing of this operation was written"
-        )
-
-    @contextmanager
-    def _txn(self) -> Iterator[sqlite3.Cursor]:
-        """One write transaction: everything inside commits together or not at all.
-
-        Inside :meth:`batch` it is a savepoint instead, so that each call stays atomic
-        (a call that raises leaves no trace) while the batch commits once.
-        """
-        with self._locked():
-            cur = self._conn.cursor()
-            if self._in_batch:
-                cur.execute("SAVEPOINT call")
-                try:
-                    yield cur
-                except BaseException:
-                    self._rollback("ROLLBACK TO call", "RELEASE call")
-                    raise
-                cur.execute("RELEASE call")
-                return
-            cur.execute("BEGIN IMMEDIATE")
-            try:
-                yield cur
-                cur.execute("COMMIT")
-            except BaseException:
-                self._rollback("ROLLBACK")
-                raise
-
-    def _rollback(self, *statements: str) -> None:
-        # SQLite may already have rolled back on its own (a full disk, an I/O error): a
-        # failing ROLLBACK must not hide the error that caused it.
-        for statement in statements:
-            with contextlib.suppress(sqlite3.Error):
-                self._conn.execute(statement)
-
-    @contextmanager
-    def _read(self) -> Iterator[sqlite3.Cursor]:
-        """A read transaction: several SELECTs see one snapshot."""
-        with self._locked():
-            cur = self._conn.cursor()
-            if self._in_batch:
-                yield cur
-                return
-            cur.execute("BEGIN")
-            try:
-                yield cur
-            finally:
-                cur.execute("COMMIT")
-
-    @contextmanager
-    def batch(self) -> Iterator[None]:
-        """Run several calls as one transaction: one commit for, say, all reports of one worker heartbeat.
-
-        Each call inside stays atomic on its own (a call that raises is undone, and the
-        batch goes on if the caller catches the error); the batch commits when the
-        block ends normally and is rolled back entirely if an exception leaves it.
-        Other threads wait until the batch ends. Batches do not nest.
-        """
-        with self._locked():
-            if self._in_batch:
-                raise StoreError("ClusterStore.batch() does not nest")
-            self._conn.execute("BEGIN IMMEDIATE")
-            self._in_batch = True
-            try:
-                yield
-                self._in_batch = False
-                self._conn.execute("COMMIT")
-            except BaseException:
-                self._in_batch = False
-                self._rollback("ROLLBACK")
-                raise
+    def batch(self) -> AbstractContextManager[None]:
+        """Run several calls as one transaction (see :meth:`Database.batch`)."""
+        return self._db.batch()
 
     def _init_schema(self) -> None:
-        with self._txn() as cur:
+        with self._db.txn() as cur:
             create_or_migrate(cur, self.path)
 
     @property
     def schema_version(self) -> int:
         """The schema version stored in the file."""
-        with self._locked():
-            return int(self._conn.execute("SELECT version FROM schema_version").fetchone()[0])
+        with self._db.locked():
+            return int(self._db.conn.execute("SELECT version FROM schema_version").fetchone()[0])
 
     # -- jobs ------------------------------------------------------------------------------
 
@@ -278,7 +163,7 @@ class ClusterStore:
             raise StoreError("a job needs a non-empty user")
         if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
             raise StoreError(f"replicas={replicas!r} must be a whole number >= 1")
-        with self._txn() as cur:
+        with self._db.txn() as cur:
             if parent_id is not None:
                 parent = read_job(cur, parent_id)
                 if parent.state.finished:
@@ -356,13 +241,13 @@ class ClusterStore:
 
     def get_job(self, job_id: str) -> JobRecord:
         """The job ``job_id``; raises :class:`NotFound`."""
-        with self._locked():
-            return read_job(self._conn.cursor(), job_id)
+        with self._db.locked():
+            return read_job(self._db.conn.cursor(), job_id)
 
     def job_request(self, job_id: str) -> bytes:
         """The opaque request bytes given at submission."""
-        with self._locked():
-            row = self._conn.execute("SELECT request FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        with self._db.locked():
+            row = self._db.conn.execute("SELECT request FROM jobs WHERE id = ?", (job_id,)).fetchone()
         if row is None:
             raise NotFound(f"no job {job_id!r}")
         return bytes(row[0])
@@ -388,8 +273,8 @@ class ClusterStore:
             clauses.append("user_name = ?")
             params.append(user)
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-        with self._locked():
-            rows = self._conn.execute(f"SELECT {JOB_COLS} FROM jobs {where} ORDER BY seq", params).fetchall()
+        with self._db.locked():
+            rows = self._db.conn.execute(f"SELECT {JOB_COLS} FROM jobs {where} ORDER BY seq", params).fetchall()
         return [job_from(r) for r in rows]
 
     def get_tasks(self, job_id: str, attempt: int | None = None) -> list[TaskRecord]:
@@ -398,18 +283,18 @@ class ClusterStore:
         A PENDING task carries its job's pending reason: a gang is placed as a unit, so
         all its tasks wait for the same reason.
         """
-        with self._read() as cur:
+        with self._db.read() as cur:
             job = read_job(cur, job_id)
             return [with_reason(t, job) for t in read_tasks(cur, job_id, job.attempt if attempt is None else attempt)]
 
     def get_task(self, key: TaskKey) -> TaskRecord:
         """One task attempt (with its pending reason, see :meth:`get_tasks`); raises :class:`NotFound`."""
-        with self._read() as cur:
+        with self._db.read() as cur:
             return with_reason(read_task(cur, key), read_job(cur, key.job_id))
 
     def terminate_job(self, job_id: str, now: float, reason: str = "terminated") -> Effects:
         """Stop ``job_id`` and all its unfinished descendants; a no-op (not applied) on a finished job."""
-        with self._txn() as cur:
+        with self._db.txn() as cur:
             job = read_job(cur, job_id)
             if job.state.finished:
                 return STALE
@@ -421,7 +306,7 @@ class ClusterStore:
 
     def scheduler_input(self) -> SchedulerInput:
         """Pending jobs, alive workers, capacity-holding tasks and balances, from one snapshot."""
-        with self._read() as cur:
+        with self._db.read() as cur:
             return read_scheduler_input(cur)
 
     def apply_decision(self, decision: SchedulingDecision, now: float) -> list[TaskRecord]:
@@ -433,7 +318,7 @@ class ClusterStore:
         are written only where they changed.
         """
         assigned: list[TaskRecord] = []
-        with self._txn() as cur:
+        with self._db.txn() as cur:
             alive = {r[0] for r in cur.execute("SELECT id FROM workers WHERE state = 'alive'")}
             for assignment in decision.assignments:
                 job = read_job(cur, assignment.job_id)
@@ -489,7 +374,7 @@ class ClusterStore:
 
         Repeating the report is harmless. Billing of the task's usage starts now.
         """
-        with self._txn() as cur:
+        with self._db.txn() as cur:
             current = self._current(cur, key, worker_id)
             if current is None:
                 return False
@@ -515,7 +400,7 @@ class ClusterStore:
         a task that already ended (the outcome is recorded once, however often it is
         reported), an older attempt, or -- with ``worker_id`` -- a task no longer on that worker.
         """
-        with self._txn() as cur:
+        with self._db.txn() as cur:
             change = self._change(cur, now)
             if not change.record_exit(self._current(cur, key, worker_id), exit_code, failure):
                 return STALE
@@ -525,7 +410,7 @@ class ClusterStore:
         self, key: TaskKey, now: float, act: Callable[[Change, JobRecord, TaskRecord], None]
     ) -> Effects:
         """``act`` on the job and task a report is about, in one transaction; a stale report changes nothing."""
-        with self._txn() as cur:
+        with self._db.txn() as cur:
             current = self._current(cur, key)
             if current is None:
                 return STALE
@@ -535,24 +420,24 @@ class ClusterStore:
 
     def job_failure(self, job_id: str) -> bytes | None:
         """The final failure of a FAILED job (a :class:`~fray._lifecycle.Failure`, encoded); None otherwise."""
-        with self._locked():
-            row = self._conn.execute("SELECT failure FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        with self._db.locked():
+            row = self._db.conn.execute("SELECT failure FROM jobs WHERE id = ?", (job_id,)).fetchone()
         if row is None:
             raise NotFound(f"no job {job_id!r}")
         return None if row[0] is None else bytes(row[0])
 
     def namespace_owner(self, namespace: str) -> str | None:
         """The user of the first job submitted in ``namespace`` (None if it has none): who owns the namespace."""
-        with self._locked():
-            row = self._conn.execute(
+        with self._db.locked():
+            row = self._db.conn.execute(
                 "SELECT user_name FROM jobs WHERE namespace = ? ORDER BY seq LIMIT 1", (namespace,)
             ).fetchone()
         return None if row is None else str(row[0])
 
     def live_job_with_label(self, namespace: str, label: str) -> str | None:
         """The id of an unfinished job in ``namespace`` whose label is ``label``, if there is one."""
-        with self._locked():
-            row = self._conn.execute(
+        with self._db.locked():
+            row = self._db.conn.execute(
                 "SELECT id FROM jobs WHERE namespace = ? AND label = ? AND state IN ('pending', 'running') LIMIT 1",
                 (namespace, label),
             ).fetchone()
@@ -585,7 +470,7 @@ class ClusterStore:
         has as RUNNING there but the worker does not report are lost (gang retry); ASSIGNED
         tasks it does not report are left alone: the controller should resend them.
         """
-        with self._txn() as cur:
+        with self._db.txn() as cur:
             row = cur.execute("SELECT state, registered_at FROM workers WHERE id = ?", (info.worker_id,)).fetchone()
             if row is not None:
                 check_worker_transition(WorkerState(row[0]), WorkerState.ALIVE)
@@ -598,7 +483,7 @@ class ClusterStore:
 
     def set_worker_health(self, worker_id: str, health: str) -> bool:
         """Record why ``worker_id`` cannot take tasks ("" once it can again); True if that changed anything."""
-        with self._txn() as cur:
+        with self._db.txn() as cur:
             return (
                 cur.execute(
                     "UPDATE workers SET health = ? WHERE id = ? AND health != ?", (health, worker_id, health)
@@ -616,7 +501,7 @@ class ClusterStore:
 
     def _change_alive_worker(self, worker_id: str, now: float, act: Callable[[Change], None]) -> Effects:
         """``act`` on ``worker_id`` in one transaction if it is alive (else stale); NotFound if unknown."""
-        with self._txn() as cur:
+        with self._db.txn() as cur:
             row = cur.execute("SELECT state FROM workers WHERE id = ?", (worker_id,)).fetchone()
             if row is None:
                 raise NotFound(f"no worker {worker_id!r}")
@@ -632,13 +517,13 @@ class ClusterStore:
         With ``epoch``, also False when the worker registered again since (the caller is
         fenced: it speaks for an epoch that has ended).
         """
-        with self._locked():
+        with self._db.locked():
             if epoch is None:
-                cur = self._conn.execute(
+                cur = self._db.conn.execute(
                     "UPDATE workers SET last_heartbeat = ? WHERE id = ? AND state = 'alive'", (now, worker_id)
                 )
             else:
-                cur = self._conn.execute(
+                cur = self._db.conn.execute(
                     "UPDATE workers SET last_heartbeat = ? WHERE id = ? AND state = 'alive' AND epoch = ?",
                     (now, worker_id, epoch),
                 )
@@ -646,7 +531,7 @@ class ClusterStore:
 
     def expire_workers(self, now: float, timeout: float) -> Effects:
         """Declare lost every alive worker not heard from for more than ``timeout`` seconds; retry their gangs."""
-        with self._txn() as cur:
+        with self._db.txn() as cur:
             stale = [
                 r[0]
                 for r in cur.execute(
@@ -670,20 +555,20 @@ class ClusterStore:
         Call once when the controller starts on an existing file, so that workers get a
         full timeout to reconnect instead of being expired for the controller's downtime.
         """
-        with self._txn() as cur:
+        with self._db.txn() as cur:
             return cur.execute("UPDATE workers SET last_heartbeat = ? WHERE state = 'alive'", (now,)).rowcount
 
     def list_workers(self, *, alive_only: bool = False) -> list[WorkerRecord]:
         """Registered workers by id."""
         where = "WHERE state = 'alive'" if alive_only else ""
-        with self._locked():
-            rows = self._conn.execute(f"SELECT {WORKER_COLS} FROM workers {where} ORDER BY id").fetchall()
+        with self._db.locked():
+            rows = self._db.conn.execute(f"SELECT {WORKER_COLS} FROM workers {where} ORDER BY id").fetchall()
         return [worker_from(r) for r in rows]
 
     def get_worker(self, worker_id: str) -> WorkerRecord:
         """The worker ``worker_id`` (alive or lost); raises :class:`NotFound`."""
-        with self._locked():
-            row = self._conn.execute(
+        with self._db.locked():
+            row = self._db.conn.execute(
                 f"SELECT {WORKER_COLS} FROM workers WHERE id = ?",
                 (worker_id,),
             ).fetchone()
@@ -693,8 +578,8 @@ class ClusterStore:
 
     def tasks_on_worker(self, worker_id: str) -> list[TaskRecord]:
         """The tasks currently assigned to or running on ``worker_id``."""
-        with self._locked():
-            rows = self._conn.execute(
+        with self._db.locked():
+            rows = self._db.conn.execute(
                 f"SELECT {TASK_COLS} FROM tasks WHERE worker_id = ? AND state IN (?, ?) "
                 "ORDER BY job_id, attempt, task_index",
                 (worker_id, *ACTIVE),
@@ -710,7 +595,7 @@ class ClusterStore:
         tasks may register the same name. False (nothing stored) if the task has
         already ended, so an endpoint never outlives its task.
         """
-        with self._txn() as cur:
+        with self._db.txn() as cur:
             current = self._current(cur, task)
             if current is None:
                 return False
@@ -724,12 +609,12 @@ class ClusterStore:
 
     def list_endpoints(self, namespace: str, prefix: str = "") -> list[Endpoint]:
         """Endpoints in ``namespace`` whose name starts with ``prefix``, by name then registration."""
-        with self._locked():
-            return _tables.list_endpoints(self._conn.cursor(), namespace, prefix)
+        with self._db.locked():
+            return _tables.list_endpoints(self._db.conn.cursor(), namespace, prefix)
 
     def remove_endpoint(self, namespace: str, name: str, task: TaskKey | None = None) -> int:
         """Remove ``name`` from ``namespace`` (only ``task``'s registration if given); return how many."""
-        with self._txn() as cur:
+        with self._db.txn() as cur:
             return _tables.remove_endpoint(cur, namespace, name, task)
 
     # -- logs ------------------------------------------------------------------------------
@@ -738,7 +623,7 @@ class ClusterStore:
         """Append output lines of ``task``; beyond ``max_log_lines_per_task`` the oldest are dropped."""
         if not lines:
             return
-        with self._txn() as cur:
+        with self._db.txn() as cur:
             _tables.append_logs(cur, task, lines, self.max_log_lines_per_task)
 
     def read_logs(self, job_id: str, *, after_id: int = 0, last: int | None = None) -> list[LogLine]:
@@ -746,19 +631,19 @@ class ClusterStore:
 
         Pass the last ``line_id`` seen as ``after_id`` to follow the output.
         """
-        with self._locked():
-            return _tables.read_logs(self._conn.cursor(), job_id, after_id, last)
+        with self._db.locked():
+            return _tables.read_logs(self._db.conn.cursor(), job_id, after_id, last)
 
     # -- credit ----------------------------------------------------------------------------
 
     def credits(self) -> dict[str, float]:
         """Every known user's current balance (as of the last :meth:`accrue_credits`)."""
-        with self._locked():
-            return {name: balance for name, balance in self._conn.execute("SELECT name, balance FROM users")}
+        with self._db.locked():
+            return {name: balance for name, balance in self._db.conn.execute("SELECT name, balance FROM users")}
 
     def set_credit(self, user: str, balance: float, now: float) -> None:
         """Set ``user``'s balance (an operator's grant or correction)."""
-        with self._txn() as cur:
+        with self._db.txn() as cur:
             _tables.ensure_user(cur, user, now, self.credit_policy.initial_credit)
             cur.execute("UPDATE users SET balance = ?, updated_at = ? WHERE name = ?", (balance, now, user))
 
@@ -768,7 +653,7 @@ class ClusterStore:
         Call it periodically (e.g. once per scheduling pass); a task that ends is
         billed to its end at once.
         """
-        with self._txn() as cur:
+        with self._db.txn() as cur:
             return _tables.accrue_credits(cur, now, self.credit_policy)
 
     # -- checking ----------------------------------------------------------------------------
@@ -778,5 +663,5 @@ class ClusterStore:
 
         Cheap enough to run once at controller start-up; the tests run it after every step.
         """
-        with self._read() as cur:
+        with self._db.read() as cur:
             return _tables.check_invariants(cur)
