@@ -50,9 +50,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke test")
     parser.add_argument("--rounds", type=int, default=5, help="alternating raw/Fray rounds per measurement")
     args = parser.parse_args()
-    sync_calls, async_calls, sync_tasks, async_tasks = (
-        (300, 1000, 100, 300) if args.quick else (1000, 3000, 300, 1000)
-    )
+    sync_calls, async_calls, sync_tasks, async_tasks = (300, 1000, 100, 300) if args.quick else (1000, 3000, 300, 1000)
 
     import ray
     from fray import Entrypoint, JobRequest, ResourceConfig

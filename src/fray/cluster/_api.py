@@ -88,6 +88,9 @@ class ControllerAPI:
                 codec.view_data(v)
                 for v in s.wait([str(j) for j in job_ids], float(timeout), any_finished=bool(any_finished))
             ],
+            "wait_status": lambda job_ids, timeout=10.0: [
+                [state, settled] for state, settled in s.wait_status([str(j) for j in job_ids], float(timeout))
+            ],
             "logs": lambda job_id, last=None, after_id=0: [
                 [i, line] for i, line in s.logs(str(job_id), None if last is None else int(last), int(after_id))
             ],
@@ -109,6 +112,7 @@ class ControllerAPI:
         }
         self._personal: dict[str, _Method] = {
             "submit": self._submit,
+            "submit_many": self._submit_many,
             "terminate": self._terminate,
             "register_endpoint": self._register_endpoint,
             "namespace_token": self._namespace_token,
@@ -119,6 +123,14 @@ class ControllerAPI:
     def _submit(
         self, caller: Caller, spec: Any, user: Any, parent_id: Any = None, namespace: Any = None
     ) -> dict[str, Any]:
+        owner, parent, ns = self._may_submit(caller, user, parent_id, namespace)
+        view = self._service.submit(codec.spec_from(spec), user=owner, parent_id=parent, namespace=ns)
+        return codec.view_data(view)
+
+    def _may_submit(
+        self, caller: Caller, user: Any, parent_id: Any, namespace: Any
+    ) -> tuple[str, str | None, str | None]:
+        """Who the jobs belong to, their parent and namespace; PermissionDenied if the caller may not submit them."""
         parent, ns = _opt_str(parent_id), _opt_str(namespace)
         if caller.admin:
             owner = str(user)
@@ -134,8 +146,16 @@ class ControllerAPI:
             holder = self._service.namespace_owner(ns)
             if holder is not None and holder != owner:
                 raise PermissionDenied(f"namespace {ns!r} belongs to user {holder!r}; pick another namespace")
-        view = self._service.submit(codec.spec_from(spec), user=owner, parent_id=parent, namespace=ns)
-        return codec.view_data(view)
+        return owner, parent, ns
+
+    def _submit_many(
+        self, caller: Caller, specs: Any, user: Any, parent_id: Any = None, namespace: Any = None
+    ) -> list[dict[str, Any]]:
+        owner, parent, ns = self._may_submit(caller, user, parent_id, namespace)
+        views = self._service.submit_many(
+            [codec.spec_from(s) for s in specs], user=owner, parent_id=parent, namespace=ns
+        )
+        return [codec.view_data(v) for v in views]
 
     def _terminate(self, caller: Caller, job_id: Any, reason: Any = "terminated") -> dict[str, Any]:
         job = self._service.job(str(job_id))

@@ -29,6 +29,7 @@ __all__ = [
     "create_or_migrate",
     "job_from",
     "read_job",
+    "read_pending",
     "read_scheduler_input",
     "read_task",
     "read_tasks",
@@ -327,14 +328,25 @@ def active_keys_on(cur: sqlite3.Cursor, worker_id: str) -> list[TaskKey]:
     return [TaskKey(r[0], r[1], r[2]) for r in rows]
 
 
-def read_scheduler_input(cur: sqlite3.Cursor) -> SchedulerInput:
-    """Pending jobs, alive workers, capacity-holding tasks and balances (call inside one read transaction)."""
-    pending = tuple(
-        PendingJob(row[0], row[1], row[2], resources_from(row[3:11]), row[11])
+def read_pending(cur: sqlite3.Cursor, job_id: str | None = None) -> list[tuple[PendingJob, str]]:
+    """PENDING jobs (only ``job_id`` if given) as the scheduler sees them, with their pending reasons, by seq."""
+    where = "state = 'pending'" + (" AND id = ?" if job_id is not None else "")
+    return [
+        (PendingJob(row[0], row[1], row[2], resources_from(row[3:11]), row[11]), str(row[12]))
         for row in cur.execute(
-            f"SELECT id, user_name, replicas, {RES_COLS}, submitted_at FROM jobs WHERE state = 'pending' ORDER BY seq"
+            f"SELECT id, user_name, replicas, {RES_COLS}, submitted_at, pending_reason FROM jobs WHERE {where} "
+            "ORDER BY seq",
+            () if job_id is None else (job_id,),
         )
-    )
+    ]
+
+
+def read_scheduler_input(cur: sqlite3.Cursor, *, pending: bool = True) -> SchedulerInput:
+    """Pending jobs (unless ``pending=False``), alive workers, capacity-holding tasks and balances.
+
+    Call it inside one read transaction.
+    """
+    jobs = tuple(job for job, _ in read_pending(cur)) if pending else ()
     workers = tuple(
         worker_from(row).info
         # An unhealthy worker keeps its tasks but gets no new ones.
@@ -350,7 +362,7 @@ def read_scheduler_input(cur: sqlite3.Cursor) -> SchedulerInput:
         )
     )
     credits = {name: balance for name, balance in cur.execute("SELECT name, balance FROM users")}
-    return SchedulerInput(pending, workers, running, credits)
+    return SchedulerInput(jobs, workers, running, credits)
 
 
 def write_worker(cur: sqlite3.Cursor, info: WorkerInfo, address: str, now: float) -> int:

@@ -121,8 +121,12 @@ class ClusterJobHandle:
         statuses: list[JobStatus | None] = [None] * len(jobs)
 
         def poll(indices: list[int], wait: float) -> bool:
-            views: list[JobView] = jobs[indices[0]]._controller.wait([jobs[i]._job_id for i in indices], wait)
-            found = [_settled_status(view) for view in views]
+            answers = jobs[indices[0]]._controller.wait_status([jobs[i]._job_id for i in indices], wait)
+            # A finished job whose killed processes may still run is not done yet.
+            found = [
+                JobStatus.RUNNING if JobStatus(state).finished and not settled else JobStatus(state)
+                for state, settled in answers
+            ]
             for index, status in zip(indices, found, strict=True):
                 statuses[index] = status
             return any(status.finished for status in found)
@@ -346,6 +350,24 @@ class ClusterActorHandle:
         return error
 
 
+# One submit_many call carries at most this many jobs, or this many bytes of arguments.
+_BATCH_JOBS = 500
+_BATCH_BYTES = 32 << 20
+
+
+def _batches(specs: list[JobSpec]) -> list[list[JobSpec]]:
+    batches: list[list[JobSpec]] = [[]]
+    size = 0
+    for spec in specs:
+        weight = len(spec.payload or b"") + 1024
+        if batches[-1] and (len(batches[-1]) >= _BATCH_JOBS or size + weight > _BATCH_BYTES):
+            batches.append([])
+            size = 0
+        batches[-1].append(spec)
+        size += weight
+    return [batch for batch in batches if batch]
+
+
 def _copy_died(error: BaseException | None) -> BaseException:
     if isinstance(error, ActorDiedError):
         copy = ActorDiedError(*error.args)
@@ -427,6 +449,28 @@ class ClusterClient:
         with self._lock:
             self._owned.append((view.job_id, is_actor))
         return ClusterJobHandle(self.address, view.job_id, self._token)
+
+    def submit_many(self, requests: Sequence[JobRequest]) -> list[ClusterJobHandle]:
+        """Submit many jobs at once (a few controller round trips, one transaction each); returns at once.
+
+        Each batch is recorded whole or not at all; the handles are in the order of ``requests``.
+        """
+        check_terminated()
+        if self._closed:
+            raise FrayError("this ClusterClient is shut down; create a new one")
+        for request in requests:
+            if not isinstance(request, JobRequest):
+                raise ConfigError(f"submit_many() takes JobRequests, got {type(request).__name__}")
+        specs = [JobSpec.from_request(request) for request in requests]
+        handles: list[ClusterJobHandle] = []
+        for batch in _batches(specs):
+            views = self._controller.submit_many(
+                batch, user=self.user, parent_id=self._parent, namespace=self.namespace
+            )
+            with self._lock:
+                self._owned.extend((view.job_id, False) for view in views)
+            handles.extend(ClusterJobHandle(self.address, view.job_id, self._token) for view in views)
+        return handles
 
     def submit(self, request: JobRequest) -> ClusterJobHandle:
         """Submit a job to the cluster; returns at once."""

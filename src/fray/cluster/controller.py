@@ -37,7 +37,7 @@ from fray.cluster.messages import (
     max_argument_bytes,
 )
 from fray.cluster.records import Effects, Endpoint, JobRecord, TaskKey, TaskRecord, TaskState, WorkerRecord
-from fray.cluster.scheduler import schedule
+from fray.cluster.scheduler import PendingJob, schedule
 from fray.cluster.store import ClusterStore
 from fray.errors import ConfigError, FrayError, JobAlreadyExists, NotFound, StorageError
 from fray.job import JobStatus
@@ -61,6 +61,13 @@ _SPEC_CACHE_BYTES = 64 << 20
 # A worker's tasks may run this fraction of the worker timeout without the worker
 # renewing its lease: they are dead before the controller can declare the worker lost.
 _LEASE_FRACTION = 0.75
+# A scheduling pass waits this long after the event that wakes it, so a burst costs one pass.
+_DEBOUNCE_SECONDS = 0.002
+_DEBOUNCE_MAX = 0.05
+# A worker's heartbeat is written to the store at most this often (its epoch is checked in memory).
+_HEARTBEAT_WRITE_SECONDS = 0.5
+# How long wait_status holds a partial answer to gather more completions (see there).
+_WAIT_LINGER = 0.05
 
 
 @dataclass
@@ -112,6 +119,19 @@ class ControllerService:
         self._external = EndpointRegistry()
         # Why the store cannot be written ("" while it can): the controller then serves reads only.
         self._read_only = ""
+        # The PENDING jobs, in submission order, and the pending reason last written for each:
+        # the scheduler works from memory (SQLite stays the record) and writes only changed
+        # reasons. Guarded by _pending_lock, which a scheduling pass holds while it records its
+        # decision, so a job retried meanwhile is never dropped from the set.
+        self._pending_lock = threading.Lock()
+        # Each alive worker's current epoch and when its heartbeat was last written (see _heartbeat).
+        self._epochs: dict[str, int] = {}
+        self._heartbeat_written: dict[str, float] = {}
+        self._last_pass = 0.0  # seconds the last scheduling pass took (sets the debounce)
+        self._pending: dict[str, PendingJob] = {}
+        self._reasons: dict[str, str] = {}
+        # Every unfinished job (pending or running): wait_status answers for them from memory.
+        self._live: set[str] = set()
 
     def _notify_changed(self) -> None:
         """Wake long-polls waiting for a job or endpoint to change (call with ``_lock`` held)."""
@@ -128,6 +148,12 @@ class ControllerService:
 
     def start(self) -> None:
         """Start the scheduling loop (after a restart, workers get a full timeout to reconnect)."""
+        with self._pending_lock:
+            for job, reason in self._store.pending_jobs():
+                self._pending[job.job_id] = job
+                self._reasons[job.job_id] = reason
+            self._live.update(job.job_id for job in self._store.list_jobs(states=[JobStatus.RUNNING]))
+            self._live.update(self._pending)
         self._store.refresh_heartbeats(self._clock())
         self._scheduler = threading.Thread(target=self._schedule_loop, name="fray-scheduler", daemon=True)
         self._scheduler.start()
@@ -147,7 +173,10 @@ class ControllerService:
     def _schedule_loop(self) -> None:
         last_accrual = 0.0
         while not self._stopping.is_set():
-            self._kick.wait(timeout=min(1.0, self._worker_timeout / 4))
+            if self._kick.wait(timeout=min(1.0, self._worker_timeout / 4)):
+                # Let the events of a burst (submits, exits) gather into one pass: the dearer
+                # the last pass (a long queue), the longer, so a pass is never wasted on one event.
+                self._stopping.wait(min(_DEBOUNCE_MAX, max(_DEBOUNCE_SECONDS, 2 * self._last_pass)))
             self._kick.clear()
             if self._stopping.is_set():
                 return
@@ -160,7 +189,9 @@ class ControllerService:
                 if now - last_accrual >= 5.0:
                     self._store.accrue_credits(now)
                     last_accrual = now
+                started = time.perf_counter()
                 self.schedule_once(now)
+                self._last_pass = time.perf_counter() - started
             except StorageError as exc:
                 self.storage_failed(exc)
             except Exception:  # the loop must survive anything one pass hits
@@ -202,13 +233,28 @@ class ControllerService:
         return {"read_only": bool(reason), "reason": reason, "db_path": self._store.path, "free_bytes": free}
 
     def schedule_once(self, now: float | None = None) -> list[TaskRecord]:
-        """Run one scheduling pass and send the assigned tasks to their workers."""
+        """Run one scheduling pass over the in-memory pending set and send the assigned tasks to their workers."""
         now = self._clock() if now is None else now
-        snapshot = self._store.scheduler_input()
-        if not snapshot.pending:
+        with self._pending_lock:
+            pending = tuple(self._pending.values())
+        if not pending:
             return []
-        decision = schedule(snapshot.pending, snapshot.workers, snapshot.running, snapshot.credits, now=now)
-        assigned = self._store.apply_decision(decision, now)
+        snapshot = self._store.scheduler_input(pending=False)
+        decision = schedule(pending, snapshot.workers, snapshot.running, snapshot.credits, now=now)
+        with self._pending_lock:
+            changed = {
+                job_id: reason.message
+                for job_id, reason in decision.pending.items()
+                if job_id in self._pending and self._reasons.get(job_id) != reason.message
+            }
+            assigned = self._store.apply_decision(decision, now, changed)
+            for job_id in {task.job_id for task in assigned}:
+                self._pending.pop(job_id, None)
+                self._reasons.pop(job_id, None)
+            for decided in decision.assignments:  # skipped: no longer pending, or a worker went away
+                if decided.job_id in self._pending and self._store.pending_job(decided.job_id) is None:
+                    self._pending.pop(decided.job_id)
+            self._reasons.update(changed)
         if assigned:
             assignments = [self._assignment(task) for task in assigned]
             with self._lock:
@@ -218,6 +264,18 @@ class ControllerService:
                 self._outbox_ready.notify_all()
                 self._notify_changed()
         return assigned
+
+    def _track_pending(self, effects: Effects) -> None:
+        """Keep the in-memory pending set in step with the store: retried jobs back in, finished ones out."""
+        again = [job for job in (self._store.pending_job(job_id) for job_id in effects.retried) if job is not None]
+        with self._pending_lock:
+            for job_id in effects.finished:
+                self._pending.pop(job_id, None)
+                self._reasons.pop(job_id, None)
+                self._live.discard(job_id)
+            for job in again:
+                self._pending[job.job_id] = job
+                self._reasons.pop(job.job_id, None)
 
     def _spec(self, job_id: str) -> JobSpec:
         with self._lock:
@@ -293,6 +351,8 @@ class ControllerService:
         """Act on what a state change caused: send kills, wake waiters and the scheduler."""
         if not effects.applied:
             return
+        if effects.retried or effects.finished:
+            self._track_pending(effects)
         with self._lock:
             for order in effects.kill:
                 outbox = self._outboxes.setdefault(order.worker_id, _Outbox())
@@ -303,7 +363,8 @@ class ControllerService:
                 outbox.kill.append(order.task)
                 self._unconfirmed_kills[order.task] = order.worker_id
             for worker_id in effects.lost_workers:
-                # Nothing can be confirmed by a worker that is gone.
+                # Nothing can be confirmed by a worker that is gone, and its epoch is over.
+                self._epochs.pop(worker_id, None)
                 self._outboxes.pop(worker_id, None)
                 for key in [k for k, w in self._unconfirmed_kills.items() if w == worker_id]:
                     del self._unconfirmed_kills[key]
@@ -315,6 +376,28 @@ class ControllerService:
             self._kick.set()
 
     # ----- workers ------------------------------------------------------------------------------
+
+    def _heartbeat(self, worker_id: str, epoch: int, now: float) -> bool:
+        """True if ``epoch`` is the worker's current one (it is alive); records the heartbeat.
+
+        Checked in memory; the store's heartbeat (a write) happens at most every
+        :data:`_HEARTBEAT_WRITE_SECONDS` per worker, which is all that expiring lost workers needs.
+        """
+        with self._lock:
+            current = self._epochs.get(worker_id)
+            written = self._heartbeat_written.get(worker_id, 0.0)
+        if current is not None and current != epoch:
+            return False
+        if current is not None and now - written < _HEARTBEAT_WRITE_SECONDS:
+            return True
+        alive = self._store.heartbeat(worker_id, now, epoch)
+        with self._lock:
+            if alive:
+                self._epochs[worker_id] = epoch
+                self._heartbeat_written[worker_id] = now
+            elif self._epochs.get(worker_id) == epoch:
+                del self._epochs[worker_id]
+        return alive
 
     def register_worker(
         self, info: WorkerInfo, address: str, running: list[TaskKey], exited: list[TaskExit] | None = None
@@ -330,6 +413,9 @@ class ControllerService:
             info, address, now, running, [(e.key, e.exit_code, e.failure) for e in exits]
         )
         epoch = self._store.worker_epoch(info.worker_id)
+        with self._lock:
+            self._epochs[info.worker_id] = epoch
+            self._heartbeat_written[info.worker_id] = now
         self._apply(effects)
         reported = set(running) | {e.key for e in exits}
         # Assignments made before a controller restart (or lost with a broken poll) are resent.
@@ -359,7 +445,7 @@ class ControllerService:
         A worker whose ``epoch`` has ended (it was declared lost, or registered again) is
         told to register again.
         """
-        if not self._store.heartbeat(worker_id, self._clock(), epoch):
+        if not self._heartbeat(worker_id, epoch, self._clock()):
             return WorkerCommands(reregister=True)
         deadline = time.monotonic() + min(max(wait, 0.0), 30.0)
         with self._lock:
@@ -382,9 +468,12 @@ class ControllerService:
         """
         now = self._clock()
         effects: list[Effects] = []
+        # Checked before the batch (never take the controller's lock while holding the store's). A
+        # worker declared lost between the check and the batch is still fenced: its tasks are LOST
+        # by then, and reports about them are stale.
+        if not self._heartbeat(worker_id, epoch, now):
+            return False
         with self._store.batch():
-            if not self._store.heartbeat(worker_id, now, epoch):
-                return False
             if self._store.set_worker_health(worker_id, report.health):
                 if report.health:
                     logger.warning("worker %s is unhealthy, it gets no new tasks: %s", worker_id, report.health)
@@ -416,8 +505,15 @@ class ControllerService:
         self, spec: JobSpec, *, user: str, parent_id: str | None = None, namespace: str | None = None
     ) -> JobView:
         """Record a new job; it is scheduled at once if it fits."""
-        if not isinstance(spec, JobSpec):
-            raise FrayError(f"submit() takes a JobSpec, got {type(spec).__name__}")
+        return self.submit_many([spec], user=user, parent_id=parent_id, namespace=namespace)[0]
+
+    def submit_many(
+        self, specs: list[JobSpec], *, user: str, parent_id: str | None = None, namespace: str | None = None
+    ) -> list[JobView]:
+        """Record new jobs in one transaction (all or none); they are scheduled at once if they fit."""
+        for spec in specs:
+            if not isinstance(spec, JobSpec):
+                raise FrayError(f"submit() takes a JobSpec, got {type(spec).__name__}")
         now = self._clock()
         if parent_id is not None:
             try:
@@ -426,25 +522,30 @@ class ControllerService:
                 raise FrayError(f"parent job {parent_id!r} is not known to this controller") from None
             namespace = namespace or parent.namespace
         with self._lock:  # makes the unique-actor-name check and the insert one step
-            if spec.actor_name and namespace is not None:
-                holder = self._store.live_job_with_label(namespace, spec.actor_name)
-                if holder is not None:
+            actors = [spec.actor_name for spec in specs if spec.actor_name]
+            for name in actors:
+                holder = self._store.live_job_with_label(namespace, name) if namespace is not None else None
+                if holder is not None or actors.count(name) > 1:
                     raise JobAlreadyExists(
-                        f"an actor named {spec.actor_name!r} is already live in namespace {namespace!r} "
-                        f"(job {holder!r}); terminate it first or pick another name"
+                        f"an actor named {name!r} is already live in namespace {namespace!r} "
+                        f"(job {holder or 'in this same batch'!r}); terminate it first or pick another name"
                     )
-            record = self._store.submit_request(
-                spec,
-                pack(codec.spec_data(spec)),
+            records = self._store.submit_many(
+                [(spec, pack(codec.spec_data(spec))) for spec in specs],
                 user=user,
                 now=now,
                 parent_id=parent_id,
                 namespace=namespace,
-                label=spec.actor_name,
+                labels=[spec.actor_name for spec in specs],
             )
-        self._remember_spec(record.job_id, spec)
+        for record, spec in zip(records, specs, strict=True):
+            self._remember_spec(record.job_id, spec)
+        with self._pending_lock:
+            for r in records:
+                self._pending[r.job_id] = PendingJob(r.job_id, r.user, r.replicas, r.resources, r.submitted_at)
+                self._live.add(r.job_id)
         self._kick.set()
-        return self._view(record)
+        return [self._view(record) for record in records]
 
     def _view(self, job: JobRecord) -> JobView:
         failure = self._store.job_failure(job.job_id) if job.state == JobStatus.FAILED else None
@@ -483,6 +584,45 @@ class ControllerService:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or self._stopping.is_set():
                 return views
+            self._wait_for_change(since, remaining)
+
+    def wait_status(
+        self, job_ids: list[str], timeout: float = 10.0, linger: float = _WAIT_LINGER
+    ) -> list[tuple[str, bool]]:
+        """``(state, settled)`` of each job, once any is finished and settled (or ``timeout``): what ``wait_all`` needs.
+
+        Cheaper than :meth:`wait` for many jobs: one query for all states, no views. When
+        some but not all jobs are done (and none failed), it lingers ``linger`` seconds so
+        that the completions of a busy cluster come back in batches, not one call each.
+        """
+        deadline = time.monotonic() + min(max(timeout, 0.0), 60.0)
+        lingered = False
+        while True:
+            since = self._generation
+            with self._pending_lock:
+                states = {
+                    job_id: JobStatus.PENDING.value if job_id in self._pending else JobStatus.RUNNING.value
+                    for job_id in job_ids
+                    if job_id in self._live
+                }
+            # Only jobs that finished (or are unknown) need the store.
+            states.update(self._store.job_states([job_id for job_id in job_ids if job_id not in states]))
+            missing = [job_id for job_id in job_ids if job_id not in states]
+            if missing:
+                raise NotFound(f"no job {missing[0]!r}")
+            with self._lock:
+                unsettled = {key.job_id for key in self._unconfirmed_kills}
+            result = [(states[job_id], job_id not in unsettled) for job_id in job_ids]
+            done = [JobStatus(state).finished and settled for state, settled in result]
+            remaining = deadline - time.monotonic()
+            if all(done) or remaining <= 0 or self._stopping.is_set():
+                return result
+            if any(done):
+                if lingered or len(job_ids) == 1 or any(state == JobStatus.FAILED for state, _ in result):
+                    return result
+                lingered = True
+                self._stopping.wait(min(linger, remaining))
+                continue
             self._wait_for_change(since, remaining)
 
     def terminate(self, job_id: str, reason: str = "terminated") -> JobView:

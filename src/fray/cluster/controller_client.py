@@ -41,7 +41,7 @@ _TOKEN_FILE = Path.home() / ".config" / "fray" / "token"
 CONTROLLER_RETRY_SECONDS = 60.0
 
 # Only submit() creates something; every other controller call can safely be repeated.
-_NOT_IDEMPOTENT = frozenset({"submit"})
+_NOT_IDEMPOTENT = frozenset({"submit", "submit_many"})
 
 
 def load_token(token: str | bytes | None = None) -> bytes | None:
@@ -125,11 +125,23 @@ class ControllerProxy:
         data = self._call("submit", codec.spec_data(spec), user, parent_id=parent_id, namespace=namespace)
         return codec.view_from(data)
 
+    def submit_many(
+        self, specs: list[JobSpec], *, user: str, parent_id: str | None = None, namespace: str | None = None
+    ) -> list[JobView]:
+        data = self._call(
+            "submit_many", [codec.spec_data(s) for s in specs], user, parent_id=parent_id, namespace=namespace
+        )
+        return [codec.view_from(v) for v in data]
+
     def job(self, job_id: str) -> JobView:
         return codec.view_from(self._call("job", job_id))
 
     def wait(self, job_ids: list[str], timeout: float = 10.0, *, any_finished: bool = True) -> list[JobView]:
         return [codec.view_from(v) for v in self._call("wait", job_ids, timeout, any_finished=any_finished)]
+
+    def wait_status(self, job_ids: list[str], timeout: float = 10.0) -> list[tuple[str, bool]]:
+        """``(state, settled)`` per job once any is finished (see ``ControllerService.wait_status``)."""
+        return [(str(state), bool(settled)) for state, settled in self._call("wait_status", job_ids, timeout)]
 
     def terminate(self, job_id: str, reason: str = "terminated") -> JobView:
         return codec.view_from(self._call("terminate", job_id, reason))

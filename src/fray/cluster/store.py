@@ -29,7 +29,7 @@ from __future__ import annotations
 import os
 import secrets
 import sqlite3
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 
 from fray._lifecycle import Failure
@@ -45,6 +45,7 @@ from fray.cluster._schema import (
     create_or_migrate,
     job_from,
     read_job,
+    read_pending,
     read_scheduler_input,
     read_task,
     read_tasks,
@@ -71,7 +72,7 @@ from fray.cluster.records import (
     check_task_transition,
     check_worker_transition,
 )
-from fray.cluster.scheduler import SchedulingDecision
+from fray.cluster.scheduler import PendingJob, SchedulingDecision
 from fray.errors import NotFound, StoreError
 from fray.job import JobStatus, validate_name
 
@@ -244,6 +245,16 @@ class ClusterStore:
         with self._db.locked():
             return read_job(self._db.conn.cursor(), job_id)
 
+    def job_states(self, job_ids: Sequence[str]) -> dict[str, str]:
+        """The state of each of ``job_ids`` (a missing id is left out), in one read."""
+        states: dict[str, str] = {}
+        with self._db.read() as cur:
+            for start in range(0, len(job_ids), 900):
+                chunk = job_ids[start : start + 900]
+                marks = ", ".join("?" * len(chunk))
+                states.update(cur.execute(f"SELECT id, state FROM jobs WHERE id IN ({marks})", chunk).fetchall())
+        return states
+
     def job_request(self, job_id: str) -> bytes:
         """The opaque request bytes given at submission."""
         with self._db.locked():
@@ -304,18 +315,35 @@ class ClusterStore:
 
     # -- scheduling ------------------------------------------------------------------------
 
-    def scheduler_input(self) -> SchedulerInput:
-        """Pending jobs, alive workers, capacity-holding tasks and balances, from one snapshot."""
-        with self._db.read() as cur:
-            return read_scheduler_input(cur)
+    def scheduler_input(self, *, pending: bool = True) -> SchedulerInput:
+        """Pending jobs, alive workers, capacity-holding tasks and balances, from one snapshot.
 
-    def apply_decision(self, decision: SchedulingDecision, now: float) -> list[TaskRecord]:
+        ``pending=False`` leaves the pending jobs out (a controller that keeps them in memory).
+        """
+        with self._db.read() as cur:
+            return read_scheduler_input(cur, pending=pending)
+
+    def pending_jobs(self) -> list[tuple[PendingJob, str]]:
+        """Every PENDING job as the scheduler sees it, with its stored pending reason, in submission order."""
+        with self._db.read() as cur:
+            return read_pending(cur)
+
+    def pending_job(self, job_id: str) -> PendingJob | None:
+        """The scheduler's view of ``job_id`` if it is PENDING, else None."""
+        with self._db.read() as cur:
+            found = read_pending(cur, job_id)
+        return found[0][0] if found else None
+
+    def apply_decision(
+        self, decision: SchedulingDecision, now: float, reasons: Mapping[str, str] | None = None
+    ) -> list[TaskRecord]:
         """Record a scheduling pass in one transaction; return the newly ASSIGNED tasks.
 
         An assignment is skipped (left for the next pass) if its job is no longer
         pending or one of its workers is no longer alive, since either may have
         changed after the snapshot the decision was computed from. Pending reasons
-        are written only where they changed.
+        are written only where they changed; ``reasons`` (job id -> reason), when given,
+        replaces the decision's own, so a caller that knows which changed writes only those.
         """
         assigned: list[TaskRecord] = []
         with self._db.txn() as cur:
@@ -339,11 +367,33 @@ class ClusterStore:
                 )
                 self._change(cur, now).set_job_state(job, JobStatus.RUNNING, started_at=now, pending_reason="")
                 assigned.extend(read_tasks(cur, job.job_id, job.attempt))
+            if reasons is None:
+                reasons = {job_id: r.message for job_id, r in decision.pending.items()}
             cur.executemany(
                 "UPDATE jobs SET pending_reason = ? WHERE id = ? AND state = 'pending' AND pending_reason != ?",
-                [(r.message, job_id, r.message) for job_id, r in decision.pending.items()],
+                [(message, job_id, message) for job_id, message in reasons.items()],
             )
         return assigned
+
+    def submit_many(
+        self,
+        requests: Sequence[tuple[JobShape, bytes]],
+        *,
+        user: str,
+        now: float,
+        parent_id: str | None = None,
+        namespace: str | None = None,
+        labels: Sequence[str] | None = None,
+    ) -> list[JobRecord]:
+        """:meth:`submit_request` for each ``(request, request_bytes)``, all in one transaction (all or none)."""
+        labels = labels or [""] * len(requests)
+        with self._db.batch():
+            return [
+                self.submit_request(
+                    request, data, user=user, now=now, parent_id=parent_id, namespace=namespace, label=label
+                )
+                for (request, data), label in zip(requests, labels, strict=True)
+            ]
 
     # -- task reports ----------------------------------------------------------------------
 

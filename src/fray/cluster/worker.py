@@ -53,6 +53,9 @@ logger = logging.getLogger(__name__)
 
 _Process = subprocess.Popen[bytes] | ForkedProcess
 
+# A report waits this long after its first event, so a burst of task events costs one report.
+_REPORT_GATHER_SECONDS = 0.003
+
 # The worker's own secrets, which its tasks must not inherit.
 _SECRETS = frozenset({"FRAY_TOKEN", "FRAY_CREDENTIAL"})
 
@@ -513,7 +516,9 @@ class Worker:
     def _report_loop(self) -> None:
         backoff = 0.05
         while not self._stopping.is_set():
-            self._report_ready.wait(self._heartbeat)
+            if self._report_ready.wait(self._heartbeat):
+                # Gather what else happens in the next moment (a burst of exits) into this report.
+                self._stopping.wait(_REPORT_GATHER_SECONDS)
             self._report_ready.clear()
             if not self._registered:
                 continue  # the command loop registers, with everything a report would carry
