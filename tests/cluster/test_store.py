@@ -509,9 +509,14 @@ def test_a_version_1_file_is_migrated(tmp_path: Path) -> None:
     with ClusterStore(path) as store:
         assert store.schema_version == SCHEMA_VERSION
         assert store.worker_epoch("w-1") == 0  # registered before epochs existed
-        (key,) = start(store, store.get_job(job.job_id), ["w-1"])
+        # Its request was a pickle, which the controller no longer opens: the job fails, saying why.
+        old = store.get_job(job.job_id)
+        assert old.state == JobStatus.FAILED and "older Fray" in old.error
+        assert store.check_invariants() == []
+        fresh = submit(store)
+        (key,) = start(store, store.get_job(fresh.job_id), ["w-1"])
         store.mark_task_exited(key, 2, 3.0)
-        stored = store.job_failure(job.job_id)
+        stored = store.job_failure(fresh.job_id)
         assert stored is not None and Failure.decode(stored).message == "'task 0' exit code 2"
         assert store.check_invariants() == []
 

@@ -170,6 +170,14 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
     2: (
         "ALTER TABLE workers ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0",
         "ALTER TABLE workers ADD COLUMN health TEXT NOT NULL DEFAULT ''",
+        # Version 2 stored requests as pickles, which the controller no longer opens: the jobs
+        # still to run fail (saying why) and their tasks are killed when their workers return.
+        "DELETE FROM endpoints",
+        "UPDATE tasks SET state = 'killed', error = 'stored by an older Fray' "
+        "WHERE state IN ('pending', 'assigned', 'running')",
+        "UPDATE jobs SET state = 'failed', pending_reason = '', finished_at = submitted_at, error = "
+        "'this job was stored by an older Fray whose requests the controller can no longer read; submit it again' "
+        "WHERE state IN ('pending', 'running')",
     ),
 }
 
