@@ -68,13 +68,13 @@ def test_the_pending_set_lives_in_memory_follows_retries_and_survives_a_restart(
         epoch = service.register_worker(WorkerInfo("w-1", 1000, 32 << 30, 100 << 30), "10.0.0.1:1", []).epoch
         assigned = wait_until(service.schedule_once, what="a placement")
         assert [t.job_id for t in assigned] == [first.job_id]
-        assert set(service._pending) == {second.job_id}
+        assert service._queue.job_ids() == {second.job_id}
         reason = wait_until(lambda: store.get_job(second.job_id).pending_reason, what="a stored reason")
         assert "can never be scheduled" in reason
         # The task fails: the job is retried, back in the pending set, and placed again.
         report = WorkerReport(exited=[TaskExit(assigned[0].key, 1)])
         assert service.report("w-1", epoch, report)
-        assert first.job_id in service._pending
+        assert first.job_id in service._queue
         again = wait_until(service.schedule_once, what="the retry's placement")
         assert again[0].key.attempt == 1
     finally:
@@ -82,7 +82,7 @@ def test_the_pending_set_lives_in_memory_follows_retries_and_survives_a_restart(
     restarted = ControllerService(store)
     restarted.start()
     try:
-        assert set(restarted._pending) == {second.job_id}
-        assert restarted._reasons[second.job_id] == reason
+        assert restarted._queue.job_ids() == {second.job_id}
+        assert restarted._queue.reason(second.job_id) == reason
     finally:
         restarted.stop()

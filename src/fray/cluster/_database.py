@@ -13,13 +13,13 @@ import os
 import shutil
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from fray.errors import StorageError, StoreError
 from fray.resources import format_size
 
-__all__ = ["Database"]
+__all__ = ["Database", "ReadOnlyMode"]
 
 # SQLITE_READONLY, SQLITE_IOERR, SQLITE_FULL, SQLITE_CANTOPEN (primary codes; extended ones keep them in the low byte).
 _STORAGE_CODES = frozenset({8, 10, 13, 14})
@@ -152,3 +152,45 @@ class Database:
         """Close the connection."""
         with self.locked():
             self.conn.close()
+
+
+class ReadOnlyMode:
+    """Whether the controller's store can be written, why not, and getting out of it again.
+
+    While read-only the controller keeps serving reads; :meth:`try_writable` probes with a
+    write (``probe``, which should also restore whatever the outage put at risk).
+    """
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+        self._lock = threading.Lock()
+        self.reason = ""
+
+    def failed(self, error: StorageError) -> bool:
+        """Enter (or stay in) read-only mode; True if this entered it."""
+        with self._lock:
+            first = not self.reason
+            self.reason = str(error)
+        return first
+
+    def try_writable(self, probe: Callable[[], object]) -> bool:
+        """Run ``probe``; True (and writable again) if it succeeded."""
+        try:
+            probe()
+        except StorageError as exc:
+            with self._lock:
+                self.reason = str(exc)
+            return False
+        with self._lock:
+            self.reason = ""
+        return True
+
+    def health(self) -> dict[str, object]:
+        """Plain data: read-only or not and why, the state file and the free space on its filesystem."""
+        try:
+            free: int | None = shutil.disk_usage(os.path.dirname(os.path.abspath(self._path))).free
+        except OSError:
+            free = None
+        with self._lock:
+            reason = self.reason
+        return {"read_only": bool(reason), "reason": reason, "db_path": self._path, "free_bytes": free}

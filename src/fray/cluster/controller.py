@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import shutil
 import threading
 import time
 from collections import OrderedDict
@@ -24,8 +23,10 @@ from dataclasses import dataclass, field
 
 from fray.cluster import _codec as codec
 from fray.cluster._api import ControllerAPI
+from fray.cluster._database import ReadOnlyMode
+from fray.cluster._pending import PendingSet
 from fray.cluster.capacity import WorkerInfo
-from fray.cluster.credentials import ADMIN, WORKER, Credential, derive_key, job_principal, namespace_principal
+from fray.cluster.credentials import ClusterKeys
 from fray.cluster.messages import (
     CONTROLLER_ACTOR,
     JobSpec,
@@ -37,7 +38,7 @@ from fray.cluster.messages import (
     max_argument_bytes,
 )
 from fray.cluster.records import Effects, Endpoint, JobRecord, TaskKey, TaskRecord, TaskState, WorkerRecord
-from fray.cluster.scheduler import PendingJob, schedule
+from fray.cluster.scheduler import schedule
 from fray.cluster.store import ClusterStore
 from fray.errors import ConfigError, FrayError, JobAlreadyExists, NotFound, StorageError
 from fray.job import JobStatus
@@ -97,7 +98,7 @@ class ControllerService:
         master: bytes | None = None,
     ) -> None:
         self._store = store
-        self._master = master  # the cluster token: every credential is derived from it
+        self._keys = ClusterKeys(master, self._job_is_live)  # every credential derives from the cluster token
         self._worker_timeout = worker_timeout
         self._clock = clock
         self._lock = threading.Lock()
@@ -117,21 +118,14 @@ class ControllerService:
         self._scheduler: threading.Thread | None = None
         # Endpoints of servers that are not Fray tasks (registered through the registry API).
         self._external = EndpointRegistry()
-        # Why the store cannot be written ("" while it can): the controller then serves reads only.
-        self._read_only = ""
-        # The PENDING jobs, in submission order, and the pending reason last written for each:
-        # the scheduler works from memory (SQLite stays the record) and writes only changed
-        # reasons. Guarded by _pending_lock, which a scheduling pass holds while it records its
-        # decision, so a job retried meanwhile is never dropped from the set.
-        self._pending_lock = threading.Lock()
+        # Whether the store can be written: when it cannot, the controller serves reads only.
+        self._storage = ReadOnlyMode(store.path)
+        # The queue in memory (SQLite stays the record): see fray.cluster._pending.
+        self._queue = PendingSet(store)
         # Each alive worker's current epoch and when its heartbeat was last written (see _heartbeat).
         self._epochs: dict[str, int] = {}
         self._heartbeat_written: dict[str, float] = {}
         self._last_pass = 0.0  # seconds the last scheduling pass took (sets the debounce)
-        self._pending: dict[str, PendingJob] = {}
-        self._reasons: dict[str, str] = {}
-        # Every unfinished job (pending or running): wait_status answers for them from memory.
-        self._live: set[str] = set()
 
     def _notify_changed(self) -> None:
         """Wake long-polls waiting for a job or endpoint to change (call with ``_lock`` held)."""
@@ -148,12 +142,7 @@ class ControllerService:
 
     def start(self) -> None:
         """Start the scheduling loop (after a restart, workers get a full timeout to reconnect)."""
-        with self._pending_lock:
-            for job, reason in self._store.pending_jobs():
-                self._pending[job.job_id] = job
-                self._reasons[job.job_id] = reason
-            self._live.update(job.job_id for job in self._store.list_jobs(states=[JobStatus.RUNNING]))
-            self._live.update(self._pending)
+        self._queue.load()
         self._store.refresh_heartbeats(self._clock())
         self._scheduler = threading.Thread(target=self._schedule_loop, name="fray-scheduler", daemon=True)
         self._scheduler.start()
@@ -182,7 +171,7 @@ class ControllerService:
                 return
             try:
                 now = self._clock()
-                if self._read_only:
+                if self._storage.reason:
                     self._try_writable(now)
                     continue
                 self._apply(self._store.expire_workers(now, self._worker_timeout))
@@ -201,60 +190,30 @@ class ControllerService:
 
     def storage_failed(self, error: StorageError) -> None:
         """The store could not be written: serve reads only until a write succeeds again."""
-        with self._lock:
-            first = not self._read_only
-            self._read_only = str(error)
-        if first:
+        if self._storage.failed(error):
             logger.error("the controller is READ-ONLY until its storage can be written again: %s", error)
 
     def _try_writable(self, now: float) -> None:
         # Heartbeats could not be recorded meanwhile: give every worker a full timeout again
         # (as after a restart), so no worker -- and none of its finished jobs -- is declared
         # lost for the controller's own outage. That write is also the probe.
-        try:
-            self._store.refresh_heartbeats(now)
-        except StorageError as exc:
-            with self._lock:
-                self._read_only = str(exc)
-            return
-        with self._lock:
-            self._read_only = ""
-        logger.warning("the controller's storage is writable again; leaving read-only mode")
-        self._kick.set()
+        if self._storage.try_writable(lambda: self._store.refresh_heartbeats(now)):
+            logger.warning("the controller's storage is writable again; leaving read-only mode")
+            self._kick.set()
 
     def health(self) -> dict[str, object]:
         """Plain data for ``fray status``: read-only or not and why, the state file and its free space."""
-        try:
-            free: int | None = shutil.disk_usage(os.path.dirname(os.path.abspath(self._store.path))).free
-        except OSError:
-            free = None
-        with self._lock:
-            reason = self._read_only
-        return {"read_only": bool(reason), "reason": reason, "db_path": self._store.path, "free_bytes": free}
+        return self._storage.health()
 
     def schedule_once(self, now: float | None = None) -> list[TaskRecord]:
         """Run one scheduling pass over the in-memory pending set and send the assigned tasks to their workers."""
         now = self._clock() if now is None else now
-        with self._pending_lock:
-            pending = tuple(self._pending.values())
+        pending = self._queue.snapshot()
         if not pending:
             return []
         snapshot = self._store.scheduler_input(pending=False)
         decision = schedule(pending, snapshot.workers, snapshot.running, snapshot.credits, now=now)
-        with self._pending_lock:
-            changed = {
-                job_id: reason.message
-                for job_id, reason in decision.pending.items()
-                if job_id in self._pending and self._reasons.get(job_id) != reason.message
-            }
-            assigned = self._store.apply_decision(decision, now, changed)
-            for job_id in {task.job_id for task in assigned}:
-                self._pending.pop(job_id, None)
-                self._reasons.pop(job_id, None)
-            for decided in decision.assignments:  # skipped: no longer pending, or a worker went away
-                if decided.job_id in self._pending and self._store.pending_job(decided.job_id) is None:
-                    self._pending.pop(decided.job_id)
-            self._reasons.update(changed)
+        assigned = self._queue.record(decision, lambda changed: self._store.apply_decision(decision, now, changed))
         if assigned:
             assignments = [self._assignment(task) for task in assigned]
             with self._lock:
@@ -264,18 +223,6 @@ class ControllerService:
                 self._outbox_ready.notify_all()
                 self._notify_changed()
         return assigned
-
-    def _track_pending(self, effects: Effects) -> None:
-        """Keep the in-memory pending set in step with the store: retried jobs back in, finished ones out."""
-        again = [job for job in (self._store.pending_job(job_id) for job_id in effects.retried) if job is not None]
-        with self._pending_lock:
-            for job_id in effects.finished:
-                self._pending.pop(job_id, None)
-                self._reasons.pop(job_id, None)
-                self._live.discard(job_id)
-            for job in again:
-                self._pending[job.job_id] = job
-                self._reasons.pop(job.job_id, None)
 
     def _spec(self, job_id: str) -> JobSpec:
         with self._lock:
@@ -310,49 +257,35 @@ class ControllerService:
             replica_count=job.replicas,
             host_index=task.host_index,
             spec=self._spec(task.job_id),
-            credential=self._credential(job_principal(job.job_id)).encode() if self._master else "",
+            credential=self._keys.job_credential(job.job_id),
             actor_token=self.namespace_token(job.namespace),
         )
 
     # ----- credentials --------------------------------------------------------------------------
 
-    def _credential(self, principal: str) -> Credential:
-        assert self._master is not None
-        return Credential.mint(self._master, principal)
-
     def key_for(self, principal: str) -> bytes | None:
         """The key a connection claiming ``principal`` must prove (None: refused); see :mod:`.credentials`."""
-        if self._master is None:
-            return None
-        if principal == ADMIN:
-            return self._master
-        if principal == WORKER or principal.startswith("user:"):
-            return derive_key(self._master, principal)
-        if principal.startswith("job:"):
-            try:
-                job = self._store.get_job(principal.removeprefix("job:"))
-            except NotFound:
-                return None
-            # A job's credential dies with the job.
-            return None if job.state.finished else derive_key(self._master, principal)
-        return None
+        return self._keys.key_for(principal)
 
     def namespace_token(self, namespace: str) -> str:
         """The key actor servers and clients of ``namespace`` authenticate with (hex; "" without a master)."""
-        if self._master is None:
-            return ""
-        return derive_key(self._master, namespace_principal(namespace)).hex()
+        return self._keys.namespace_token(namespace)
 
     def namespace_owner(self, namespace: str) -> str | None:
         """The user whose jobs the namespace holds (None: nobody's yet)."""
         return self._store.namespace_owner(namespace)
 
+    def _job_is_live(self, job_id: str) -> bool:
+        try:
+            return not self._store.get_job(job_id).state.finished
+        except NotFound:
+            return False
+
     def _apply(self, effects: Effects) -> None:
         """Act on what a state change caused: send kills, wake waiters and the scheduler."""
         if not effects.applied:
             return
-        if effects.retried or effects.finished:
-            self._track_pending(effects)
+        self._queue.track(effects)
         with self._lock:
             for order in effects.kill:
                 outbox = self._outboxes.setdefault(order.worker_id, _Outbox())
@@ -540,10 +473,7 @@ class ControllerService:
             )
         for record, spec in zip(records, specs, strict=True):
             self._remember_spec(record.job_id, spec)
-        with self._pending_lock:
-            for r in records:
-                self._pending[r.job_id] = PendingJob(r.job_id, r.user, r.replicas, r.resources, r.submitted_at)
-                self._live.add(r.job_id)
+        self._queue.add(records)
         self._kick.set()
         return [self._view(record) for record in records]
 
@@ -599,12 +529,7 @@ class ControllerService:
         lingered = False
         while True:
             since = self._generation
-            with self._pending_lock:
-                states = {
-                    job_id: JobStatus.PENDING.value if job_id in self._pending else JobStatus.RUNNING.value
-                    for job_id in job_ids
-                    if job_id in self._live
-                }
+            states = self._queue.unfinished_states(job_ids)
             # Only jobs that finished (or are unknown) need the store.
             states.update(self._store.job_states([job_id for job_id in job_ids if job_id not in states]))
             missing = [job_id for job_id in job_ids if job_id not in states]

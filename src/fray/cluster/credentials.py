@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +34,7 @@ from fray.errors import ConfigError
 __all__ = [
     "ADMIN",
     "WORKER",
+    "ClusterKeys",
     "Credential",
     "derive_key",
     "job_principal",
@@ -95,6 +97,37 @@ class Credential:
 
     def __repr__(self) -> str:  # never print the key
         return f"Credential({self.principal or '<cluster token>'!r})"
+
+
+class ClusterKeys:
+    """The controller's side: the key each principal must prove, from the cluster token ``master``.
+
+    ``job_is_live(job_id)`` says whether a job's credential is still valid (it dies with the job).
+    """
+
+    def __init__(self, master: bytes | None, job_is_live: Callable[[str], bool]) -> None:
+        self._master = master
+        self._job_is_live = job_is_live
+
+    def key_for(self, principal: str) -> bytes | None:
+        """The key a connection claiming ``principal`` must prove (None: refused)."""
+        if self._master is None:
+            return None
+        if principal == ADMIN:
+            return self._master
+        if principal == WORKER or principal.startswith("user:"):
+            return derive_key(self._master, principal)
+        if principal.startswith("job:") and self._job_is_live(principal.removeprefix("job:")):
+            return derive_key(self._master, principal)
+        return None
+
+    def job_credential(self, job_id: str) -> str:
+        """The encoded credential a job's tasks get ("" without a master)."""
+        return "" if self._master is None else Credential.mint(self._master, job_principal(job_id)).encode()
+
+    def namespace_token(self, namespace: str) -> str:
+        """The key actor servers and clients of ``namespace`` authenticate with (hex; "" without a master)."""
+        return "" if self._master is None else derive_key(self._master, namespace_principal(namespace)).hex()
 
 
 def load_credential(token: str | bytes | None = None) -> Credential | None:

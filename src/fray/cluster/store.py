@@ -345,35 +345,8 @@ class ClusterStore:
         are written only where they changed; ``reasons`` (job id -> reason), when given,
         replaces the decision's own, so a caller that knows which changed writes only those.
         """
-        assigned: list[TaskRecord] = []
         with self._db.txn() as cur:
-            alive = {r[0] for r in cur.execute("SELECT id FROM workers WHERE state = 'alive'")}
-            for assignment in decision.assignments:
-                job = read_job(cur, assignment.job_id)
-                if job.state != JobStatus.PENDING or not set(assignment.worker_ids) <= alive:
-                    continue
-                if len(assignment.worker_ids) != job.task_count:
-                    raise StoreError(
-                        f"assignment for {job.job_id} names {len(assignment.worker_ids)} workers; "
-                        f"the job has {job.task_count} tasks"
-                    )
-                tasks = read_tasks(cur, job.job_id, job.attempt)
-                for task in tasks:
-                    check_task_transition(task.state, TaskState.ASSIGNED)
-                cur.executemany(
-                    "UPDATE tasks SET state = 'assigned', worker_id = ?, assigned_at = ? "
-                    "WHERE job_id = ? AND attempt = ? AND task_index = ?",
-                    [(w, now, job.job_id, job.attempt, i) for i, w in enumerate(assignment.worker_ids)],
-                )
-                self._change(cur, now).set_job_state(job, JobStatus.RUNNING, started_at=now, pending_reason="")
-                assigned.extend(read_tasks(cur, job.job_id, job.attempt))
-            if reasons is None:
-                reasons = {job_id: r.message for job_id, r in decision.pending.items()}
-            cur.executemany(
-                "UPDATE jobs SET pending_reason = ? WHERE id = ? AND state = 'pending' AND pending_reason != ?",
-                [(message, job_id, message) for job_id, message in reasons.items()],
-            )
-        return assigned
+            return self._change(cur, now).assign(decision, reasons)
 
     def submit_many(
         self,
