@@ -122,6 +122,8 @@ def test_state_files_are_private(cluster: LocalCluster) -> None:
     for path in [cluster.db_path, Path(str(cluster.db_path) + "-wal")]:
         assert stat.S_IMODE(os.stat(path).st_mode) == 0o600, path
     assert stat.S_IMODE(os.stat(cluster.directory).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(cluster.directory / "worker.credential").st_mode) == 0o600
+    assert all(stat.S_IMODE(os.stat(log).st_mode) == 0o600 for log in cluster.directory.glob("*.log"))
     workdir = cluster.directory / "w-a"
     assert stat.S_IMODE(os.stat(workdir).st_mode) == 0o700
     payloads = list(workdir.glob("tasks/*/payload.pkl"))

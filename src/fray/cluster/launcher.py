@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from fray.cluster.controller_client import controller_client
-from fray.cluster.credentials import WORKER, Credential
+from fray.cluster.credentials import WORKER, Credential, write_credential
 from fray.errors import FrayError
 from fray.rpc.tls import is_loopback_address
 
@@ -46,8 +46,10 @@ class LocalCluster:
         #: The cluster CA, which the controller makes when it binds a non-loopback ``host``.
         self.ca_file = None if is_loopback_address(host) else self.db_path.parent / "tls" / "ca.pem"
         self.token = token or secrets.token_hex(16)
-        #: What workers authenticate with (see :mod:`fray.cluster.credentials`).
+        #: What workers authenticate with (see :mod:`fray.cluster.credentials`), also kept in
+        #: ``directory/worker.credential`` (0600) for workers started by hand on this machine.
         self.worker_credential = Credential.mint(self.token.encode(), WORKER)
+        write_credential(self.directory / "worker.credential", self.worker_credential)
         self.port = port
         self.worker_timeout = worker_timeout
         self.controller: subprocess.Popen[bytes] | None = None
