@@ -17,7 +17,6 @@ import logging
 import os
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +27,7 @@ from fray.cluster._database import ReadOnlyMode
 from fray.cluster._ops_api import OpsAPI
 from fray.cluster._pending import PendingSet
 from fray.cluster._retention import RetentionPolicy
+from fray.cluster._specs import DEFAULT_MAX_SPECS, SpecCache
 from fray.cluster.capacity import WorkerInfo
 from fray.cluster.credentials import ClusterKeys
 from fray.cluster.messages import (
@@ -57,12 +57,6 @@ logger = logging.getLogger(__name__)
 
 # Calls that may block (worker long-polls, client waits) each hold a server thread.
 _MAX_CONCURRENCY = 512
-# Decoded job specs kept in memory, least recently used first out: 1,024 specs. A spec
-# is needed again for every task assignment of its job (retries, worker re-registration);
-# a miss only costs one read and one decoding of the stored request. The cache also holds
-# at most this many payload bytes, and never a spec whose payload alone is over a tenth of it.
-_SPEC_CACHE_SIZE = 1024
-_SPEC_CACHE_BYTES = 64 << 20
 # A worker's tasks may run this fraction of the worker timeout without the worker
 # renewing its lease: they are dead before the controller can declare the worker lost.
 _LEASE_FRACTION = 0.75
@@ -98,7 +92,7 @@ class ControllerService:
         *,
         worker_timeout: float = 10.0,
         clock: Callable[[], float] = time.time,
-        spec_cache_size: int = _SPEC_CACHE_SIZE,
+        spec_cache_size: int = DEFAULT_MAX_SPECS,
         master: bytes | None = None,
     ) -> None:
         self._store = store
@@ -114,9 +108,7 @@ class ControllerService:
         # Kill orders sent but not yet confirmed by the worker: a terminated job is not
         # "settled" (its processes may still run) until they are.
         self._unconfirmed_kills: dict[TaskKey, str] = {}
-        self._specs: OrderedDict[str, JobSpec] = OrderedDict()  # at most spec_cache_size, LRU
-        self._spec_cache_size = spec_cache_size
-        self._spec_bytes = 0  # payload bytes held by _specs
+        self._specs = SpecCache(lambda job_id: codec.spec_from(unpack(store.job_request(job_id))), spec_cache_size)
         self._kick = threading.Event()
         self._stopping = threading.Event()
         self._scheduler: threading.Thread | None = None
@@ -228,28 +220,9 @@ class ControllerService:
                 self._notify_changed()
         return assigned
 
-    def _spec(self, job_id: str) -> JobSpec:
-        with self._lock:
-            spec = self._specs.get(job_id)
-            if spec is not None:
-                self._specs.move_to_end(job_id)
-                return spec
-        spec = codec.spec_from(unpack(self._store.job_request(job_id)))
-        self._remember_spec(job_id, spec)
-        return spec
-
-    def _remember_spec(self, job_id: str, spec: JobSpec) -> None:
-        size = len(spec.payload or b"")
-        if size > _SPEC_CACHE_BYTES // 10:
-            return  # a huge argument is read back from the store when needed, never kept
-        with self._lock:
-            previous = self._specs.pop(job_id, None)
-            self._spec_bytes -= len(previous.payload or b"") if previous is not None else 0
-            self._specs[job_id] = spec
-            self._spec_bytes += size
-            while len(self._specs) > self._spec_cache_size or self._spec_bytes > _SPEC_CACHE_BYTES:
-                _, dropped = self._specs.popitem(last=False)
-                self._spec_bytes -= len(dropped.payload or b"")
+    def job_spec(self, job_id: str) -> JobSpec:
+        """The job's spec (decoded from plain data; cached)."""
+        return self._specs.get(job_id)
 
     def _assignment(self, task: TaskRecord) -> TaskAssignment:
         job = self._store.get_job(task.job_id)
@@ -260,7 +233,7 @@ class ControllerService:
             replica_index=task.replica_index,
             replica_count=job.replicas,
             host_index=task.host_index,
-            spec=self._spec(task.job_id),
+            spec=self._specs.get(task.job_id),
             credential=self._keys.job_credential(job.job_id),
             actor_token=self.namespace_token(job.namespace),
         )
@@ -476,7 +449,7 @@ class ControllerService:
                 labels=[spec.actor_name for spec in specs],
             )
         for record, spec in zip(records, specs, strict=True):
-            self._remember_spec(record.job_id, spec)
+            self._specs.remember(record.job_id, spec)
         self._queue.add(records)
         self._kick.set()
         return [self._view(record) for record in records]
@@ -680,7 +653,7 @@ class Controller:
         # same data-only server under "ops." method names (see fray.cluster._ops_api).
         self.ops = OpsService(
             self.store,
-            spec_command=lambda job_id: self.service._spec(job_id).command,
+            spec_command=lambda job_id: self.service.job_spec(job_id).command,
             controller=self.service,
             retention=retention,
         )
@@ -705,22 +678,11 @@ class Controller:
     def start(self) -> Controller:
         """Serve in background threads (and the dashboard, when one was asked for)."""
         if self._dashboard_at is not None:
-            self._start_dashboard(*self._dashboard_at)
+            self.dashboard = self.ops.serve_dashboard(self._master, *self._dashboard_at)
         self.service.start()
         self.ops.start()
         self.server.start()
         return self
-
-    def _start_dashboard(self, host: str, port: int) -> None:
-        """Serve the dashboard beside the controller; without the dashboard extra, say so and go on."""
-        try:
-            from fray.dashboard import Dashboard  # optional: needs fray[dashboard]
-        except ImportError as exc:
-            logger.warning("no dashboard: %s (install it with: pip install 'fray[dashboard]')", exc)
-            return
-        self.dashboard = Dashboard(self.ops, self._master, host, port).start()
-        self.ops.login_link = self.dashboard.login_link
-        self.ops.dashboard_address = self.dashboard.address
 
     def stop(self) -> None:
         """Stop serving and close the store."""

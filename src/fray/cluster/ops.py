@@ -272,6 +272,18 @@ class OpsService:
             raise NotFound(f"no blob {digest!r} on this controller (pruned, or never uploaded)")
         return data
 
+    def serve_dashboard(self, token: bytes, host: str, port: int) -> Any:
+        """Start the web dashboard on this API (log-in with ``token``); None without the dashboard extra."""
+        try:
+            from fray.dashboard import Dashboard  # optional: needs fray[dashboard]
+        except ImportError as exc:
+            logger.warning("no dashboard: %s (install it with: pip install 'fray[dashboard]')", exc)
+            return None
+        dashboard = Dashboard(self, token, host, port).start()
+        self.login_link = dashboard.login_link
+        self.dashboard_address = dashboard.address
+        return dashboard
+
     def dashboard_login(self) -> str:
         """A one-time URL that logs a browser in to the dashboard ("" when no dashboard runs)."""
         return self.login_link() if self.login_link is not None else ""
