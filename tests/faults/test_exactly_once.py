@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fray import Entrypoint, JobRequest, JobStatus
+from fray import Entrypoint, EnvironmentConfig, JobRequest, JobStatus
 from fray.cluster.launcher import LocalCluster
 from support import alive, wait_until
 
@@ -50,14 +50,24 @@ def test_jobs_finishing_during_a_controller_outage_complete_exactly_once(
 
 
 @pytest.mark.slow
-def test_a_paused_worker_is_fenced_and_no_task_completes_twice(cluster: LocalCluster, tmp_path: Path) -> None:
+@pytest.mark.parametrize("environment", ["worker", "workspace"])
+def test_a_paused_worker_is_fenced_and_no_task_completes_twice(
+    cluster: LocalCluster, tmp_path: Path, environment: str
+) -> None:
     client = with_workers(cluster, 8)
+    env = None
+    if environment == "workspace":  # not forked from the warm interpreter, but still launched (and fenced) by it
+        project = tmp_path / "project"
+        project.mkdir()
+        (project / "pyproject.toml").write_text('[project]\nname = "fenced"\nversion = "0"\n')
+        env = EnvironmentConfig(workspace=str(project))
     jobs = [
         client.submit(
             JobRequest(
                 name=f"p{i}",
                 entrypoint=Entrypoint.from_callable(gated_then_mark, args=(str(tmp_path),)),
                 max_retries_preemption=5,
+                environment=env,
             )
         )
         for i in range(4)
