@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -11,11 +12,14 @@ from pathlib import Path
 import pytest
 
 from fray import ConfigError, Entrypoint, JobRequest, NotFound, PermissionDenied, ProtocolError
+from fray.cluster import _codec as codec
 from fray.cluster._workspace import digest_of
 from fray.cluster.client import ClusterClient
 from fray.cluster.controller_client import controller_client, ops_client
 from fray.cluster.credentials import WORKER, Credential, user_principal
 from fray.cluster.launcher import LocalCluster
+from fray.cluster.messages import JobSpec
+from fray.rpc.datarpc import pack, unpack
 
 
 def _pending(client: ClusterClient, name: str) -> str:
@@ -118,3 +122,24 @@ def test_the_cli_shows_a_user_only_their_jobs(cluster: LocalCluster, jobs: dict[
     assert stop.returncode == 2 and f"no job {jobs['bob']!r}" in stop.stderr
     login = run("dashboard")
     assert login.returncode == 2 and "cluster token" in login.stderr
+
+
+def test_a_spec_carries_its_command_and_workspace_as_plain_data(cluster: LocalCluster) -> None:
+    request = JobRequest(name="ws", entrypoint=Entrypoint.from_binary("echo", ["a b"]))
+    spec = dataclasses.replace(JobSpec.from_request(request), workspace_digest=digest_of(b"packed"))
+    assert spec.command == "echo 'a b'"
+    assert codec.spec_from(unpack(pack(codec.spec_data(spec)))) == spec
+    admin = controller_client(cluster.address, cluster.token)
+    try:
+        # Workers make a directory name of the digest: anything but sha256:<hex> is refused at submit.
+        bad = dataclasses.replace(spec, workspace_digest="sha256:../../../tmp")
+        with pytest.raises(ProtocolError, match="workspace_digest"):
+            admin.submit(bad, user="alice")
+        job_id = admin.submit(spec, user="alice").job_id
+    finally:
+        admin.close()
+    ops = ops_client(cluster.address, cluster.token)
+    try:
+        assert ops.job_detail(job_id)["command"] == "echo 'a b'"
+    finally:
+        ops.close()

@@ -12,6 +12,7 @@ opaque byte strings.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -81,6 +82,9 @@ def _int(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"expected an integer, got {type(value).__name__}")
     return value
+
+
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
 
 def _opt_bytes(value: Any) -> bytes | None:
@@ -159,6 +163,10 @@ def spec_from(data: Any) -> JobSpec:
         if values.get("argv") is not None:
             values["argv"] = tuple(_str(a) for a in values["argv"])
         values["payload"] = _opt_bytes(values.get("payload"))
+        values["command"] = _str(values.get("command", ""))
+        digest = values["workspace_digest"] = _str(values.get("workspace_digest", ""))
+        if digest and _DIGEST.fullmatch(digest) is None:  # workers make a directory name of it
+            raise ValueError(f"workspace_digest {digest[:80]!r} is not sha256:<64 hex digits>")
         return JobSpec(**values)
 
     return checked("job spec", build)
