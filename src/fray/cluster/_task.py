@@ -16,10 +16,33 @@ import cloudpickle
 
 from fray._lifecycle import Failure
 
+# Where this task reports its failure (set by main): see if_killed.
+_failure_path: str | None = None
+
+
+def if_killed(failure: Failure) -> None:
+    """Report ``failure`` should this task's process die without saying why (a signal, the OOM killer).
+
+    The worker reads the failure file of a task that exits non-zero; an exception the
+    task raises later overwrites it. An actor's host uses it to have its process's death
+    counted as a lost process (the restart budget) rather than as a failure of its code.
+    """
+    if _failure_path is None:
+        raise RuntimeError("if_killed() works only inside a Fray cluster task")
+    _write(_failure_path, failure)
+
+
+def _write(failure_path: str, failure: Failure) -> None:
+    with open(failure_path + ".tmp", "wb") as f:
+        f.write(failure.encode())
+    os.replace(failure_path + ".tmp", failure_path)
+
 
 def main(argv: list[str]) -> int:
     """Run the entrypoint in ``argv[1]``; report a failure to ``argv[2]``."""
+    global _failure_path
     payload_path, failure_path = argv[1], argv[2]
+    _failure_path = failure_path
     try:
         with open(payload_path, "rb") as f:
             entry = cloudpickle.load(f)
@@ -29,9 +52,7 @@ def main(argv: list[str]) -> int:
         if failure.remote is not None:
             sys.stderr.write(failure.remote.traceback_text)
         sys.stderr.flush()
-        with open(failure_path + ".tmp", "wb") as f:
-            f.write(failure.encode())
-        os.replace(failure_path + ".tmp", failure_path)
+        _write(failure_path, failure)
         return 1
     finally:
         sys.stdout.flush()

@@ -10,6 +10,8 @@ from __future__ import annotations
 import atexit
 import concurrent.futures
 import contextlib
+import dataclasses
+import functools
 import getpass
 import os
 import threading
@@ -26,19 +28,27 @@ from fray._remote import job_failed
 from fray._runtime import check_terminated
 from fray._serialization import check_call_picklable
 from fray.actor import ActorFuture, ActorGroup, check_actor_method, check_actor_request, group_member_names
+from fray.actor_config import ActorConfig
 from fray.client import ClientSpec
+from fray.cluster._actor_host import CONTROL_SUFFIX, control_url, host_actor
 from fray.cluster._shipping import ship_environment
+from fray.cluster.capacity import WorkerInfo
 from fray.cluster.controller_client import CredentialLike, connect_controller, resolve_credential
 from fray.cluster.credentials import Credential
 from fray.cluster.messages import JobSpec, JobView
-from fray.cluster.records import TaskKey
-from fray.errors import ActorDiedError, ActorUnavailableError, ConfigError, FrayError, SerializationError
-from fray.job import Entrypoint, JobRequest, JobStatus, current_job
-from fray.resources import ResourceConfig
+from fray.errors import (
+    ActorDiedError,
+    ActorUnavailableError,
+    ConfigError,
+    FrayError,
+    RemoteError,
+    SerializationError,
+)
+from fray.job import Entrypoint, EnvironmentConfig, JobRequest, JobStatus
+from fray.resources import DeviceConfig, GpuConfig, ResourceConfig, TpuConfig, device_name
 from fray.rpc.client import ActorClient, RpcOptions
 from fray.rpc.namespace import resolve_namespace
 from fray.rpc.resolver import FixedResolver
-from fray.rpc.server import ActorServer
 
 __all__ = ["ClusterActorHandle", "ClusterClient", "ClusterJobHandle"]
 
@@ -61,6 +71,10 @@ def _settled_status(view: JobView) -> JobStatus:
 
 # How long a call whose connection broke waits to learn whether its actor's job ended.
 _DEATH_NOTICE_SECONDS = 5.0
+# How long shutdown() waits for the processes of the actors it stopped to be gone.
+_ACTOR_STOP_SECONDS = 10.0
+# How soon a handle asks the controller again while an actor it was bound to restarts.
+_RESOLVE_AGAIN = 0.05
 
 # A long-poll never blocks longer than this, so a waiter without a timeout still hears of
 # a controller that went away (and wait_all can re-check its own deadline).
@@ -164,22 +178,6 @@ class ClusterJobHandle:
         return self.view().pending_reason
 
 
-def _host_actor(actor_class: type, args: tuple[Any, ...], kwargs: dict[str, Any], name: str) -> None:
-    """The entrypoint of an actor's job: build the actor, serve it, register the endpoint, serve forever."""
-    info = current_job()
-    assert info is not None, "actor jobs run inside a Fray cluster task"
-    instance = actor_class(*args, **kwargs)  # raising here fails the job: callers see ActorDiedError
-    host = os.environ.get("FRAY_ADVERTISE_HOST", "127.0.0.1")
-    server = ActorServer(host=os.environ.get("FRAY_BIND_HOST", host), port=0, namespace=info.namespace)
-    server.register(name, instance)
-    server.start()
-    address = os.environ["FRAY_CLIENT_SPEC"].removeprefix("fray://")
-    key = TaskKey(info.job_id, int(os.environ.get("FRAY_TASK_INDEX", "0")), info.attempt)
-    # The task's own job credential (FRAY_CREDENTIAL); the server above uses its namespace's key (FRAY_TOKEN).
-    connect_controller(address).register_endpoint(info.namespace, name, server.url(name), key)
-    threading.Event().wait()  # until the job is terminated
-
-
 class _ClusterActorMethod:
     def __init__(self, handle: ClusterActorHandle, name: str) -> None:
         self._handle = handle
@@ -203,24 +201,39 @@ class ClusterActorHandle:
     """
 
     def __init__(
-        self, address: str, namespace: str, name: str, job_id: str, cls: type, token: CredentialLike = None
+        self,
+        address: str,
+        namespace: str,
+        name: str,
+        job_id: str,
+        cls: type,
+        token: CredentialLike = None,
+        *,
+        max_task_retries: int = 0,
     ) -> None:
         self._address = address
         self._namespace = namespace
         self._name = name
         self._job_id = job_id
         self._cls = cls
+        self._max_task_retries = max_task_retries
         self._token = resolve_credential(token)
+        self._url = ""  # the endpoint calls go to, and the job attempt that serves it
+        self._attempt = -1
         self._lock = threading.Lock()
         self._ready: concurrent.futures.Future[None] = concurrent.futures.Future()
         self._rpc: ActorClient[Any] | None = None
-        self._queued: list[tuple[ActorFuture, str, tuple[Any, ...], dict[str, Any]]] = []
+        # Calls waiting for the actor to serve: (future, method, args, kwargs, times sent again after a death).
+        self._queued: list[tuple[ActorFuture, str, tuple[Any, ...], dict[str, Any], int]] = []
         self._direct = False  # True once queued calls are all sent: later calls go straight out
         self._error: BaseException | None = None
         self._watching = False
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (ClusterActorHandle, (self._address, self._namespace, self._name, self._job_id, self._cls))
+        return (
+            _restore_actor_handle,
+            (self._address, self._namespace, self._name, self._job_id, self._cls, self._max_task_retries),
+        )
 
     def __repr__(self) -> str:
         return f"ClusterActorHandle({self._name!r}, {self._cls.__name__}, namespace={self._namespace!r})"
@@ -240,7 +253,7 @@ class ClusterActorHandle:
             self._watching = True
         threading.Thread(target=self._wait_until_served, name=f"fray-actor-wait-{self._name}", daemon=True).start()
 
-    def _wait_until_served(self) -> None:
+    def _wait_until_served(self, stale_url: str = "") -> None:
         controller = connect_controller(self._address, self._token)
         while True:
             try:
@@ -250,7 +263,12 @@ class ClusterActorHandle:
                     None, ActorUnavailableError(f"cannot reach the controller for actor {self._name!r}: {exc}")
                 )
                 return
+            if state == "ready" and detail == stale_url:
+                # The dead instance's endpoint, until the controller hears of its exit: ask again shortly.
+                time.sleep(_RESOLVE_AGAIN)
+                continue
             if state == "ready":
+                self._url, self._attempt = detail, view.attempt
                 resolver = FixedResolver({self._name: detail}, namespace=self._namespace)
                 try:  # actor servers authenticate with their namespace's key, which the controller hands out
                     actor_key = controller.namespace_token(self._namespace)
@@ -276,7 +294,8 @@ class ClusterActorHandle:
             with self._lock:
                 self._error = error
                 queued, self._queued = self._queued, []
-            self._ready.set_exception(error)
+            if not self._ready.done():
+                self._ready.set_exception(error)
             for future, *_ in queued:
                 future.set_exception(_copy_died(error))
             return
@@ -290,12 +309,13 @@ class ClusterActorHandle:
                 if not batch:
                     self._direct = True
                     break
-            for future, method, args, kwargs in batch:
+            for future, method, args, kwargs, retries in batch:
                 try:
-                    self._send(future, method, args, kwargs)
+                    self._send(future, method, args, kwargs, retries)
                 except SerializationError as exc:  # e.g. arguments over the frame limit
                     future.set_exception(exc)
-        self._ready.set_result(None)
+        if not self._ready.done():  # done already when the actor was restarted
+            self._ready.set_result(None)
 
     def _call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ActorFuture:
         future = ActorFuture()
@@ -306,7 +326,7 @@ class ClusterActorHandle:
         with self._lock:
             direct, error = self._direct, self._error
             if not direct and error is None:
-                self._queued.append((future, method, args, kwargs))
+                self._queued.append((future, method, args, kwargs, 0))
         if error is not None:
             future.set_exception(_copy_died(error))
         elif direct:
@@ -315,9 +335,12 @@ class ClusterActorHandle:
             self._watch()
         return future
 
-    def _send(self, future: ActorFuture, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        assert self._rpc is not None
-        inner = getattr(self._rpc, method).remote(*args, **kwargs)
+    def _send(
+        self, future: ActorFuture, method: str, args: tuple[Any, ...], kwargs: dict[str, Any], retries: int = 0
+    ) -> None:
+        rpc = self._rpc
+        assert rpc is not None
+        inner = getattr(rpc, method).remote(*args, **kwargs)
 
         def relay(done: concurrent.futures.Future[Any]) -> None:
             error = done.exception()
@@ -327,29 +350,117 @@ class ClusterActorHandle:
                 # Finding out whether the actor died means asking the controller: not on the
                 # thread that read the broken connection.
                 threading.Thread(
-                    target=lambda: future.set_exception(self._explain_unavailable(error)),
+                    target=self._after_broken_call,
+                    args=(rpc, error, future, (method, args, kwargs, retries)),
                     name=f"fray-actor-died-{self._name}",
                     daemon=True,
                 ).start()
+            elif isinstance(error, RemoteError) and isinstance(error.cause, ActorDiedError):
+                future.set_exception(error.cause)  # the actor refused it: it is ending (exit, fail, terminate)
             else:
                 future.set_exception(error)
 
         inner.add_done_callback(relay)
 
+    def _after_broken_call(
+        self,
+        rpc: ActorClient[Any],
+        error: ActorUnavailableError,
+        future: ActorFuture,
+        call: tuple[str, tuple[Any, ...], dict[str, Any], int],
+    ) -> None:
+        outcome = self._explain_unavailable(error)
+        if not isinstance(outcome, _Restarting):
+            future.set_exception(outcome)
+            return
+        self._reconnect(rpc)
+        method, args, kwargs, retries = call
+        if retries < self._max_task_retries:  # sent again, to the restarted instance
+            with self._lock:
+                direct = self._direct
+                if not direct:
+                    self._queued.append((future, method, args, kwargs, retries + 1))
+            if direct:
+                self._send(future, method, args, kwargs, retries + 1)
+            return
+        future.set_exception(outcome.died)
+
+    def _reconnect(self, dead: ActorClient[Any]) -> None:
+        """The instance behind ``dead`` died and the actor is restarting: queue calls until the new one serves."""
+        with self._lock:
+            if self._rpc is not dead:
+                return  # done already, by another broken call
+            self._rpc, self._direct, stale = None, False, self._url
+        with contextlib.suppress(Exception):
+            dead.close()
+        threading.Thread(
+            target=self._wait_until_served, args=(stale,), name=f"fray-actor-wait-{self._name}", daemon=True
+        ).start()
+
     def _explain_unavailable(self, error: ActorUnavailableError) -> BaseException:
-        # The connection broke. A killed actor's job ends as soon as its worker sees the exit:
-        # give that a moment, then say the actor died -- or, if its job still runs (a network
-        # fault, a worker being replaced), that it is unavailable.
+        # The connection broke. A killed actor's job ends (or, when it may restart, starts a new
+        # attempt) as soon as its worker sees the exit: give that a moment, then say the actor
+        # died -- or, if the same attempt still runs (a network fault), that it is unavailable.
         try:
             controller = connect_controller(self._address, self._token)
-            view: JobView = controller.wait([self._job_id], _DEATH_NOTICE_SECONDS)[0]
+            deadline = time.monotonic() + _DEATH_NOTICE_SECONDS
+            while True:
+                view: JobView = controller.job(self._job_id)
+                if view.state.finished or view.attempt != self._attempt or time.monotonic() >= deadline:
+                    break
+                time.sleep(_RESOLVE_AGAIN)
         except FrayError:
             return error
         if view.state.finished:
             death = self._death(view)
             death.__context__ = error
             return death
+        if view.attempt != self._attempt:
+            died = ActorDiedError(
+                f"actor {self._name!r} died while the call was in flight; it is restarting (attempt {view.attempt})"
+            )
+            died.__context__ = error
+            return _Restarting(died)
         return error
+
+    def _fray_kill(self) -> None:
+        """Kill the actor's process with SIGKILL (see :func:`fray.testing.kill_actor`); returns once it is dead."""
+        ready = self._fray_ready()
+        ready.result(timeout=300)
+        url, attempt = self._url, self._attempt
+        controller = connect_controller(self._address, self._token)
+        actor_key = controller.namespace_token(self._namespace)
+        control_name = self._name + CONTROL_SUFFIX
+        resolver = FixedResolver({control_name: control_url(url, self._name)}, namespace=self._namespace)
+        control: ActorClient[Any] = ActorClient(resolver, control_name, RpcOptions(), token=actor_key)
+        try:
+            with contextlib.suppress(ActorUnavailableError):  # the process dies before it can answer
+                control.crash()
+        finally:
+            control.close()
+        deadline = time.monotonic() + 60.0
+        while time.monotonic() < deadline:  # the controller has no event for "that attempt's process is gone"
+            view: JobView = controller.job(self._job_id)
+            if view.state.finished or view.attempt != attempt:
+                return
+            time.sleep(_RESOLVE_AGAIN)
+
+
+class _Restarting(Exception):
+    """What :meth:`ClusterActorHandle._explain_unavailable` says of an actor that died and is restarting."""
+
+    def __init__(self, died: ActorDiedError) -> None:
+        super().__init__(str(died))
+        self.died = died
+
+
+def _restore_actor_handle(
+    address: str, namespace: str, name: str, job_id: str, cls: type, max_task_retries: int = 0
+) -> ClusterActorHandle:
+    # A handle that comes back from a job or an actor (current_actor().handle) to a script whose
+    # client was given its credential explicitly uses that client's; elsewhere, the environment's.
+    token = next((c._token for c in list(_live_clients) if c.address == address and not c.closed), None)
+    return ClusterActorHandle(address, namespace, name, job_id, cls, token, max_task_retries=max_task_retries)
 
 
 # One submit_many call carries at most this many jobs, or this many bytes of arguments.
@@ -368,6 +479,17 @@ def _batches(specs: list[JobSpec]) -> list[list[JobSpec]]:
         batches[-1].append(spec)
         size += weight
     return [batch for batch in batches if batch]
+
+
+def _worker_has(info: WorkerInfo, device: DeviceConfig) -> bool:
+    """Whether a worker offers ``device`` at all (its capacity aside)."""
+    if isinstance(device, GpuConfig):
+        gpu = info.device("gpu")
+        return gpu is not None and (device.type == "auto" or gpu.type == device.type) and gpu.count >= device.count
+    if isinstance(device, TpuConfig):
+        tpu = info.device("tpu")
+        return tpu is not None and tpu.type == device.type
+    return True
 
 
 def _copy_died(error: BaseException | None) -> BaseException:
@@ -466,8 +588,8 @@ class ClusterClient:
             if not isinstance(request, JobRequest):
                 raise ConfigError(f"submit_many() takes JobRequests, got {type(request).__name__}")
         specs = [
-            ship_environment(JobSpec.from_request(request), self.address, self._token, self._controller)
-            for request in requests
+            ship_environment(JobSpec.from_request(self._placed_request(r)), self.address, self._token, self._controller)
+            for r in requests
         ]
         handles: list[ClusterJobHandle] = []
         for batch in _batches(specs):
@@ -488,30 +610,93 @@ class ClusterClient:
         check_terminated()
         if not isinstance(request, JobRequest):
             raise ConfigError(f"submit() takes a JobRequest, got {type(request).__name__}")
-        spec = ship_environment(JobSpec.from_request(request), self.address, self._token, self._controller)
+        spec = ship_environment(
+            JobSpec.from_request(self._placed_request(request)), self.address, self._token, self._controller
+        )
         return self._submit(spec, is_actor=False, detached=detached)
+
+    def _placed_request(self, request: JobRequest) -> JobRequest:
+        """``request`` for one device among its alternatives; its replicas learn which from ``FRAY_DEVICE``."""
+        resources, env = self._placed(request.resources)
+        environment = request.environment or EnvironmentConfig()
+        env_vars = {**env, **environment.env_vars}
+        return dataclasses.replace(
+            request, resources=resources, environment=dataclasses.replace(environment, env_vars=env_vars)
+        )
 
     def create_actor(
         self,
         actor_class: type,
         *args: Any,
         name: str,
-        resources: ResourceConfig = ResourceConfig(),  # noqa: B008 - frozen, so sharing the default is safe
+        resources: ResourceConfig | None = None,
+        actor_config: ActorConfig | None = None,
         **kwargs: Any,
     ) -> ClusterActorHandle:
-        """Start the actor as a job on the cluster; the handle works at once (calls wait until it serves)."""
+        """Start the actor as a job on the cluster; the handle works at once (calls wait until it serves).
+
+        Every :class:`~fray.actor_config.ActorConfig` field is honoured: ``max_concurrency``
+        by the actor's RPC server, restarts as retries of the actor's job (its preemption
+        budget is ``max_restarts``), ``max_task_retries`` by the handles, and a detached
+        actor is left running at :meth:`shutdown` and at exit.
+        """
+        return self._create_actor(actor_class, args, kwargs, name, resources, actor_config, None)
+
+    def _create_actor(
+        self,
+        actor_class: type,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        name: str,
+        resources: ResourceConfig | None,
+        actor_config: ActorConfig | None,
+        group: tuple[str, int] | None,
+    ) -> ClusterActorHandle:
         check_terminated()
-        check_actor_request(actor_class, name, resources, args, kwargs)
+        reserved, config = check_actor_request(actor_class, name, resources, args, kwargs, actor_config)
+        reserved, env = self._placed(reserved)
+        make_handle = functools.partial(
+            ClusterActorHandle,
+            self.address,
+            self.namespace,
+            name,
+            cls=actor_class,
+            max_task_retries=config.max_task_retries,
+        )
+        options: dict[str, Any] = {"max_concurrency": config.max_concurrency, "handle": make_handle}
+        if group is not None:
+            options.update(group=group[0], index=group[1])
         request = JobRequest(
             name=name,
-            entrypoint=Entrypoint.from_callable(_host_actor, args=(actor_class, args, kwargs, name)),
-            resources=resources,
+            entrypoint=Entrypoint.from_callable(host_actor, args=(actor_class, args, kwargs, name, options)),
+            resources=reserved,
+            environment=EnvironmentConfig(env_vars=env),
+            # A restart is a retry of the actor's job after its process was lost; a constructor
+            # that raises, or an actor that fails itself, is final.
+            max_retries_preemption=config.max_restarts,
         )
         spec = JobSpec.from_request(request, actor_name=name, command=f"actor {actor_class.__qualname__}")
-        job = self._submit(spec, is_actor=True)
-        handle = ClusterActorHandle(self.address, self.namespace, name, job.job_id, actor_class, self._token)
+        job = self._submit(spec, is_actor=True, detached=config.detached)
+        handle = make_handle(job_id=job.job_id, token=self._token)
         handle._watch()
         return handle
+
+    def _placed(self, resources: ResourceConfig) -> tuple[ResourceConfig, dict[str, str]]:
+        """``resources`` for one device (the first alternative some worker has), and the env saying which."""
+        if resources.zone is not None:
+            raise ConfigError(
+                f"ResourceConfig(zone={resources.zone!r}) cannot be honoured by the Fray cluster yet (its scheduler "
+                "places by region); drop zone and use regions, or use the Ray backend"
+            )
+        chosen = resources.device
+        if resources.device_alternatives:
+            workers = [w for w in self._controller.list_workers() if w.state == "alive"]
+            chosen = next(
+                (d for d in resources.device_choices if any(_worker_has(w.info, d) for w in workers)),
+                resources.device_choices[0],
+            )
+            resources = resources.with_device(chosen)
+        return resources, {"FRAY_DEVICE": device_name(chosen)}
 
     def create_actor_group(
         self,
@@ -519,16 +704,17 @@ class ClusterClient:
         *args: Any,
         name: str,
         count: int,
-        resources: ResourceConfig = ResourceConfig(),  # noqa: B008
+        resources: ResourceConfig | None = None,
+        actor_config: ActorConfig | None = None,
         **kwargs: Any,
     ) -> ActorGroup:
         """Start ``count`` actors ``{name}-0`` ... ``{name}-{count-1}``, each its own job."""
         handles = [
-            self.create_actor(actor_class, *args, name=member, resources=resources, **kwargs)
-            for member in group_member_names(name, count)
+            self._create_actor(actor_class, args, kwargs, member, resources, actor_config, (name, index))
+            for index, member in enumerate(group_member_names(name, count))
         ]
         jobs = [ClusterJobHandle(self.address, h._job_id, self._token) for h in handles]
-        return ActorGroup(handles, jobs)
+        return ActorGroup(handles, jobs, name)
 
     def _release_at_exit(self, *, timeout: float) -> None:
         """Best effort, bounded: end this client's actors and attached jobs; say which jobs keep running."""
@@ -542,7 +728,7 @@ class ClusterClient:
             jobs = [job_id for job_id, is_actor, _ in owned if not is_actor]
             live = {v.job_id for v in rpc.wait(jobs, 0.0) if not v.state.finished} if jobs else set()
             for job_id, is_actor, detached in owned:
-                if is_actor or not detached:
+                if not detached:  # attached jobs, and actors unless created detached
                     with contextlib.suppress(FrayError, OSError):
                         rpc.terminate(job_id, "its script exited")
                     if not is_actor and job_id in live:
@@ -562,16 +748,29 @@ class ClusterClient:
         )
 
     def shutdown(self, wait: bool = True) -> None:
-        """Stop this client's actors (and, unless ``wait``, its running jobs); refuse new work."""
+        """Stop this client's actors (and, unless ``wait``, its running jobs); refuse new work.
+
+        Returns once the stopped actors' processes are gone (at most ``_ACTOR_STOP_SECONDS``),
+        so that no call made afterwards reaches one.
+        """
         self._closed = True
         with self._lock:
             owned = list(self._owned)
-        for job_id, is_actor, _ in owned:
+        stopped: list[ClusterJobHandle] = []
+        for job_id, is_actor, detached in owned:
+            if is_actor and detached:
+                continue  # it outlives this client (ActorConfig(lifetime="detached"))
             handle = ClusterJobHandle(self.address, job_id, self._token)
             try:
                 if wait and not is_actor:
                     handle.wait(raise_on_failure=False)
                 else:
                     handle.terminate()
+                    if is_actor:
+                        stopped.append(handle)
             except FrayError:
                 pass  # a controller that went away has nothing left to stop for us
+        deadline = time.monotonic() + _ACTOR_STOP_SECONDS
+        for handle in stopped:
+            with contextlib.suppress(FrayError, TimeoutError):
+                handle.wait(max(0.0, deadline - time.monotonic()), raise_on_failure=False)

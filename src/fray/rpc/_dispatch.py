@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from fray._eventloop import ActorLoop, invoke
 from fray._serialization import check_result_picklable
@@ -28,7 +28,7 @@ from fray.errors import SerializationError
 from fray.rpc import wire
 from fray.rpc.protocol import ActorInfo, ErrorCode, encode_error
 
-__all__ = ["Actor", "ActorRunner", "Call", "ServerConnection"]
+__all__ = ["Actor", "ActorRunner", "Call", "CallHooks", "ServerConnection"]
 
 # The connection thread writes batched responses at least every this many bytes, and
 # responses queued before a call it runs itself leave at most this late (seconds).
@@ -150,7 +150,22 @@ class Call:
         self.method, self.args, self.kwargs = method, args, kwargs
 
     def run(self) -> None:
-        """Run the method and send its result or exception."""
+        """Run the method and send its result or exception (between the actor's hooks, if it has any)."""
+        hooks = self.actor.hooks
+        if hooks is None:
+            self._run()
+            return
+        try:
+            hooks.started()
+        except BaseException as exc:  # the hook refuses the call: it did not run
+            self.conn.send_error(self.rid, ErrorCode.RAISED, exc)
+            return
+        try:
+            self._run()
+        finally:
+            hooks.ended()
+
+    def _run(self) -> None:
         conn, actor = self.conn, self.actor
         try:
             result = invoke(actor.obj, self.method, self.args, self.kwargs, actor.runner.loop)
@@ -304,6 +319,18 @@ class ActorRunner:
             self._queue.put(None)
 
 
+class CallHooks(Protocol):
+    """What an actor's host is told around each call (see ``ActorServer.register(hooks=...)``)."""
+
+    def started(self) -> None:
+        """A call is about to run; raising refuses it (the caller gets the exception, nothing runs)."""
+        ...
+
+    def ended(self) -> None:
+        """The call has run and its answer was sent."""
+        ...
+
+
 @dataclass
 class Actor:
     namespace: str
@@ -311,6 +338,7 @@ class Actor:
     actor_id: str
     obj: Any
     runner: ActorRunner
+    hooks: CallHooks | None = None
 
     def info(self) -> ActorInfo:
         return ActorInfo(

@@ -38,7 +38,7 @@ from fray.actor import check_actor_method, public_methods
 from fray.errors import ConfigError, ProtocolError, SerializationError
 from fray.rpc import wire
 from fray.rpc._accept import Acceptor, Limits
-from fray.rpc._dispatch import Actor, ActorRunner, Call, ServerConnection
+from fray.rpc._dispatch import Actor, ActorRunner, Call, CallHooks, ServerConnection
 from fray.rpc.namespace import default_token, resolve_namespace
 from fray.rpc.protocol import (
     CONTROL_LIST_ACTORS,
@@ -194,13 +194,22 @@ class ActorServer:
         """The ``actor://host:port/name`` URL of actor ``name`` on this server."""
         return f"actor://{self.address}/{name}"
 
-    def register(self, name: str, obj: Any, *, max_concurrency: int = 1, namespace: str | None = None) -> str:
+    def register(
+        self,
+        name: str,
+        obj: Any,
+        *,
+        max_concurrency: int = 1,
+        namespace: str | None = None,
+        hooks: CallHooks | None = None,
+    ) -> str:
         """Serve ``obj`` as actor ``name``; return its fresh actor id.
 
         Registering a name again replaces the previous object: clients bound to the old
         id get :class:`~fray.errors.ActorUnavailableError` instead of silently reaching
         the new one. ``max_concurrency`` is how many calls may run at once (1: one at
-        a time, in arrival order).
+        a time, in arrival order). ``hooks`` (a :class:`~fray.rpc._dispatch.CallHooks`)
+        are told when each call starts (and may refuse it) and when it has ended.
         """
         if not isinstance(name, str) or not name or "/" in name:
             raise ConfigError(f"actor name must be a non-empty string without '/', got {name!r}")
@@ -208,7 +217,7 @@ class ActorServer:
             raise ConfigError(f"max_concurrency must be a positive int, got {max_concurrency!r}")
         ns = resolve_namespace(namespace) if namespace is not None else self.namespace
         actor_id = uuid.uuid4().hex
-        actor = Actor(ns, name, actor_id, obj, ActorRunner(f"{name}-{actor_id[:8]}", max_concurrency))
+        actor = Actor(ns, name, actor_id, obj, ActorRunner(f"{name}-{actor_id[:8]}", max_concurrency), hooks)
         with self._lock:
             previous = self._actors.get((ns, name))
             self._actors[(ns, name)] = actor
