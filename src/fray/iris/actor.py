@@ -132,11 +132,14 @@ def host_actor(payload: bytes, name: str, options: dict[str, Any] | None = None)
         actor_class, args, kwargs = cloudpickle.loads(payload)
         meta = JobMeta(name, actor_class.__qualname__, False, 1, 1, 0, 0)
         address = opts.get("address")
+        concurrency = int(opts.get("max_concurrency", 1))
         context = ActorContext(
             name,
             opts.get("group"),
             int(opts.get("index", 0)),
-            lambda: IrisActorHandle(name, IrisJobHandle(info.job_id, meta, address), actor_class, address),
+            lambda: IrisActorHandle(
+                name, IrisJobHandle(info.job_id, meta, address), actor_class, address, None, concurrency
+            ),
         )
         set_process_actor(context)
         instance = actor_class(*args, **kwargs)
@@ -179,8 +182,10 @@ class IrisActorHandle:
         actor_class: type,
         address: str | None,
         iris: IrisLib | None = None,
+        max_concurrency: int = 1,
     ) -> None:
         self._name = name
+        self._concurrency = max_concurrency  # sender threads: one keeps this handle's calls in order
         self._job = job
         self._class = actor_class
         self._address = address
@@ -189,11 +194,11 @@ class IrisActorHandle:
         self._lock = threading.Lock()
         self._ready: Future[None] = Future()
         self._calls: queue.SimpleQueue[tuple[ActorFuture, str, bytes]] = queue.SimpleQueue()
-        self._sender: threading.Thread | None = None
+        self._senders = 0
         self._rpc: ActorClient | None = None
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (IrisActorHandle, (self._name, self._job, self._class, self._address))
+        return (IrisActorHandle, (self._name, self._job, self._class, self._address, None, self._concurrency))
 
     def __repr__(self) -> str:
         return f"IrisActorHandle({self._name!r}, job={self._job.job_id!r})"
@@ -226,11 +231,11 @@ class IrisActorHandle:
             self._iris_client = _connect.iris_client(self._address)
         return self._iris_client
 
-    def _start(self) -> None:
-        # Caller holds self._lock.
-        if self._sender is None:
-            self._sender = threading.Thread(target=self._send_loop, name=f"fray-iris-{self._name}", daemon=True)
-            self._sender.start()
+    def _start(self, more: bool = False) -> None:
+        # Caller holds self._lock. One sender at least; ``more``: another, up to max_concurrency.
+        if self._senders == 0 or (more and self._senders < self._concurrency):
+            self._senders += 1
+            threading.Thread(target=self._send_loop, name=f"fray-iris-{self._name}", daemon=True).start()
 
     def _fray_call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ActorFuture:
         """Queue one call behind this handle's earlier ones (what ``handle.method.remote`` does)."""
@@ -244,11 +249,12 @@ class IrisActorHandle:
             future.set_exception(self._death(JobStatus.STOPPED))
             return future
         with self._lock:  # with the sender's idle check: a queued call always has a sender
-            self._start()
+            self._start(more=True)
             self._calls.put((future, method, payload))
         return future
 
-    # The sender thread: waits for the endpoint, then sends this handle's calls one by one, in order.
+    # The sender threads: wait for the endpoint, then send this handle's calls. With max_concurrency 1 there
+    # is one, which sends them one by one, in order; with N, up to N calls are in flight at once.
 
     def _send_loop(self) -> None:
         self._await_endpoint()
@@ -258,7 +264,7 @@ class IrisActorHandle:
             except queue.Empty:
                 with self._lock:
                     if self._calls.empty():
-                        self._sender = None
+                        self._senders -= 1
                         return
                 continue
             if not future.set_running_or_notify_cancel():

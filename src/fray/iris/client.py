@@ -252,7 +252,7 @@ class IrisClient:
         job = self._launch(
             request, entrypoint, actor_class.__qualname__, binary=False, ports=["actor"], detached=config.detached
         )
-        return IrisActorHandle(name, job, actor_class, self.address, self._iris)
+        return IrisActorHandle(name, job, actor_class, self.address, self._iris, config.max_concurrency)
 
     def create_actor_group(
         self,
