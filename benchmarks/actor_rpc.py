@@ -17,9 +17,11 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
+import shutil
 import socket
 import statistics
 import struct
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -177,7 +179,16 @@ class RayPeer:
     def __init__(self) -> None:
         import ray
 
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+        # A cluster of this process's own (ray.shutdown() stops exactly it), in its own temp dir.
+        self.temp_dir = tempfile.mkdtemp(prefix="fray-bench-ray-", dir="/tmp")
+        ray.init(
+            address="local",
+            num_cpus=2,
+            include_dashboard=False,
+            log_to_driver=False,
+            logging_level="ERROR",
+            _temp_dir=self.temp_dir,
+        )
 
         @ray.remote
         class RayEcho:
@@ -201,6 +212,7 @@ class RayPeer:
 
     def close(self) -> None:
         self.ray.shutdown()
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------------------------------
