@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fray.errors import ActorUnavailableError, ProtocolError, RpcTimeoutError
-from fray.rpc import wire
+from fray.rpc import _local, wire
 
 __all__ = ["Callback", "Connection", "NotSent", "Pending", "remaining"]
 
@@ -78,7 +78,7 @@ class Connection:
     """
 
     def __init__(self, host: str, port: int, token: bytes | None, timeout: float | None) -> None:
-        self.address = f"{host}:{port}"
+        address = f"{host}:{port}"
         connect_timeout = wire.HANDSHAKE_TIMEOUT if timeout is None else min(timeout, wire.HANDSHAKE_TIMEOUT)
         sock = socket.create_connection((host, port), timeout=connect_timeout)
         try:
@@ -89,7 +89,27 @@ class Connection:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, _KEEPALIVE_INTERVAL)
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, _KEEPALIVE_COUNT)
             wire.tune_socket(sock)
-            wire.client_handshake(sock, token, self.address)
+        except BaseException:
+            sock.close()
+            raise
+        self._setup(sock, address, token)
+
+    @classmethod
+    def local(cls, name: str, address: str, token: bytes | None, timeout: float | None) -> Connection:
+        """A connection over the server's local listener ``name`` (see :mod:`fray.rpc._local`).
+
+        OSError when it is not reachable from here (another host).
+        """
+        connect_timeout = wire.HANDSHAKE_TIMEOUT if timeout is None else min(timeout, wire.HANDSHAKE_TIMEOUT)
+        conn = cls.__new__(cls)
+        conn._setup(_local.connect(name, connect_timeout), address, token)
+        return conn
+
+    def _setup(self, sock: socket.socket, address: str, token: bytes | None) -> None:
+        self.address = address
+        self.is_local = sock.family == socket.AF_UNIX  # over the server's local listener
+        try:
+            wire.client_handshake(sock, token, address)
             sock.settimeout(None)
         except BaseException:
             sock.close()
@@ -504,6 +524,7 @@ class Connection:
             )
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
+        self._frames.close()
 
 
 def remaining(deadline: float | None) -> float | None:

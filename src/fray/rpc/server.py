@@ -36,13 +36,14 @@ from typing import Any, Protocol
 
 from fray.actor import check_actor_method, public_methods
 from fray.errors import ConfigError, ProtocolError, SerializationError
-from fray.rpc import wire
+from fray.rpc import _local, wire
 from fray.rpc._accept import Acceptor, Limits
 from fray.rpc._dispatch import Actor, ActorRunner, Call, ServerConnection
 from fray.rpc.namespace import default_token, resolve_namespace
 from fray.rpc.protocol import (
     CONTROL_LIST_ACTORS,
     CONTROL_LIST_METHODS,
+    CONTROL_LOCAL,
     CONTROL_LOOKUP,
     CONTROL_PING,
     ActorInfo,
@@ -181,6 +182,15 @@ class ActorServer:
         self._started = False
         self._stopped = threading.Event()
         self._acceptor = Acceptor(self._listener, self._token, self._serve_connection, limits=limits, name="actor")
+        # Clients on this host move to the local listener (see fray.rpc._local); same handshake and limits.
+        local = _local.listen()
+        self._local_name: str | None = None
+        self._local_acceptor: Acceptor | None = None
+        if local is not None:
+            self._local_listener, self._local_name = local
+            self._local_acceptor = Acceptor(
+                self._local_listener, self._token, self._serve_connection, limits=limits, name="actor-local"
+            )
 
     # -- public API -----------------------------------------------------------------------------
 
@@ -248,6 +258,8 @@ class ActorServer:
                 raise RuntimeError("this ActorServer was stopped; create a new one")
             self._started = True
         self._acceptor.start()
+        if self._local_acceptor is not None:
+            self._local_acceptor.start()
         return self
 
     def serve(self) -> None:
@@ -262,6 +274,9 @@ class ActorServer:
         self._stopped.set()
         self._acceptor.stop()
         self._listener.close()
+        if self._local_acceptor is not None:
+            self._local_acceptor.stop()
+            self._local_listener.close()
         with self._lock:
             connections = list(self._connections)
             actors = list(self._actors.values())
@@ -294,8 +309,8 @@ class ActorServer:
             if self._stopped.is_set():
                 return
             self._connections.add(conn)
+        reader = wire.FrameReader(sock, max_frame_bytes=self._max_frame_bytes)
         try:
-            reader = wire.FrameReader(sock, max_frame_bytes=self._max_frame_bytes)
             conn.reader_thread = threading.get_ident()
             while True:
                 if not reader.buffered():
@@ -319,6 +334,7 @@ class ActorServer:
                     return
         finally:
             conn.flush()  # e.g. a PROTOCOL_ERROR explaining why we hang up
+            reader.close()
             with self._lock:
                 self._connections.discard(conn)
 
@@ -368,6 +384,8 @@ class ActorServer:
             result: Any
             if operation == CONTROL_PING:
                 result = "pong"
+            elif operation == CONTROL_LOCAL:
+                result = self._local_name
             elif operation == CONTROL_LIST_ACTORS:
                 (namespace,) = arguments
                 result = [info for info in self.actors() if info.namespace == namespace]

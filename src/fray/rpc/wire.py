@@ -21,6 +21,8 @@ See ``docs/protocol.md`` for the byte layout and the versioning rule.
 
 from __future__ import annotations
 
+import array
+import collections
 import enum
 import hashlib
 import hmac
@@ -35,6 +37,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from fray.errors import AuthenticationError, ProtocolError
+from fray.rpc import _memfd
 from fray.rpc._payload import decode, encode
 
 __all__ = [
@@ -42,6 +45,7 @@ __all__ = [
     "DEFAULT_MAX_SEGMENTS",
     "PROTOCOL_VERSION",
     "SEGMENT_BYTEARRAY",
+    "SEGMENT_MEMFD",
     "Authenticated",
     "Frame",
     "FrameKind",
@@ -101,10 +105,15 @@ _SMALL_FRAME_BYTES = 16384
 _TABLES: dict[int, struct.Struct] = {}
 
 # The top bits of an entry of the segment-length table are flags; the rest is the length.
+#: The segment is not in the stream: it is the next memfd passed with the frame (local connections).
+SEGMENT_MEMFD = 1 << 63
 #: The segment is rebuilt as a ``bytearray``: receive it into one (then it needs no copy).
 SEGMENT_BYTEARRAY = 1 << 62
-_SEGMENT_FLAGS = SEGMENT_BYTEARRAY
+_SEGMENT_FLAGS = SEGMENT_MEMFD | SEGMENT_BYTEARRAY
 _LENGTH_MASK = (1 << 48) - 1
+# Linux passes at most this many descriptors per sendmsg (SCM_MAX_FD).
+_MAX_FDS = 253
+_FD_BUFFER_BYTES = socket.CMSG_SPACE(_MAX_FDS * 4) if hasattr(socket, "CMSG_SPACE") else 0
 
 # Segments at least this large are received into huge-page-backed maps (see _allocate).
 _HUGE_PAGE_MIN_BYTES = 4 << 20
@@ -298,6 +307,8 @@ def client_handshake(sock: socket.socket, token: bytes | None, address: str, pri
 
 
 def _is_loopback_peer(sock: socket.socket) -> bool:
+    if sock.family == socket.AF_UNIX:
+        return True  # a Unix socket never leaves the machine
     host = sock.getpeername()[0]
     return bool(host.startswith("127.") or host in ("::1", "localhost"))
 
@@ -342,7 +353,9 @@ def send_frame(sock: socket.socket, kind: FrameKind, request_id: int, segments: 
     """Send one frame: header, length table and segments in as few ``sendmsg`` calls as possible.
 
     ``segments`` are bytes-like objects; they are sent from their own memory (no
-    concatenation), which is what keeps large numpy arrays from being copied.
+    concatenation), which is what keeps large numpy arrays from being copied. On a
+    local (Unix socket) connection, segments of :data:`fray.rpc._memfd.MIN_BYTES` or
+    more travel as memfds instead (see :mod:`fray.rpc._memfd`).
     Callers serialise concurrent senders on one socket with a lock.
     """
     if len(segments) == 1 and type(segments[0]) is bytes and len(segments[0]) < _SMALL_FRAME_BYTES:
@@ -350,14 +363,33 @@ def send_frame(sock: socket.socket, kind: FrameKind, request_id: int, segments: 
         sock.sendall(frame_header(kind, request_id, (len(segments[0]),)) + segments[0])
         return
     views = [s if type(s) is bytes else memoryview(s).cast("B") for s in segments]
-    header = frame_header(kind, request_id, [_entry(v) for v in views])
-    _sendmsg_all(sock, [header, *views])
+    entries = [_entry(v) for v in views]
+    fds: list[int] = []
+    try:
+        if getattr(sock, "family", None) == socket.AF_UNIX and _memfd.available():
+            for index, view in enumerate(views):
+                if len(view) >= _memfd.MIN_BYTES and len(fds) < _MAX_FDS:
+                    fds.append(_memfd.SPARES.fill(view))
+                    entries[index] |= SEGMENT_MEMFD
+                    views[index] = b""
+        header = frame_header(kind, request_id, entries)
+        _sendmsg_all(sock, [header, *views], fds)
+    finally:
+        # Sent (the receiver has its own descriptors) or not: either way these are not ours any more.
+        for fd in fds:
+            os.close(fd)
 
 
-def _sendmsg_all(sock: socket.socket, buffers: list[Any]) -> None:
+def _sendmsg_all(sock: socket.socket, buffers: list[Any], fds: Sequence[int] = ()) -> None:
     pending = [memoryview(b) for b in buffers if len(b)]
+    # Descriptors ride with the first bytes (the header), so they arrive before the frame is parsed.
+    ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())] if fds else []
     while pending:
-        sent = sock.sendmsg(pending[:_IOV_MAX])
+        if ancillary:
+            sent = sock.sendmsg(pending[:_IOV_MAX], ancillary)
+            ancillary = []
+        else:
+            sent = sock.sendmsg(pending[:_IOV_MAX])
         # Drop what went out; a partial send leaves the tail of one buffer.
         while sent and pending:
             first = pending[0]
@@ -392,6 +424,9 @@ class FrameReader:
         self._start = 0
         self._end = 0
         self._spare: Any = None  # the last large receive buffer (see _large_buffer)
+        # A local connection may pass memfds: read with recvmsg, and queue them in arrival order.
+        self._local = sock.family == socket.AF_UNIX and _memfd.available()
+        self._fds: collections.deque[int] = collections.deque()
         self.max_frame_bytes = max_frame_bytes
         self.max_segments = max_segments
 
@@ -451,7 +486,7 @@ class FrameReader:
                 remaining = self._end - self._start
                 self._buf[:remaining] = self._buf[self._start : self._end]
                 self._start, self._end = 0, remaining
-            got = self._sock.recv_into(self._view[self._end :])
+            got = self._receive(self._view[self._end :])
             if got == 0:
                 if at_boundary and self._end == self._start:
                     return False
@@ -459,9 +494,34 @@ class FrameReader:
             self._end += got
         return True
 
+    def _receive(self, view: memoryview) -> int:
+        if not self._local:
+            return self._sock.recv_into(view)
+        got, ancillary, flags, _ = self._sock.recvmsg_into([view], _FD_BUFFER_BYTES, socket.MSG_CMSG_CLOEXEC)
+        for level, kind, data in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds = array.array("i")
+                fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
+                self._fds.extend(fds)
+        if flags & socket.MSG_CTRUNC:
+            raise ProtocolError("the peer passed more descriptors than a frame may carry")
+        return got
+
+    def close(self) -> None:
+        """Close descriptors received but never claimed by a frame (only a faulty peer leaves any)."""
+        while self._fds:
+            os.close(self._fds.popleft())
+
     def _read_segment(self, entry: int) -> Any:
         """One segment (a writable buffer: a bytearray, a huge-page map, or a view of a reused one)."""
         n = entry & _LENGTH_MASK
+        if entry & SEGMENT_MEMFD:
+            if not self._fds:
+                raise ProtocolError("a segment names a memfd the peer did not pass")
+            fd = self._fds.popleft()
+            if entry & SEGMENT_BYTEARRAY:
+                return _memfd.SPARES.read(fd, n)
+            return _memfd.SPARES.map(fd, n)
         available = self._end - self._start
         if n <= available or n <= self._BUFFER_BYTES // 4:
             self._fill(n)
@@ -524,8 +584,9 @@ def wait_for(sock: socket.socket, events: int, timeout: float | None) -> int:
 
 
 def tune_socket(sock: socket.socket) -> None:
-    """Socket options every Fray connection uses: no Nagle delay, large kernel buffers."""
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    """Socket options every Fray connection uses: no Nagle delay (TCP), large kernel buffers."""
+    if sock.family != socket.AF_UNIX:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     # Bigger buffers mean fewer wake-ups per megabyte on large transfers; the kernel caps them.
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SOCKET_BUFFER_BYTES)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _SOCKET_BUFFER_BYTES)
