@@ -36,14 +36,16 @@ class Channel:
         # The id this channel last talked to; a different one behind the name means "replaced".
         self._known_id: str | None = None
 
-    def bind(self, deadline: float | None) -> tuple[Connection, str]:
+    def bind(self, deadline: float | None, *, check_idle: bool = True) -> tuple[Connection, str]:
         """Return a live connection and the actor id to address, resolving and connecting if needed.
 
         Raises NotSent (retryable), AuthenticationError / ProtocolError, or
         ActorUnavailableError when the actor behind the name was replaced.
+        ``check_idle=False`` skips looking for a server that died while the connection was
+        idle, for callers that send with :meth:`Connection.call`, which looks itself.
         """
         conn, actor_id = self._conn, self._actor_id
-        if conn is not None and actor_id is not None and conn.usable():
+        if conn is not None and actor_id is not None and (conn.error is None if not check_idle else conn.usable()):
             return conn, actor_id
         with self._lock:
             if self._conn is not None and self._actor_id is not None and self._conn.usable():

@@ -34,7 +34,7 @@ import threading
 import uuid
 from typing import Any, Protocol
 
-from fray.actor import check_actor_method, public_methods
+from fray.actor import public_methods
 from fray.errors import ConfigError, ProtocolError, SerializationError
 from fray.rpc import _local, wire
 from fray.rpc._accept import Acceptor, Limits
@@ -310,6 +310,7 @@ class ActorServer:
                 return
             self._connections.add(conn)
         reader = wire.FrameReader(sock, max_frame_bytes=self._max_frame_bytes)
+        conn.reader = reader
         try:
             conn.reader_thread = threading.get_ident()
             while True:
@@ -339,8 +340,8 @@ class ActorServer:
                 self._connections.discard(conn)
 
     def _lookup(self, namespace: str, name: str) -> Actor | None:
-        with self._lock:
-            return self._actors.get((namespace, name))
+        # One dict read, atomic on its own: no lock on the per-call path.
+        return self._actors.get((namespace, name))
 
     def _handle_call(self, conn: ServerConnection, frame: wire.Frame) -> None:
         rid = frame.request_id
@@ -368,7 +369,7 @@ class ActorServer:
             conn.send_error(rid, ErrorCode.REPLACED, LookupError(message))
             return
         try:
-            check_actor_method(type(actor.obj), method)
+            actor.check_method(method)
         except AttributeError as exc:
             conn.send_error(rid, ErrorCode.REJECTED, exc)
             return

@@ -114,6 +114,8 @@ _LENGTH_MASK = (1 << 48) - 1
 # Linux passes at most this many descriptors per sendmsg (SCM_MAX_FD).
 _MAX_FDS = 253
 _FD_BUFFER_BYTES = socket.CMSG_SPACE(_MAX_FDS * 4) if hasattr(socket, "CMSG_SPACE") else 0
+_CTRUNC = int(getattr(socket, "MSG_CTRUNC", 0))  # an int: flag arithmetic on the enum is slow
+_CMSG_CLOEXEC = int(getattr(socket, "MSG_CMSG_CLOEXEC", 0))
 
 # Segments at least this large are received into huge-page-backed maps (see _allocate).
 _HUGE_PAGE_MIN_BYTES = 4 << 20
@@ -497,13 +499,13 @@ class FrameReader:
     def _receive(self, view: memoryview) -> int:
         if not self._local:
             return self._sock.recv_into(view)
-        got, ancillary, flags, _ = self._sock.recvmsg_into([view], _FD_BUFFER_BYTES, socket.MSG_CMSG_CLOEXEC)
+        got, ancillary, flags, _ = self._sock.recvmsg_into([view], _FD_BUFFER_BYTES, _CMSG_CLOEXEC)
         for level, kind, data in ancillary:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 fds = array.array("i")
                 fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
                 self._fds.extend(fds)
-        if flags & socket.MSG_CTRUNC:
+        if flags & _CTRUNC:
             raise ProtocolError("the peer passed more descriptors than a frame may carry")
         return got
 
