@@ -188,11 +188,12 @@ class _ClusterActorMethod:
     def remote(self, *args: Any, **kwargs: Any) -> ActorFuture:
         """Start the call; the future fails with ActorDiedError if the actor is gone."""
         check_terminated()
-        return self._handle._call(self._name, args, kwargs)
+        return self._handle._fray_call(self._name, args, kwargs)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Make the call and wait for its result."""
-        return self.remote(*args, **kwargs).result()
+        check_terminated()
+        return self._handle._fray_call_sync(self._name, args, kwargs)
 
 
 class ClusterActorHandle:
@@ -297,6 +298,30 @@ class ClusterActorHandle:
                     future.set_exception(exc)
         self._ready.set_result(None)
 
+    # Once the actor serves (and the calls queued before are sent), calls go straight to the
+    # inner fray.rpc client: a blocking call reads its own socket, a .remote() call has the
+    # client's one future, and only a broken connection costs a look at the controller.
+
+    def _fray_call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ActorFuture:
+        """Start a call and return its future (see :class:`fray.actor.RemoteMethod`)."""
+        rpc = self._rpc
+        if self._direct and rpc is not None:
+            return rpc._call_async(method, args, kwargs, self._explain_unavailable)
+        return self._call(method, args, kwargs)
+
+    def _fray_call_sync(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Make a call and return its result, in this thread, without a future once the actor serves."""
+        rpc = self._rpc
+        if not (self._direct and rpc is not None):
+            return self._call(method, args, kwargs).result()
+        try:
+            return rpc._call(method, args, kwargs)
+        except ActorUnavailableError as error:
+            explained = self._explain_unavailable(error)
+            if explained is error:
+                raise
+            raise explained from None
+
     def _call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ActorFuture:
         future = ActorFuture()
         if not self._direct:
@@ -316,6 +341,7 @@ class ClusterActorHandle:
         return future
 
     def _send(self, future: ActorFuture, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        # Only for calls queued before the actor served; later ones take _fray_call's fast path.
         assert self._rpc is not None
         inner = getattr(self._rpc, method).remote(*args, **kwargs)
 

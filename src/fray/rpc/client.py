@@ -27,6 +27,7 @@ import concurrent.futures
 import functools
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Generic, Protocol, TypeVar, cast, get_args
 
@@ -297,12 +298,24 @@ class ActorClient(Generic[T]):
             return value
         raise value
 
-    def _call_async(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ActorFuture:
+    def _call_async(
+        self,
+        method: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        explain: Callable[[ActorUnavailableError], BaseException] | None = None,
+    ) -> ActorFuture:
+        """Start a call; its future is settled by whichever thread reads the answer.
+
+        ``explain`` (for handles that know more about the actor than the connection does)
+        turns an ActorUnavailableError into the error the caller should see; it may block,
+        so it runs in a thread of its own, never on the thread that read the connection.
+        """
         timeout = self._options.timeout
         deadline = None if timeout is None else time.monotonic() + timeout
         future = CallFuture()
         try:
-            conn, entry = self._submit(method, args, kwargs, deadline, _SendOnly(self, method, future))
+            conn, entry = self._submit(method, args, kwargs, deadline, _SendOnly(self, method, future, explain))
         except SerializationError:
             raise  # bad arguments are refused at the call, as on every backend: nothing was sent
         except BaseException as exc:
@@ -319,12 +332,17 @@ class ActorClient(Generic[T]):
         future: concurrent.futures.Future[Any],
         conn: Connection,
         method: str,
+        explain: Callable[[ActorUnavailableError], BaseException] | None,
         response: wire.Frame | BaseException,
     ) -> None:
         """The callback of a ``.remote()`` call: settle its future with the outcome."""
         ok, value = self._outcome(response, conn, method)
         if ok:
             settle(future, result=value)
+        elif explain is not None and isinstance(value, ActorUnavailableError):
+            threading.Thread(
+                target=lambda: settle(future, exception=explain(value)), name="fray-rpc-explain", daemon=True
+            ).start()
         else:
             settle(future, exception=value)
 
@@ -358,14 +376,20 @@ class _SendAndWait:
 class _SendOnly:
     """A ``.remote()`` call: send, and settle ``future`` from whichever thread reads the response."""
 
-    __slots__ = ("client", "future", "method")
+    __slots__ = ("client", "explain", "future", "method")
     checks_idle = True
 
-    def __init__(self, client: ActorClient[Any], method: str, future: concurrent.futures.Future[Any]) -> None:
-        self.client, self.method, self.future = client, method, future
+    def __init__(
+        self,
+        client: ActorClient[Any],
+        method: str,
+        future: concurrent.futures.Future[Any],
+        explain: Callable[[ActorUnavailableError], BaseException] | None,
+    ) -> None:
+        self.client, self.method, self.future, self.explain = client, method, future, explain
 
     def __call__(self, conn: Connection, segments: list[Any]) -> tuple[Connection, Pending]:
-        callback = functools.partial(self.client._complete, self.future, conn, self.method)
+        callback = functools.partial(self.client._complete, self.future, conn, self.method, self.explain)
         return conn, conn.request(wire.FrameKind.CALL, segments, callback)
 
 
