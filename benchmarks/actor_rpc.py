@@ -1,15 +1,27 @@
-"""Benchmark of Fray's actor RPC against a raw-socket echo floor and a Ray actor, in one run.
+"""Fray's actor RPC against raw-socket floors and a Ray actor, in one run.
 
-Usage: ``python benchmarks/actor_rpc.py [--calls 5000] [--no-ray]``
+Usage::
 
-Every server runs in its own process; the client is this process. Printed:
-sync-call latency p50/p99, pipelined throughput (64 calls in flight on one
-connection, median of rounds), and 1 MB / 64 MB argument round trips (the method returns its
-argument, so the bytes cross twice; GB/s is payload size over round-trip time).
-Ratios compare Fray with the peers measured in this same run, since absolute
-numbers on shared machines drift between runs. The raw socket and Fray take turns
-round by round; Ray is measured after them, so that the daemons of its local
-cluster do not load the machine while the others run.
+    python benchmarks/actor_rpc.py            # ~2-3 minutes: floors, Fray on both transports, Ray
+    python benchmarks/actor_rpc.py --no-ray   # without Ray (~1 minute)
+    python benchmarks/actor_rpc.py --quick    # fewer calls, a smoke test
+
+Every server runs in its own process; the client is this process. Peers:
+
+* ``raw tcp`` / ``raw unix`` -- the floors: a blocking socket echoing length-prefixed frames, no
+  serialisation, over TCP loopback and over a Unix socket;
+* ``fray tcp`` -- an ``ActorClient`` kept on TCP (``FRAY_RPC_LOCAL=0`` while it connects);
+* ``fray local`` -- an ``ActorClient`` on the local transport it picks by itself on one host (a
+  Unix socket; segments of 1 MiB or more as memfds);
+* ``ray actor`` -- a Ray actor on a local cluster of this run's own, measured after the others
+  (its daemons keep both cores busy while it is up).
+
+Small calls are measured at two CPU placements, because where the kernel runs the server decides
+the floor: ``one CPU`` pins client and server to CPU 0, ``two CPUs`` pins the client to CPU 0 and
+the server to CPU 1. Each Fray figure is compared with the floor of its own transport at the same
+placement; peers take turns round by round. Large payloads (64 MiB, numpy / bytes / bytearray; the
+method returns its argument, so the bytes cross twice; GB/s is payload size over round-trip time)
+are measured at the two-CPU placement, five round trips each, with their spread ((max-min)/median).
 """
 
 from __future__ import annotations
@@ -17,9 +29,11 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
+import shutil
 import socket
 import statistics
 import struct
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -28,65 +42,72 @@ import numpy as np
 
 WINDOW = 64
 SMALL = b"x" * 30
+ROUNDS = 5
 _LEN = struct.Struct("!Q")
+MIB = 1 << 20
+
+
+def pin(pid: int, cpu: int) -> None:
+    """Run process ``pid`` (all its threads) on CPU ``cpu`` only, where the machine has it."""
+    if hasattr(os, "sched_setaffinity") and cpu < (os.cpu_count() or 1):
+        os.sched_setaffinity(pid, {cpu})
+        for tid in os.listdir(f"/proc/{pid}/task") if os.path.isdir(f"/proc/{pid}/task") else []:
+            os.sched_setaffinity(int(tid), {cpu})
 
 
 # ---------------------------------------------------------------------------------------------
-# Raw-socket floor: length-prefixed frames over one blocking TCP socket, no serialisation.
+# Raw-socket floors: length-prefixed frames over one blocking socket, no serialisation.
 
 
-def _raw_server(ready: Any) -> None:
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen()
-    ready.put(listener.getsockname()[1])
-    sock, _ = listener.accept()
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    while True:
-        header = _recv_exact(sock, 8)
-        if header is None:
-            return
-        (n,) = _LEN.unpack(header)
-        body = bytearray(n)
-        if _recv_into(sock, memoryview(body)) is None:
-            return
-        sock.sendmsg([header, body])
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
-    buf = bytearray(n)
-    return bytes(buf) if _recv_into(sock, memoryview(buf)) is not None else None
-
-
-def _recv_into(sock: socket.socket, view: memoryview) -> int | None:
+def _recv_into(sock: socket.socket, view: memoryview) -> bool:
     got = 0
     while got < len(view):
         k = sock.recv_into(view[got:])
         if k == 0:
-            return None
+            return False
         got += k
-    return got
+    return True
+
+
+def _raw_server(ready: Any, family: int, path: str) -> None:
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    listener.bind(path if family == socket.AF_UNIX else ("127.0.0.1", 0))
+    listener.listen()
+    ready.put(listener.getsockname())
+    sock, _ = listener.accept()
+    if family != socket.AF_UNIX:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    header = bytearray(8)
+    while _recv_into(sock, memoryview(header)):
+        body = bytearray(_LEN.unpack(header)[0])
+        if not _recv_into(sock, memoryview(body)):
+            return
+        sock.sendmsg([header, body])
 
 
 class RawPeer:
-    """The floor: what a blocking socket costs with no protocol at all."""
+    """A floor: what a blocking socket costs with no protocol at all."""
 
-    name = "raw socket echo"
-
-    def __init__(self) -> None:
+    def __init__(self, family: int) -> None:
+        self.family = family
+        self.dir = tempfile.mkdtemp(prefix="fray-bench-")
         ctx = mp.get_context("spawn")
         ready = ctx.Queue()
-        self.proc = ctx.Process(target=_raw_server, args=(ready,), daemon=True)
+        self.proc = ctx.Process(target=_raw_server, args=(ready, family, f"{self.dir}/echo.sock"), daemon=True)
         self.proc.start()
-        self.sock = socket.create_connection(("127.0.0.1", ready.get(timeout=60)))
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        address = ready.get(timeout=60)
+        self.sock = socket.socket(family, socket.SOCK_STREAM)
+        self.sock.connect(address)
+        if family != socket.AF_UNIX:
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.pid = self.proc.pid
 
     def _send(self, payload: Any) -> None:
         self.sock.sendmsg([_LEN.pack(memoryview(payload).nbytes), payload])
 
     def _recv(self) -> bytearray:
-        header = _recv_exact(self.sock, 8)
-        assert header is not None
+        header = bytearray(8)
+        _recv_into(self.sock, memoryview(header))
         body = bytearray(_LEN.unpack(header)[0])
         _recv_into(self.sock, memoryview(body))
         return body
@@ -109,6 +130,7 @@ class RawPeer:
     def close(self) -> None:
         self.sock.close()
         self.proc.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -132,11 +154,9 @@ def _fray_server(ready: Any, token: str) -> None:
 
 
 class FrayPeer:
-    """Fray's ActorClient calling an ActorServer in another process."""
+    """Fray's ActorClient calling an ActorServer in another process, on one transport."""
 
-    name = "fray"
-
-    def __init__(self) -> None:
+    def __init__(self, local: bool) -> None:
         from fray.rpc import ActorClient, FixedResolver
 
         token = os.urandom(16).hex()
@@ -144,8 +164,21 @@ class FrayPeer:
         ready = ctx.Queue()
         self.proc = ctx.Process(target=_fray_server, args=(ready, token), daemon=True)
         self.proc.start()
+        self.pid = self.proc.pid
         address = ready.get(timeout=60)
         self.client = ActorClient(FixedResolver({"echo": f"actor://{address}/echo"}), "echo", token=token)
+        # The client picks its transport when it connects (its first call), and keeps it.
+        saved = os.environ.get("FRAY_RPC_LOCAL")
+        os.environ["FRAY_RPC_LOCAL"] = "1" if local else "0"
+        try:
+            self.client.echo(0)
+        finally:
+            if saved is None:
+                os.environ.pop("FRAY_RPC_LOCAL", None)
+            else:
+                os.environ["FRAY_RPC_LOCAL"] = saved
+        conn = self.client._channel._conn
+        assert conn is not None and conn.is_local == local, "the client is not on the transport asked for"
 
     def call(self, payload: Any) -> Any:
         return self.client.echo(payload)
@@ -170,14 +203,22 @@ class FrayPeer:
 
 
 class RayPeer:
-    """A Ray actor (local cluster started by this script)."""
+    """A Ray actor (on a local cluster started by this script, in its own temp dir)."""
 
-    name = "ray actor"
+    pid = 0
 
     def __init__(self) -> None:
         import ray
 
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+        self.temp_dir = tempfile.mkdtemp(prefix="fray-bench-ray-", dir="/tmp")
+        ray.init(
+            address="local",
+            num_cpus=2,
+            include_dashboard=False,
+            log_to_driver=False,
+            logging_level="ERROR",
+            _temp_dir=self.temp_dir,
+        )
 
         @ray.remote
         class RayEcho:
@@ -201,44 +242,28 @@ class RayPeer:
 
     def close(self) -> None:
         self.ray.shutdown()
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------------------------------
 
 
-ROUNDS = 5
+def _percentile(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def _timed(fn: Callable[[], Any]) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
-
-
-def measure(peers: dict[str, Any], calls: int) -> dict[str, dict[str, float]]:
-    """Latency, throughput and large round trips of every peer.
-
-    The peers take turns, round by round, so that load from other processes on a
-    shared machine hits all of them alike; each figure is over all rounds.
-    """
-    names = list(peers)
-    latencies: dict[str, list[float]] = {name: [] for name in names}
-    rates: dict[str, list[float]] = {name: [] for name in names}
-    big: dict[str, dict[str, list[float]]] = {name: {"1mb_ms": [], "64mb_ms": []} for name in names}
-    payloads = {
-        "1mb_ms": np.random.default_rng(0).integers(0, 255, 1 << 20, dtype=np.uint8),
-        "64mb_ms": np.random.default_rng(0).integers(0, 255, 64 << 20, dtype=np.uint8),
-    }
-    for name in names:  # warm up: connections, code paths, allocator
+def small_calls(peers: dict[str, Any], calls: int) -> dict[str, dict[str, float]]:
+    """Sync latency and pipelined throughput; peers take turns round by round."""
+    latencies: dict[str, list[float]] = {name: [] for name in peers}
+    rates: dict[str, list[float]] = {name: [] for name in peers}
+    for peer in peers.values():  # warm up: code paths, allocator
         for _ in range(300):
-            peers[name].call(SMALL)
-        peers[name].pipelined(1000)
-        for payload in payloads.values():
-            peers[name].call(payload)
+            peer.call(SMALL)
+        peer.pipelined(1000)
     per_round = max(calls // ROUNDS, 1)
     for _ in range(ROUNDS):
-        for name in names:
-            peer = peers[name]
+        for name, peer in peers.items():
             for _ in range(per_round):
                 start = time.perf_counter()
                 peer.call(SMALL)
@@ -247,89 +272,140 @@ def measure(peers: dict[str, Any], calls: int) -> dict[str, dict[str, float]]:
             start = time.perf_counter()
             peer.pipelined(n)
             rates[name].append(n / (time.perf_counter() - start))
-            for _ in range(10):
-                big[name]["1mb_ms"].append(_timed(lambda p=payloads["1mb_ms"], peer=peer: peer.call(p)))
-            for _ in range(3):
-                big[name]["64mb_ms"].append(_timed(lambda p=payloads["64mb_ms"], peer=peer: peer.call(p)))
-    results = {}
-    for name in names:
-        samples = sorted(latencies[name])
-        row = {
-            "p50_us": samples[len(samples) // 2] * 1e6,
-            "p99_us": samples[int(len(samples) * 0.99)] * 1e6,
+    return {
+        name: {
+            "p50_us": _percentile(latencies[name], 0.5) * 1e6,
+            "p99_us": _percentile(latencies[name], 0.99) * 1e6,
             "calls_per_s": statistics.median(rates[name]),
-            "1mb_ms": statistics.median(big[name]["1mb_ms"]) * 1e3,
-            "64mb_ms": statistics.median(big[name]["64mb_ms"]) * 1e3,
         }
-        row["64mb_gbps"] = (64 << 20) / (row["64mb_ms"] / 1e3) / 1e9
-        results[name] = row
-    return results
+        for name in peers
+    }
+
+
+def payloads() -> dict[str, Any]:
+    data = np.random.default_rng(0).integers(0, 255, 64 * MIB, dtype=np.uint8)
+    return {"numpy": data, "bytes": data.tobytes(), "bytearray": bytearray(data.tobytes())}
+
+
+def large_calls(peers: dict[str, Any], runs: int) -> dict[str, dict[str, float]]:
+    """64 MiB round trips of each payload kind, ``runs`` each (after one warm-up), peers in turns."""
+    kinds = payloads()
+    one_mib = np.ones(MIB, dtype=np.uint8)
+    times: dict[tuple[str, str], list[float]] = {(n, k): [] for n in peers for k in [*kinds, "1mib"]}
+    for peer in peers.values():
+        for value in kinds.values():
+            peer.call(value)
+    for _ in range(runs):
+        for name, peer in peers.items():
+            for kind, value in kinds.items():
+                start = time.perf_counter()
+                peer.call(value)
+                times[(name, kind)].append(time.perf_counter() - start)
+            for _ in range(5):
+                start = time.perf_counter()
+                peer.call(one_mib)
+                times[(name, "1mib")].append(time.perf_counter() - start)
+    out: dict[str, dict[str, float]] = {}
+    for (name, kind), samples in times.items():
+        median = statistics.median(samples)
+        row = out.setdefault(name, {})
+        row[f"{kind}_ms"] = median * 1e3
+        if kind != "1mib":
+            row[f"{kind}_gbps"] = 64 * MIB / median / 1e9
+            row[f"{kind}_spread"] = (max(samples) - min(samples)) / median
+    return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--calls", type=int, default=5000, help="sequential calls for the latency figures")
+    parser.add_argument("--calls", type=int, default=5000, help="sequential calls per peer and placement")
     parser.add_argument("--no-ray", action="store_true", help="skip the Ray peer")
+    parser.add_argument("--quick", action="store_true", help="fewer calls and round trips (a smoke test)")
     args = parser.parse_args()
+    calls, runs = (1000, 3) if args.quick else (args.calls, 5)
 
-    peers: list[tuple[str, Callable[[], Any]]] = [("raw socket echo", RawPeer), ("fray", FrayPeer)]
+    factories: dict[str, Callable[[], Any]] = {
+        "raw tcp": lambda: RawPeer(socket.AF_INET),
+        "raw unix": lambda: RawPeer(socket.AF_UNIX),
+        "fray tcp": lambda: FrayPeer(local=False),
+        "fray local": lambda: FrayPeer(local=True),
+    }
+    small: dict[str, dict[str, dict[str, float]]] = {}
+    large: dict[str, dict[str, float]] = {}
+    peers: dict[str, Any] = {}
+    own_cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
+    try:
+        for name, factory in factories.items():
+            peers[name] = factory()
+        for placement, server_cpu in (("one CPU", 0), ("two CPUs", 1)):
+            pin(os.getpid(), 0)
+            for peer in peers.values():
+                pin(peer.pid, server_cpu)
+            small[placement] = small_calls(peers, calls)
+        large = large_calls({n: p for n, p in peers.items() if n.startswith("fray")}, runs)
+    finally:
+        for peer in peers.values():
+            peer.close()
+        if own_cpus:
+            os.sched_setaffinity(0, own_cpus)
+    ray_small: dict[str, float] = {}
     if not args.no_ray:
         try:
             import ray  # noqa: F401
-
-            peers.append(("ray actor", RayPeer))
         except ImportError:
             print("(ray not installed: skipping the Ray peer)")
-    # Raw socket and Fray take turns round by round. Ray runs afterwards: its daemons
-    # keep both cores busy while a Ray cluster is up, which would slow the others too.
-    results: dict[str, dict[str, float]] = {}
-    for group in ([p for p in peers if p[0] != "ray actor"], [p for p in peers if p[0] == "ray actor"]):
-        if not group:
-            continue
-        started: dict[str, Any] = {}
-        try:
-            for name, factory in group:
-                started[name] = factory()
-            results.update(measure(started, args.calls))
-        finally:
-            for peer in started.values():
-                peer.close()
+        else:
+            ray_peer = RayPeer()
+            try:
+                ray_small = small_calls({"ray actor": ray_peer}, calls // 2)["ray actor"]
+                large.update(large_calls({"ray actor": ray_peer}, runs))
+            finally:
+                ray_peer.close()
+    report(small, large, ray_small, calls)
 
-    columns = [
-        ("p50_us", "sync p50 µs"),
-        ("p99_us", "sync p99 µs"),
-        ("calls_per_s", f"calls/s ({WINDOW} in flight)"),
-        ("1mb_ms", "1 MB round trip ms"),
-        ("64mb_ms", "64 MB round trip ms"),
-        ("64mb_gbps", "64 MB GB/s"),
-    ]
-    print(
-        f"\nFray actor RPC benchmark ({os.cpu_count()} CPUs, {args.calls} sequential calls per peer, {ROUNDS} interleaved rounds)\n"
-    )
-    print("| peer | " + " | ".join(title for _, title in columns) + " |")
-    print("| --- " * (len(columns) + 1) + "|")
-    for name, row in results.items():
-        print(f"| {name} | " + " | ".join(_fmt(row[key]) for key, _ in columns) + " |")
-    fray = results["fray"]
-    floor = results["raw socket echo"]
-    print("\nRatios (measured in this run):")
-    print(f"  fray p50 / raw-socket p50            = {fray['p50_us'] / floor['p50_us']:.2f}x   (target <= 2x)")
-    print(f"  fray calls/s / raw-socket calls/s    = {fray['calls_per_s'] / floor['calls_per_s']:.2f}x")
-    print(f"  fray 64 MB round trip                = {fray['64mb_gbps']:.2f} GB/s   (target >= 1 GB/s)")
-    if "ray actor" in results:
-        ray_row = results["ray actor"]
-        print(f"  ray p50 / fray p50                   = {ray_row['p50_us'] / fray['p50_us']:.1f}x   (target >= 5x)")
+
+def report(
+    small: dict[str, dict[str, dict[str, float]]],
+    large: dict[str, dict[str, float]],
+    ray_small: dict[str, float],
+    calls: int,
+) -> None:
+    print(f"\nFray actor RPC ({os.cpu_count()} CPUs, {calls} sequential calls per peer and placement, {ROUNDS} rounds)")
+    print("\nSmall calls (30-byte echo)\n")
+    print("| placement | peer | sync p50 µs | sync p99 µs | calls/s, 64 in flight | p50 / floor | calls/s / floor |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    for placement, rows in small.items():
+        for name, row in rows.items():
+            floor = rows["raw unix" if name == "fray local" else "raw tcp"]
+            ratio = "" if name.startswith("raw") else f"{row['p50_us'] / floor['p50_us']:.2f}x"
+            rate = "" if name.startswith("raw") else f"{row['calls_per_s'] / floor['calls_per_s']:.2f}x"
+            print(
+                f"| {placement} | {name} | {row['p50_us']:.1f} | {row['p99_us']:.1f} | {row['calls_per_s']:,.0f} "
+                f"| {ratio} | {rate} |"
+            )
+    if ray_small:
         print(
-            f"  fray calls/s / ray calls/s           = {fray['calls_per_s'] / ray_row['calls_per_s']:.1f}x"
-            "   (target >= 10x)"
+            f"| unpinned | ray actor | {ray_small['p50_us']:.1f} | {ray_small['p99_us']:.1f} "
+            f"| {ray_small['calls_per_s']:,.0f} | | |"
         )
-        print(f"  ray 64 MB ms / fray 64 MB ms         = {ray_row['64mb_ms'] / fray['64mb_ms']:.1f}x")
-
-
-def _fmt(value: float) -> str:
-    if value >= 1000:
-        return f"{value:,.0f}"
-    return f"{value:.2f}" if value < 10 else f"{value:.1f}"
+    print("\nLarge payloads, round trip (two CPUs; spread = (max - min) / median)\n")
+    print(
+        "| peer | 1 MiB ms | 64 MiB numpy GB/s | spread | 64 MiB bytearray GB/s | spread | 64 MiB bytes GB/s | spread |"
+    )
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for name, row in large.items():
+        print(
+            f"| {name} | {row['1mib_ms']:.2f} | {row['numpy_gbps']:.2f} | {row['numpy_spread']:.0%} "
+            f"| {row['bytearray_gbps']:.2f} | {row['bytearray_spread']:.0%} | {row['bytes_gbps']:.2f} "
+            f"| {row['bytes_spread']:.0%} |"
+        )
+    print("\nGoals: sync p50 <= 1.5x the floor of the same transport and placement; pipelined >= 0.5x;")
+    print("64 MiB >= 2 GB/s (numpy, bytearray) and >= 0.9 GB/s (bytes), spread <= 20 %", end="")
+    if "ray actor" in large:
+        ray_numpy = large["ray actor"]["numpy_gbps"]
+        fray_numpy = large["fray local"]["numpy_gbps"]
+        print(f"; numpy >= 0.6x Ray's: fray local / ray = {fray_numpy / ray_numpy:.2f}x", end="")
+    print(".")
 
 
 if __name__ == "__main__":

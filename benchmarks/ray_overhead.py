@@ -17,7 +17,9 @@ Target: Fray adds <= 10 % latency and loses <= 10 % throughput.
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -57,7 +59,16 @@ def main() -> None:
     from fray import Entrypoint, JobRequest, ResourceConfig, wait_all
     from fray.ray import RayClient
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    # A cluster of this process's own (ray.shutdown() stops exactly it), in its own temp dir.
+    temp_dir = tempfile.mkdtemp(prefix="fray-bench-ray-", dir="/tmp")
+    ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        configure_logging=False,
+        _temp_dir=temp_dir,
+    )
     client = RayClient(namespace="bench")
     try:
         # The same resources on both sides: Fray maps ResourceConfig(cpu=1, ram=...) to these options.
@@ -136,6 +147,7 @@ def main() -> None:
     finally:
         client.shutdown(wait=False)
         ray.shutdown()
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":

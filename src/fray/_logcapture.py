@@ -74,7 +74,33 @@ class LogWriter:
             self.buffer._extend(pieces)
 
 
-_sink: contextvars.ContextVar[LogWriter | None] = contextvars.ContextVar("fray_log_sink", default=None)
+class TaskOutput:
+    """The output of one short task run in a process of its own engine (a Ray task).
+
+    Nothing is allocated until the task prints: most quick tasks never do, and they
+    should not pay for a :class:`LogBuffer` they leave empty.
+    """
+
+    __slots__ = ("_buffer", "_writer")
+    echo = True
+
+    def __init__(self) -> None:
+        self._buffer: LogBuffer | None = None
+        self._writer: LogWriter | None = None
+
+    def write(self, text: str) -> None:
+        """Append text (see :meth:`LogWriter.write`)."""
+        if self._writer is None:
+            self._buffer = LogBuffer()
+            self._writer = self._buffer.writer()
+        self._writer.write(text)
+
+    def text(self) -> str:
+        """Everything printed so far, as lines joined by newlines ("" if nothing)."""
+        return "" if self._buffer is None else "\n".join(self._buffer.lines())
+
+
+_sink: contextvars.ContextVar[LogWriter | TaskOutput | None] = contextvars.ContextVar("fray_log_sink", default=None)
 
 
 class _Router(io.TextIOBase):
@@ -111,6 +137,8 @@ _install_lock = threading.Lock()
 def _install() -> None:
     # Checked on every job start, not once: test runners and notebooks swap sys.stdout
     # for their own capture objects, and the router must sit on top of whichever is current.
+    if type(sys.stdout) is _Router and type(sys.stderr) is _Router:
+        return
     with _install_lock:
         for name in ("stdout", "stderr"):
             stream = getattr(sys, name)
@@ -119,10 +147,10 @@ def _install() -> None:
 
 
 @contextmanager
-def capture_to(buffer: LogBuffer) -> Iterator[None]:
+def capture_to(buffer: LogBuffer | TaskOutput) -> Iterator[None]:
     """Within the block, this thread's prints go to ``buffer`` (and, if ``buffer.echo``, to the real stream)."""
     _install()
-    token = _sink.set(buffer.writer())
+    token = _sink.set(buffer.writer() if isinstance(buffer, LogBuffer) else buffer)
     try:
         yield
     finally:

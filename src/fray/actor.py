@@ -67,7 +67,9 @@ class _Caller(Protocol):
 class RemoteMethod:
     """An :class:`ActorMethod` for handles that start a call with ``handle._fray_call(method, args, kwargs)``.
 
-    ``.remote(...)`` starts the call and returns its future; calling blocks for the result.
+    ``.remote(...)`` starts the call and returns its future; calling blocks for the result,
+    through ``handle._fray_call_sync(method, args, kwargs)`` when the handle has one (a
+    blocking call that needs no future, e.g. one that reads its own socket).
     A terminated job stops here, at its next Fray call.
     """
 
@@ -84,6 +86,10 @@ class RemoteMethod:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Make the call and block for its result."""
+        call_sync = getattr(self._handle, "_fray_call_sync", None)
+        if call_sync is not None:
+            check_terminated()
+            return call_sync(self._name, args, kwargs)
         return self.remote(*args, **kwargs).result()
 
 

@@ -186,11 +186,12 @@ class _ClusterActorMethod:
     def remote(self, *args: Any, **kwargs: Any) -> ActorFuture:
         """Start the call; the future fails with ActorDiedError if the actor is gone."""
         check_terminated()
-        return self._handle._call(self._name, args, kwargs)
+        return self._handle._fray_call(self._name, args, kwargs)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Make the call and wait for its result."""
-        return self.remote(*args, **kwargs).result()
+        check_terminated()
+        return self._handle._fray_call_sync(self._name, args, kwargs)
 
 
 class ClusterActorHandle:
@@ -317,6 +318,39 @@ class ClusterActorHandle:
         if not self._ready.done():  # done already when the actor was restarted
             self._ready.set_result(None)
 
+    # Once the actor serves (and the calls queued before are sent), calls go straight to the
+    # inner fray.rpc client: a blocking call reads its own socket, a .remote() call has the
+    # client's one future, and only a broken connection costs a look at the controller.
+
+    def _fray_call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ActorFuture:
+        """Start a call and return its future (see :class:`fray.actor.RemoteMethod`)."""
+        rpc = self._rpc
+        if self._direct and rpc is not None and not self._max_task_retries:
+            return rpc._call_async(method, args, kwargs, functools.partial(self._explain_direct, rpc))
+        return self._call(method, args, kwargs)
+
+    def _fray_call_sync(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Make a call and return its result, in this thread, without a future once the actor serves."""
+        rpc = self._rpc
+        if not (self._direct and rpc is not None and not self._max_task_retries):
+            return self._call(method, args, kwargs).result()
+        try:
+            return rpc._call(method, args, kwargs)
+        except ActorUnavailableError as error:
+            explained = self._explain_direct(rpc, error)
+            if explained is error:
+                raise
+            raise explained from None
+
+    def _explain_direct(self, rpc: ActorClient[Any], error: ActorUnavailableError) -> BaseException:
+        # A fast-path call has no retries left to use: a restarting actor is reported dead for this
+        # call, and the handle waits for the new instance for the calls that follow.
+        outcome = self._explain_unavailable(error)
+        if isinstance(outcome, _Restarting):
+            self._reconnect(rpc)
+            return outcome.died
+        return outcome
+
     def _call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ActorFuture:
         future = ActorFuture()
         if not self._direct:
@@ -338,6 +372,8 @@ class ClusterActorHandle:
     def _send(
         self, future: ActorFuture, method: str, args: tuple[Any, ...], kwargs: dict[str, Any], retries: int = 0
     ) -> None:
+        # Calls queued before the actor served, and every call of a handle that may send a call
+        # again (max_task_retries); the others take _fray_call's fast path.
         rpc = self._rpc
         assert rpc is not None
         inner = getattr(rpc, method).remote(*args, **kwargs)

@@ -32,7 +32,8 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from fray.cluster.capacity import CPU, DIM_NAMES, RAM, TaskResources, WorkerInfo, format_amount
+from fray.cluster._freeindex import FreeIndex
+from fray.cluster.capacity import CPU, DIM_NAMES, TaskResources, WorkerInfo, format_amount
 from fray.cluster.credit import CreditPolicy, bid, task_rate
 from fray.errors import ConfigError
 from fray.resources import TPU_TOPOLOGIES
@@ -182,6 +183,12 @@ class _Static:
     workers: list[str]  # eligible workers (non-TPU)
     slices: list[str]  # eligible complete slices (TPU)
     slots: int  # non-TPU: tasks that fit on all eligible workers when idle
+    # Non-TPU: the worker classes (see _Pool.klass) of ``workers``, most preferred first.
+    levels: tuple[tuple[_ClassKey, ...], ...] = ()
+
+
+# Placement facts shared by a class of workers: region, preemptible, device kinds, GPU type.
+_ClassKey = tuple[str | None, bool, tuple[str, ...], str | None]
 
 
 class _Pool:
@@ -191,11 +198,19 @@ class _Pool:
         self.workers: dict[str, WorkerInfo] = {}
         self.capacity: dict[str, list[int]] = {}
         self.free: dict[str, list[int]] = {}
+        # Attributes parsed once per pass, not once per job and worker.
+        self.preemptible: dict[str, bool] = {}
+        self.klass: dict[str, _ClassKey] = {}
         for w in sorted(workers, key=lambda w: w.worker_id):
             if w.alive:
-                self.workers[w.worker_id] = w
-                self.capacity[w.worker_id] = _capacity(w)
-                self.free[w.worker_id] = _capacity(w)
+                wid = w.worker_id
+                self.workers[wid] = w
+                self.capacity[wid] = _capacity(w)
+                self.free[wid] = _capacity(w)
+                self.preemptible[wid] = w.preemptible
+                gpu = w.device("gpu")
+                kinds = tuple(sorted(d.kind for d in w.devices))
+                self.klass[wid] = (w.region, self.preemptible[wid], kinds, gpu.type if gpu else None)
         for task in running:
             free = self.free.get(task.worker_id)
             if free is not None:
@@ -204,6 +219,8 @@ class _Pool:
         self.slices = self._find_slices()
         self.reserved: dict[str, str] = {}  # worker id -> job id holding it
         self._static: dict[TaskResources, _Static] = {}
+        # Free capacity of the unreserved workers, for best-fit placement without a scan.
+        self.index = FreeIndex((wid, self.klass[wid], tuple(free)) for wid, free in self.free.items())
 
     def _find_slices(self) -> dict[str, _Slice]:
         members: dict[str, list[WorkerInfo]] = {}
@@ -260,7 +277,7 @@ class _Pool:
             if not ids:
                 return ids, f"no {what} in region {_or(list(r.regions))} at all"
         if not r.preemptible:
-            ids = [i for i in ids if not self.workers[i].preemptible]
+            ids = [i for i in ids if not self.preemptible[i]]
             if not ids:
                 where = f" in region {_or(list(r.regions))}" if r.regions is not None else ""
                 return ids, f"needs a non-preemptible {what}; none registered{where}"
@@ -294,7 +311,15 @@ class _Pool:
             return _Static(why, [], [], 0)
         need = _need(r)
         slots = sum(_slots(self.capacity[i], need) for i in ids)
-        return _Static(None, ids, [], slots)
+        # Prefer workers without accelerators the job does not use, and preemptible workers
+        # for jobs that tolerate preemption: both keep scarce hosts for the jobs that need them.
+        by_level: dict[tuple[bool, bool], set[_ClassKey]] = {}
+        for i in ids:
+            _, preemptible, kinds, _ = key = self.klass[i]
+            scarce = (any(kind != r.device_kind for kind in kinds), r.preemptible and not preemptible)
+            by_level.setdefault(scarce, set()).add(key)
+        levels = tuple(tuple(by_level[level]) for level in sorted(by_level))
+        return _Static(None, ids, [], slots, levels)
 
     def _static_tpu(self, r: TaskResources) -> _Static:
         topo = r.tpu
@@ -336,30 +361,13 @@ class _Pool:
         return self._place_plain(job, static)
 
     def _place_plain(self, job: PendingJob, static: _Static) -> tuple[str, ...] | str:
-        r = job.resources
-        need = _need(r)
-        avail = [i for i in static.workers if i not in self.reserved]
-        # Prefer workers without accelerators the job does not use, and preemptible workers
-        # for jobs that tolerate preemption: both keep scarce hosts for the jobs that need
-        # them. Then best fit: the fullest worker that still fits, so that large holes stay
-        # open for large jobs.
-        scarce = {
-            i: (
-                any(d.kind != r.device_kind for d in self.workers[i].devices),
-                r.preemptible and not self.workers[i].preemptible,
-            )
-            for i in avail
-        }
+        need = _need(job.resources)
+        # Best fit among the most preferred workers that fit (see _static_plain for the
+        # preference): the fullest worker that still fits, so that large holes stay open for
+        # large jobs; the index answers without scanning every worker.
         chosen: list[str] = []
         for _ in range(job.replicas):
-            best: str | None = None
-            best_key: tuple[tuple[bool, bool], int, int, str] | None = None
-            for i in avail:
-                free = self.free[i]
-                if _fits(free, need):
-                    key = (scarce[i], free[CPU], free[RAM], i)
-                    if best_key is None or key < best_key:
-                        best, best_key = i, key
+            best = self.index.best(static.levels, need)
             if best is None:
                 break
             self._take(best, need)
@@ -368,6 +376,7 @@ class _Pool:
             return tuple(chosen)
         for i in chosen:
             self._give(i, need)
+        avail = [i for i in static.workers if i not in self.reserved]
         return self._why_plain(job, static, avail, need)
 
     def _why_plain(self, job: PendingJob, static: _Static, avail: list[str], need: Sequence[int]) -> str:
@@ -445,6 +454,7 @@ class _Pool:
             for name in ranked[: job.replicas]:
                 for h in self.slices[name].hosts.values():
                     self.reserved.setdefault(h, job.job_id)
+                    self.index.discard(h)
             return
         ranked_workers = sorted((i for i in static.workers if i not in self.reserved), key=lambda i: (deficit(i), i))
         covered = 0
@@ -452,17 +462,20 @@ class _Pool:
             if covered >= job.replicas:
                 break
             self.reserved[wid] = job.job_id
+            self.index.discard(wid)
             covered += _slots(self.capacity[wid], need)
 
     def _take(self, wid: str, need: Sequence[int]) -> None:
         free = self.free[wid]
         for dim, want in enumerate(need):
             free[dim] -= want
+        self.index.move(wid, tuple(free))
 
     def _give(self, wid: str, need: Sequence[int]) -> None:
         free = self.free[wid]
         for dim, want in enumerate(need):
             free[dim] += want
+        self.index.move(wid, tuple(free))
 
 
 def _gpu_matches(w: WorkerInfo, gpu_type: str) -> bool:

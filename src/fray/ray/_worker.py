@@ -21,7 +21,7 @@ from typing import Any
 
 import cloudpickle
 
-from fray._logcapture import LogBuffer, capture_to
+from fray._logcapture import TaskOutput, capture_to
 from fray._remote import RemoteFailure
 
 __all__ = ["STARTED_AFTER", "JobOutcome", "replica_arguments", "run_job_replica", "started_key"]
@@ -114,26 +114,38 @@ class _StartedReporter:
 _REPORTER = _StartedReporter()
 
 
+# Each variable's value in this process before any replica changed it. Every replica
+# restores what it set, so between replicas the process is back at these values; reading
+# them once per process, not once per replica, saves a system-level lookup per variable.
+_baseline: dict[str, str | None] = {}
+
+
 @contextlib.contextmanager
 def _environment(env: dict[str, str]) -> Iterator[None]:
-    # Only what differs is set and restored: each is a system call, and Ray's workers
-    # already run with some of these (PYTHONUNBUFFERED).
-    before = {key: os.environ.get(key) for key in env}
-    changed = {key: value for key, value in env.items() if before[key] != value}
-    os.environ.update(changed)
+    # Only what differs is set and restored: each is a putenv, and Ray's workers already
+    # run with some of these (PYTHONUNBUFFERED).
+    environ = os.environ
+    changed: list[str] = []
+    for key, value in env.items():
+        if key not in _baseline:
+            _baseline[key] = environ.get(key)
+        if _baseline[key] != value:
+            environ[key] = value
+            changed.append(key)
     try:
         yield
     finally:
         for key in changed:
-            value = before[key]
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+            original = _baseline[key]
+            if original is not None:
+                environ[key] = original
+            elif key in environ:
+                del environ[key]
 
 
-# What a replica returns: ("ok", log text) or ("error", log text, RemoteFailure.encode() of what it raised).
-JobOutcome = tuple[Any, ...]
+# What a replica returns: None (it returned and printed nothing), ("ok", log text), or
+# ("error", log text, RemoteFailure.encode() of what it raised).
+JobOutcome = tuple[Any, ...] | None
 
 
 # Pickled function -> function, so repeated jobs skip unpickling it. Like Ray, which
@@ -153,23 +165,27 @@ def _load_callable(pickled: bytes) -> Any:
     return fn
 
 
-def replica_arguments(pickled_args: bytes, env: dict[str, str], key: bytes) -> bytes:
-    """Pack a replica's own arguments into one blob: Ray handles one bytes argument faster than three."""
-    return pickle.dumps((pickled_args, env, key), protocol=pickle.HIGHEST_PROTOCOL)
+def replica_arguments(pickled_fn: bytes, pickled_args: bytes, env: dict[str, str], key: bytes) -> tuple[bytes]:
+    """The arguments of the Ray task running one replica: one blob, since every Ray argument has a cost.
+
+    The function and its arguments were pickled once, at submission (to check them);
+    this wraps those bytes with the replica's environment and status key.
+    """
+    return (pickle.dumps((pickled_fn, pickled_args, env, key), protocol=pickle.HIGHEST_PROTOCOL),)
 
 
-def run_job_replica(pickled_fn: bytes, replica: bytes) -> JobOutcome:
+def run_job_replica(replica: bytes) -> JobOutcome:
     """Run one replica of a callable job (the body of the Ray task Fray submits).
 
     ``replica`` comes from :func:`replica_arguments`. User exceptions are returned, not
     raised, so the driver can tell them from a lost worker (which Ray reports as an
     error of the task itself) and apply the right retry budget.
     """
-    pickled_args, env, key = pickle.loads(replica)
-    logs = LogBuffer()
+    pickled_fn, pickled_args, env, key = pickle.loads(replica)
+    output = TaskOutput()
     _REPORTER.schedule(key)
     try:
-        with _environment(env), capture_to(logs):
+        with _environment(env), capture_to(output):
             try:
                 fn = _load_callable(pickled_fn)
                 args, kwargs = cloudpickle.loads(pickled_args)
@@ -177,7 +193,7 @@ def run_job_replica(pickled_fn: bytes, replica: bytes) -> JobOutcome:
             except BaseException as exc:
                 failure = RemoteFailure.capture(exc)
                 sys.stderr.write(failure.traceback_text)
-                return ("error", "\n".join(logs.lines()), failure.encode())
+                return ("error", output.text(), failure.encode())
     finally:
         if _REPORTER.cancel(key):
             # Only replicas that ran STARTED_AFTER seconds get here, so this costs quick ones nothing.
@@ -185,4 +201,5 @@ def run_job_replica(pickled_fn: bytes, replica: bytes) -> JobOutcome:
                 from ray.experimental import internal_kv
 
                 internal_kv._internal_kv_del(key, namespace=KV_NAMESPACE)
-    return ("ok", "\n".join(logs.lines()))
+    text = output.text()
+    return ("ok", text) if text else None

@@ -189,11 +189,11 @@ class CallableJob(RayJobHandle):
         info = JobInfo(self._job_id, request.name, index, count, launcher.namespace, self._lifecycle.attempt, device)
         return replica_env(info, launcher.spec, {**(extra or {}), **user_env(request)})
 
-    def _replica_arguments(self, index: int, env: dict[str, str]) -> tuple[bytes, bytes]:
-        """The two arguments of the Ray task running replica ``index`` (see ``_worker.run_job_replica``)."""
+    def _replica_arguments(self, index: int, env: dict[str, str]) -> tuple[bytes]:
+        """The arguments of the Ray task running replica ``index`` (see ``_worker.run_job_replica``)."""
         key = _worker.started_key(self._uid, self._lifecycle.attempt, index)
         pickled_fn, pickled_args = self._payload
-        return pickled_fn, _worker.replica_arguments(pickled_args, env, key)
+        return _worker.replica_arguments(pickled_fn, pickled_args, env, key)
 
     def _launch(self) -> None:
         """Start one attempt: every replica at once, in a placement group when there are several."""
@@ -310,12 +310,12 @@ class CallableJob(RayJobHandle):
                         outcome = ("returned", ray.get(ref))
                     except Exception as exc:
                         outcome = ("raised", exc)
-                if outcome[0] == "returned" and outcome[1][1]:
+                if outcome[0] == "returned" and outcome[1] is not None and outcome[1][1]:
                     self._log.write(outcome[1][1])
                 with self._lock:
                     self._outcomes[index] = outcome
             outcomes = dict(self._outcomes)
-            failures = {i: o for i, o in outcomes.items() if o[0] == "raised" or o[1][0] != "ok"}
+            failures = {i: o for i, o in outcomes.items() if o[0] == "raised" or (o[1] is not None and o[1][0] != "ok")}
             if failures or len(outcomes) == len(refs):
                 self._end_attempt(attempt, refs, outcomes, failures)
 

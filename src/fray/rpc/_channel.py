@@ -12,13 +12,13 @@ import threading
 from typing import Any
 
 from fray.errors import CallNotSentError
-from fray.rpc import wire
+from fray.rpc import _local, wire
 from fray.rpc._calls import rebuild_error
 from fray.rpc._connection import Connection, NotSent, remaining
-from fray.rpc.protocol import CONTROL_LOOKUP, ErrorCode, control_request, parse_actor_url
+from fray.rpc.protocol import CONTROL_LOCAL, CONTROL_LOOKUP, ErrorCode, control_request, parse_actor_url
 from fray.rpc.resolver import Resolver
 
-__all__ = ["Channel", "backoff", "control"]
+__all__ = ["Channel", "backoff", "control", "go_local"]
 
 
 class Channel:
@@ -36,14 +36,16 @@ class Channel:
         # The id this channel last talked to; a different one behind the name means "replaced".
         self._known_id: str | None = None
 
-    def bind(self, deadline: float | None) -> tuple[Connection, str]:
+    def bind(self, deadline: float | None, *, check_idle: bool = True) -> tuple[Connection, str]:
         """Return a live connection and the actor id to address, resolving and connecting if needed.
 
         Raises NotSent (retryable), AuthenticationError / ProtocolError, or
         ActorUnavailableError when the actor behind the name was replaced.
+        ``check_idle=False`` skips looking for a server that died while the connection was
+        idle, for callers that send with :meth:`Connection.call`, which looks itself.
         """
         conn, actor_id = self._conn, self._actor_id
-        if conn is not None and actor_id is not None and conn.usable():
+        if conn is not None and actor_id is not None and (conn.error is None if not check_idle else conn.usable()):
             return conn, actor_id
         with self._lock:
             if self._conn is not None and self._actor_id is not None and self._conn.usable():
@@ -64,6 +66,7 @@ class Channel:
                     problems.append(f"{url}: {exc}")
                     continue
                 try:
+                    conn = go_local(conn, self.token, deadline)
                     actor_id = control(conn, CONTROL_LOOKUP, (self.namespace, server_name), deadline)
                 except NotSent as exc:
                     conn.close()
@@ -109,6 +112,25 @@ def control(conn: Connection, operation: str, arguments: tuple[Any, ...], deadli
     if code is ErrorCode.NOT_FOUND:
         raise NotSent(str(exc))
     raise exc
+
+
+def go_local(conn: Connection, token: bytes | None, deadline: float | None) -> Connection:
+    """``conn``, or a connection to the same server over its local listener when this host can reach it.
+
+    The TCP connection is authenticated first, so the listener's name only ever comes from
+    the server the client meant; the local connection runs the same handshake again.
+    """
+    if not _local.enabled():
+        return conn
+    name = control(conn, CONTROL_LOCAL, (), deadline)
+    if not isinstance(name, str):
+        return conn
+    try:
+        local = Connection.local(name, conn.address, token, remaining(deadline))
+    except OSError:
+        return conn  # another host (or network namespace): stay on TCP
+    conn.close()
+    return local
 
 
 def backoff(attempt: int) -> float:

@@ -19,11 +19,12 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from fray._eventloop import ActorLoop, invoke
 from fray._serialization import check_result_picklable
+from fray.actor import check_actor_method
 from fray.errors import SerializationError
 from fray.rpc import wire
 from fray.rpc.protocol import ActorInfo, ErrorCode, encode_error
@@ -51,6 +52,7 @@ class ServerConnection:
         self.sock = sock
         self.peer = peer
         self.reader_thread = 0
+        self.reader: wire.FrameReader | None = None  # the connection thread's reader (see send)
         self._send_lock = threading.Lock()  # also guards the outbox
         self._outbox: list[bytes] = []
         self._outbox_bytes = 0
@@ -61,7 +63,14 @@ class ServerConnection:
         if len(segments) == 1 and threading.get_ident() == self.reader_thread:
             frame = wire.small_frame(kind, request_id, segments[0])
             if frame is not None:
+                reader = self.reader
                 with self._send_lock:
+                    if not self._outbox and reader is not None and not reader.buffered():
+                        # Nothing queued and no request waiting behind this one: write now,
+                        # rather than queue the answer and flush the queue a moment later.
+                        with contextlib.suppress(OSError):
+                            self.sock.sendall(frame)
+                        return
                     self._outbox.append(frame)
                     self._outbox_bytes += len(frame)
                     full = self._outbox_bytes >= _OUTBOX_FLUSH_BYTES
@@ -339,6 +348,14 @@ class Actor:
     obj: Any
     runner: ActorRunner
     hooks: CallHooks | None = None
+    # Methods already checked callable (see check_method): the check runs once per method, not per call.
+    checked: set[str] = field(default_factory=set)
+
+    def check_method(self, method: str) -> None:
+        """Raise AttributeError unless ``method`` may be called remotely (cached once it may)."""
+        if method not in self.checked:
+            check_actor_method(type(self.obj), method)
+            self.checked.add(method)
 
     def info(self) -> ActorInfo:
         return ActorInfo(

@@ -24,10 +24,12 @@ request is on the wire, a broken connection fails it with
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Generic, TypeVar, cast, get_args
+from typing import Any, Generic, Protocol, TypeVar, cast, get_args
 
 from fray._serialization import check_call_picklable
 from fray.actor import ActorFuture, check_actor_method
@@ -35,7 +37,7 @@ from fray.errors import ActorUnavailableError, CallNotSentError, ConfigError, Rp
 from fray.rpc import wire
 from fray.rpc._calls import CallFuture, rebuild_error, settle, timer
 from fray.rpc._channel import Channel, backoff, control
-from fray.rpc._connection import Callback, Connection, NotSent, Pending
+from fray.rpc._connection import Connection, NotSent, Pending
 from fray.rpc.namespace import default_token, resolve_namespace
 from fray.rpc.protocol import (
     CONTROL_LIST_ACTORS,
@@ -59,6 +61,8 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+R = TypeVar("R", covariant=True)
+S = TypeVar("S")
 
 # How long _fray_ready() keeps polling an actor that is not up yet when no timeout is set.
 _READY_TIMEOUT = 300.0
@@ -216,14 +220,15 @@ class ActorClient(Generic[T]):
     # -- calls ----------------------------------------------------------------------------------
 
     def _submit(
-        self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any], deadline: float | None, callback: Any
-    ) -> tuple[Connection, Pending]:
-        """Send one call; retry while it provably was not sent. ``callback`` as for Connection.request."""
+        self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any], deadline: float | None, send: _Send[S]
+    ) -> S:
+        """Send one call with ``send(conn, segments)``; retry while it provably was not sent."""
         channel = self._channel
         attempt = 0
+        reconnected = False
         while True:
             try:
-                conn, actor_id = channel.bind(deadline)
+                conn, actor_id = channel.bind(deadline, check_idle=send.checks_idle)
                 segments = self._encode(call_request(channel.namespace, channel.name, actor_id, method, args, kwargs))
                 if len(segments) > 1:
                     size = sum(memoryview(segment).nbytes for segment in segments)
@@ -232,9 +237,12 @@ class ActorClient(Generic[T]):
                             f"arguments of {self.name}.{method} take {size} bytes; a call carries at most "
                             f"{wire.DEFAULT_MAX_FRAME_BYTES} (put large data in shared storage and pass a reference)"
                         )
-                return conn, conn.request(wire.FrameKind.CALL, segments, callback(conn) if callback else None)
+                return send(conn, segments)
             except NotSent as exc:
                 channel.drop()
+                if exc.stale and not reconnected:
+                    reconnected = True  # the cached connection was dead: reconnect, not an attempt
+                    continue
                 now = time.monotonic()
                 if attempt >= self._options.retries or (deadline is not None and now >= deadline):
                     raise CallNotSentError(
@@ -284,29 +292,30 @@ class ActorClient(Generic[T]):
     def _call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         timeout = self._options.timeout
         deadline = None if timeout is None else time.monotonic() + timeout
-        conn, entry = self._submit(method, args, kwargs, deadline, None)
-        ok, value = self._outcome(conn.wait(entry, deadline), conn, method)
+        conn, response = self._submit(method, args, kwargs, deadline, _SendAndWait(deadline))
+        ok, value = self._outcome(response, conn, method)
         if ok:
             return value
         raise value
 
-    def _call_async(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ActorFuture:
+    def _call_async(
+        self,
+        method: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        explain: Callable[[ActorUnavailableError], BaseException] | None = None,
+    ) -> ActorFuture:
+        """Start a call; its future is settled by whichever thread reads the answer.
+
+        ``explain`` (for handles that know more about the actor than the connection does)
+        turns an ActorUnavailableError into the error the caller should see; it may block,
+        so it runs in a thread of its own, never on the thread that read the connection.
+        """
         timeout = self._options.timeout
         deadline = None if timeout is None else time.monotonic() + timeout
         future = CallFuture()
-
-        def completer(conn: Connection) -> Callback:
-            def complete(response: wire.Frame | BaseException) -> None:
-                ok, value = self._outcome(response, conn, method)
-                if ok:
-                    settle(future, result=value)
-                else:
-                    settle(future, exception=value)
-
-            return complete
-
         try:
-            conn, entry = self._submit(method, args, kwargs, deadline, completer)
+            conn, entry = self._submit(method, args, kwargs, deadline, _SendOnly(self, method, future, explain))
         except SerializationError:
             raise  # bad arguments are refused at the call, as on every backend: nothing was sent
         except BaseException as exc:
@@ -318,10 +327,70 @@ class ActorClient(Generic[T]):
             timer.schedule(deadline, lambda: conn.expire(entry, error))
         return future
 
+    def _complete(
+        self,
+        future: concurrent.futures.Future[Any],
+        conn: Connection,
+        method: str,
+        explain: Callable[[ActorUnavailableError], BaseException] | None,
+        response: wire.Frame | BaseException,
+    ) -> None:
+        """The callback of a ``.remote()`` call: settle its future with the outcome."""
+        ok, value = self._outcome(response, conn, method)
+        if ok:
+            settle(future, result=value)
+        elif explain is not None and isinstance(value, ActorUnavailableError):
+            threading.Thread(
+                target=lambda: settle(future, exception=explain(value)), name="fray-rpc-explain", daemon=True
+            ).start()
+        else:
+            settle(future, exception=value)
+
     def _timeout_error(self, method: str, timeout: float | None) -> RpcTimeoutError:
         return RpcTimeoutError(
             f"call {self.name}.{method} did not complete within {timeout}s; it may or may not have run"
         )
+
+
+class _Send(Protocol[R]):
+    """How :meth:`ActorClient._submit` sends a call once it has a connection and the frame's segments."""
+
+    checks_idle: bool
+
+    def __call__(self, conn: Connection, segments: list[Any]) -> R: ...
+
+
+class _SendAndWait:
+    """A blocking call: send and read the response in this thread (:meth:`Connection.call`)."""
+
+    __slots__ = ("deadline",)
+    checks_idle = False  # Connection.call looks for a dead idle server itself
+
+    def __init__(self, deadline: float | None) -> None:
+        self.deadline = deadline
+
+    def __call__(self, conn: Connection, segments: list[Any]) -> tuple[Connection, wire.Frame | BaseException]:
+        return conn, conn.call(wire.FrameKind.CALL, segments, self.deadline)
+
+
+class _SendOnly:
+    """A ``.remote()`` call: send, and settle ``future`` from whichever thread reads the response."""
+
+    __slots__ = ("client", "explain", "future", "method")
+    checks_idle = True
+
+    def __init__(
+        self,
+        client: ActorClient[Any],
+        method: str,
+        future: concurrent.futures.Future[Any],
+        explain: Callable[[ActorUnavailableError], BaseException] | None,
+    ) -> None:
+        self.client, self.method, self.future, self.explain = client, method, future, explain
+
+    def __call__(self, conn: Connection, segments: list[Any]) -> tuple[Connection, Pending]:
+        callback = functools.partial(self.client._complete, self.future, conn, self.method, self.explain)
+        return conn, conn.request(wire.FrameKind.CALL, segments, callback)
 
 
 def _rebuild_client(

@@ -19,6 +19,7 @@ from fray.errors import ConfigError
 __all__ = [
     "CONTROL_LIST_ACTORS",
     "CONTROL_LIST_METHODS",
+    "CONTROL_LOCAL",
     "CONTROL_LOOKUP",
     "CONTROL_PING",
     "ActorInfo",
@@ -49,6 +50,8 @@ CONTROL_PING = "ping"
 CONTROL_LOOKUP = "lookup"
 CONTROL_LIST_ACTORS = "list_actors"
 CONTROL_LIST_METHODS = "list_methods"
+#: The name of the server's local (Unix socket) listener, or None (see fray.rpc._local).
+CONTROL_LOCAL = "local"
 
 
 def call_request(

@@ -34,15 +34,16 @@ import threading
 import uuid
 from typing import Any, Protocol
 
-from fray.actor import check_actor_method, public_methods
+from fray.actor import public_methods
 from fray.errors import ConfigError, ProtocolError, SerializationError
-from fray.rpc import wire
+from fray.rpc import _local, wire
 from fray.rpc._accept import Acceptor, Limits
 from fray.rpc._dispatch import Actor, ActorRunner, Call, CallHooks, ServerConnection
 from fray.rpc.namespace import default_token, resolve_namespace
 from fray.rpc.protocol import (
     CONTROL_LIST_ACTORS,
     CONTROL_LIST_METHODS,
+    CONTROL_LOCAL,
     CONTROL_LOOKUP,
     CONTROL_PING,
     ActorInfo,
@@ -181,6 +182,15 @@ class ActorServer:
         self._started = False
         self._stopped = threading.Event()
         self._acceptor = Acceptor(self._listener, self._token, self._serve_connection, limits=limits, name="actor")
+        # Clients on this host move to the local listener (see fray.rpc._local); same handshake and limits.
+        local = _local.listen()
+        self._local_name: str | None = None
+        self._local_acceptor: Acceptor | None = None
+        if local is not None:
+            self._local_listener, self._local_name = local
+            self._local_acceptor = Acceptor(
+                self._local_listener, self._token, self._serve_connection, limits=limits, name="actor-local"
+            )
 
     # -- public API -----------------------------------------------------------------------------
 
@@ -257,6 +267,8 @@ class ActorServer:
                 raise RuntimeError("this ActorServer was stopped; create a new one")
             self._started = True
         self._acceptor.start()
+        if self._local_acceptor is not None:
+            self._local_acceptor.start()
         return self
 
     def serve(self) -> None:
@@ -271,6 +283,9 @@ class ActorServer:
         self._stopped.set()
         self._acceptor.stop()
         self._listener.close()
+        if self._local_acceptor is not None:
+            self._local_acceptor.stop()
+            self._local_listener.close()
         with self._lock:
             connections = list(self._connections)
             actors = list(self._actors.values())
@@ -303,8 +318,9 @@ class ActorServer:
             if self._stopped.is_set():
                 return
             self._connections.add(conn)
+        reader = wire.FrameReader(sock, max_frame_bytes=self._max_frame_bytes)
+        conn.reader = reader
         try:
-            reader = wire.FrameReader(sock, max_frame_bytes=self._max_frame_bytes)
             conn.reader_thread = threading.get_ident()
             while True:
                 if not reader.buffered():
@@ -328,12 +344,13 @@ class ActorServer:
                     return
         finally:
             conn.flush()  # e.g. a PROTOCOL_ERROR explaining why we hang up
+            reader.close()
             with self._lock:
                 self._connections.discard(conn)
 
     def _lookup(self, namespace: str, name: str) -> Actor | None:
-        with self._lock:
-            return self._actors.get((namespace, name))
+        # One dict read, atomic on its own: no lock on the per-call path.
+        return self._actors.get((namespace, name))
 
     def _handle_call(self, conn: ServerConnection, frame: wire.Frame) -> None:
         rid = frame.request_id
@@ -361,7 +378,7 @@ class ActorServer:
             conn.send_error(rid, ErrorCode.REPLACED, LookupError(message))
             return
         try:
-            check_actor_method(type(actor.obj), method)
+            actor.check_method(method)
         except AttributeError as exc:
             conn.send_error(rid, ErrorCode.REJECTED, exc)
             return
@@ -377,6 +394,8 @@ class ActorServer:
             result: Any
             if operation == CONTROL_PING:
                 result = "pong"
+            elif operation == CONTROL_LOCAL:
+                result = self._local_name
             elif operation == CONTROL_LIST_ACTORS:
                 (namespace,) = arguments
                 result = [info for info in self.actors() if info.namespace == namespace]

@@ -10,37 +10,42 @@ are in one place:
   :mod:`struct`, a table of segment lengths, then the segments. Sizes are checked
   against the limits before a single payload byte is read.
 * Segment 0 of a frame is a pickle (protocol 5); the other segments are its
-  out-of-band buffers, sent straight from the caller's memory with ``sendmsg`` and
-  received with ``recv_into`` into one preallocated buffer each (a huge-page-backed
-  map for large ones), which becomes the memory of the rebuilt numpy array.
+  out-of-band buffers (see :mod:`fray.rpc._payload`), sent straight from the caller's
+  memory with ``sendmsg`` and received with ``recv_into`` into one buffer each, which
+  becomes the memory of the rebuilt value: a bytearray for a bytearray, else a
+  huge-page-backed map for large ones, reused from frame to frame once nothing refers
+  to it any more.
 
 See ``docs/protocol.md`` for the byte layout and the versioning rule.
 """
 
 from __future__ import annotations
 
+import array
+import collections
 import enum
 import hashlib
 import hmac
-import io
 import mmap
 import os
-import pickle
 import select
 import socket
 import struct
+import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-import cloudpickle
-
-from fray.errors import AuthenticationError, ProtocolError, SerializationError
+from fray.errors import AuthenticationError, ProtocolError
+from fray.rpc import _memfd
+from fray.rpc._payload import decode, encode
 
 __all__ = [
     "DEFAULT_MAX_FRAME_BYTES",
     "DEFAULT_MAX_SEGMENTS",
     "PROTOCOL_VERSION",
+    "SEGMENT_BYTEARRAY",
+    "SEGMENT_MEMFD",
     "Authenticated",
     "Frame",
     "FrameKind",
@@ -48,6 +53,7 @@ __all__ = [
     "client_handshake",
     "decode",
     "encode",
+    "frame_header",
     "send_frame",
     "server_handshake",
     "session_key",
@@ -58,16 +64,12 @@ __all__ = [
 
 #: Version of the frame layout and handshake. Bumped on any incompatible change;
 #: both ends refuse a peer with another version during the handshake.
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 
 #: Largest frame (sum of its segments) accepted by default: 1 GiB.
 DEFAULT_MAX_FRAME_BYTES = 1 << 30
 #: Most segments (1 pickle + out-of-band buffers) one frame may carry.
 DEFAULT_MAX_SEGMENTS = 4096
-
-#: Byte strings at least this long travel as out-of-band buffers instead of being
-#: copied into the pickle stream.
-_OOB_MIN_BYTES = 64 * 1024
 
 _HANDSHAKE_MAGIC = b"FRAY"
 _FRAME_MAGIC = b"FR"
@@ -99,9 +101,26 @@ HANDSHAKE_TIMEOUT = 5.0
 _LENGTH = struct.Struct("!Q")
 # Frames below this size are written with one contiguous send (and may be batched).
 _SMALL_FRAME_BYTES = 16384
+# Cached packers of the segment-length table, per segment count.
+_TABLES: dict[int, struct.Struct] = {}
+
+# The top bits of an entry of the segment-length table are flags; the rest is the length.
+#: The segment is not in the stream: it is the next memfd passed with the frame (local connections).
+SEGMENT_MEMFD = 1 << 63
+#: The segment is rebuilt as a ``bytearray``: receive it into one (then it needs no copy).
+SEGMENT_BYTEARRAY = 1 << 62
+_SEGMENT_FLAGS = SEGMENT_MEMFD | SEGMENT_BYTEARRAY
+_LENGTH_MASK = (1 << 48) - 1
+# Linux passes at most this many descriptors per sendmsg (SCM_MAX_FD).
+_MAX_FDS = 253
+_FD_BUFFER_BYTES = socket.CMSG_SPACE(_MAX_FDS * 4) if hasattr(socket, "CMSG_SPACE") else 0
+_CTRUNC = int(getattr(socket, "MSG_CTRUNC", 0))  # an int: flag arithmetic on the enum is slow
+_CMSG_CLOEXEC = int(getattr(socket, "MSG_CMSG_CLOEXEC", 0))
 
 # Segments at least this large are received into huge-page-backed maps (see _allocate).
 _HUGE_PAGE_MIN_BYTES = 4 << 20
+# A reader keeps its last large receive buffer for reuse (already faulted in) up to this size.
+_SPARE_MAX_BYTES = 256 << 20
 _SOCKET_BUFFER_BYTES = 4 << 20
 
 # Sockets accept at most IOV_MAX buffers per sendmsg; Linux's is 1024.
@@ -290,6 +309,8 @@ def client_handshake(sock: socket.socket, token: bytes | None, address: str, pri
 
 
 def _is_loopback_peer(sock: socket.socket) -> bool:
+    if sock.family == socket.AF_UNIX:
+        return True  # a Unix socket never leaves the machine
     host = sock.getpeername()[0]
     return bool(host.startswith("127.") or host in ("::1", "localhost"))
 
@@ -298,36 +319,79 @@ def _is_loopback_peer(sock: socket.socket) -> bool:
 # Frames
 
 
+def _table(count: int) -> struct.Struct:
+    table = _TABLES.get(count)
+    if table is None:
+        table = _TABLES[count] = struct.Struct(f"!{count}Q")
+    return table
+
+
+def frame_header(kind: FrameKind, request_id: int, entries: Sequence[int]) -> bytes:
+    """The bytes before a frame's segments: the header and the segment table (lengths with their flags).
+
+    The one place a frame's envelope is built; :meth:`FrameReader.read_frame` is the one
+    place it is parsed.
+    """
+    return _HEADER.pack(_FRAME_MAGIC, PROTOCOL_VERSION, kind, request_id, len(entries)) + _table(len(entries)).pack(
+        *entries
+    )
+
+
 def small_frame(kind: FrameKind, request_id: int, payload: bytes) -> bytes | None:
     """The whole encoding of a one-segment frame if it is small enough to batch, else None."""
     if len(payload) >= _SMALL_FRAME_BYTES:
         return None
-    return _HEADER.pack(_FRAME_MAGIC, PROTOCOL_VERSION, kind, request_id, 1) + _LENGTH.pack(len(payload)) + payload
+    return frame_header(kind, request_id, (len(payload),)) + payload
+
+
+def _entry(view: Any) -> int:
+    """A segment's entry in the length table: its length, flagged when it is a bytearray's memory."""
+    if type(view) is memoryview and type(view.obj) is bytearray:
+        return view.nbytes | SEGMENT_BYTEARRAY
+    return len(view)
 
 
 def send_frame(sock: socket.socket, kind: FrameKind, request_id: int, segments: Sequence[Any]) -> None:
     """Send one frame: header, length table and segments in as few ``sendmsg`` calls as possible.
 
     ``segments`` are bytes-like objects; they are sent from their own memory (no
-    concatenation), which is what keeps large numpy arrays from being copied.
+    concatenation), which is what keeps large numpy arrays from being copied. On a
+    local (Unix socket) connection, segments of :data:`fray.rpc._memfd.MIN_BYTES` or
+    more travel as memfds instead (see :mod:`fray.rpc._memfd`).
     Callers serialise concurrent senders on one socket with a lock.
     """
-    views = [memoryview(s).cast("B") if not isinstance(s, bytes) else s for s in segments]
-    lengths = [len(v) for v in views]
-    header = _HEADER.pack(_FRAME_MAGIC, PROTOCOL_VERSION, kind, request_id, len(views)) + struct.pack(
-        f"!{len(views)}Q", *lengths
-    )
-    if len(views) == 1 and lengths[0] < _SMALL_FRAME_BYTES:
+    if len(segments) == 1 and type(segments[0]) is bytes and len(segments[0]) < _SMALL_FRAME_BYTES:
         # The common small message: one contiguous write is cheaper than an iovec.
-        sock.sendall(header + views[0])
+        sock.sendall(frame_header(kind, request_id, (len(segments[0]),)) + segments[0])
         return
-    _sendmsg_all(sock, [header, *views])
+    views = [s if type(s) is bytes else memoryview(s).cast("B") for s in segments]
+    entries = [_entry(v) for v in views]
+    fds: list[int] = []
+    try:
+        if getattr(sock, "family", None) == socket.AF_UNIX and _memfd.available():
+            for index, view in enumerate(views):
+                if len(view) >= _memfd.MIN_BYTES and len(fds) < _MAX_FDS:
+                    fds.append(_memfd.SPARES.fill(view))
+                    entries[index] |= SEGMENT_MEMFD
+                    views[index] = b""
+        header = frame_header(kind, request_id, entries)
+        _sendmsg_all(sock, [header, *views], fds)
+    finally:
+        # Sent (the receiver has its own descriptors) or not: either way these are not ours any more.
+        for fd in fds:
+            os.close(fd)
 
 
-def _sendmsg_all(sock: socket.socket, buffers: list[Any]) -> None:
+def _sendmsg_all(sock: socket.socket, buffers: list[Any], fds: Sequence[int] = ()) -> None:
     pending = [memoryview(b) for b in buffers if len(b)]
+    # Descriptors ride with the first bytes (the header), so they arrive before the frame is parsed.
+    ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())] if fds else []
     while pending:
-        sent = sock.sendmsg(pending[:_IOV_MAX])
+        if ancillary:
+            sent = sock.sendmsg(pending[:_IOV_MAX], ancillary)
+            ancillary = []
+        else:
+            sent = sock.sendmsg(pending[:_IOV_MAX])
         # Drop what went out; a partial send leaves the tail of one buffer.
         while sent and pending:
             first = pending[0]
@@ -344,7 +408,7 @@ class FrameReader:
 
     Small frames are parsed out of a reusable receive buffer (one ``recv`` usually
     brings in many pipelined frames); large segments are received directly into
-    their own ``bytearray``.
+    their own buffer (see :meth:`_read_segment`).
     """
 
     _BUFFER_BYTES = 256 * 1024
@@ -361,6 +425,10 @@ class FrameReader:
         self._view = memoryview(self._buf)
         self._start = 0
         self._end = 0
+        self._spare: Any = None  # the last large receive buffer (see _large_buffer)
+        # A local connection may pass memfds: read with recvmsg, and queue them in arrival order.
+        self._local = sock.family == socket.AF_UNIX and _memfd.available()
+        self._fds: collections.deque[int] = collections.deque()
         self.max_frame_bytes = max_frame_bytes
         self.max_segments = max_segments
 
@@ -390,12 +458,16 @@ class FrameReader:
         self._start += _HEADER.size
         table = 8 * nsegments
         self._fill(table)
-        lengths = struct.unpack_from(f"!{nsegments}Q", self._buf, self._start)
+        entries = _table(nsegments).unpack_from(self._buf, self._start)
         self._start += table
-        total = sum(lengths)
+        total = 0
+        for entry in entries:
+            if entry & ~(_LENGTH_MASK | _SEGMENT_FLAGS):
+                raise ProtocolError(f"bad segment table entry {entry:#x}")
+            total += entry & _LENGTH_MASK
         if total > self.max_frame_bytes:
             raise ProtocolError(f"frame of {total} bytes exceeds the limit of {self.max_frame_bytes} bytes")
-        return Frame(frame_kind, request_id, [self._read_segment(n) for n in lengths])
+        return Frame(frame_kind, request_id, [self._read_segment(entry) for entry in entries])
 
     def buffered(self) -> int:
         """How many received bytes wait in the buffer (0: the next read will block)."""
@@ -416,7 +488,7 @@ class FrameReader:
                 remaining = self._end - self._start
                 self._buf[:remaining] = self._buf[self._start : self._end]
                 self._start, self._end = 0, remaining
-            got = self._sock.recv_into(self._view[self._end :])
+            got = self._receive(self._view[self._end :])
             if got == 0:
                 if at_boundary and self._end == self._start:
                     return False
@@ -424,20 +496,43 @@ class FrameReader:
             self._end += got
         return True
 
-    def _read_segment(self, n: int) -> bytes | bytearray:
+    def _receive(self, view: memoryview) -> int:
+        if not self._local:
+            return self._sock.recv_into(view)
+        got, ancillary, flags, _ = self._sock.recvmsg_into([view], _FD_BUFFER_BYTES, _CMSG_CLOEXEC)
+        for level, kind, data in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds = array.array("i")
+                fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
+                self._fds.extend(fds)
+        if flags & _CTRUNC:
+            raise ProtocolError("the peer passed more descriptors than a frame may carry")
+        return got
+
+    def close(self) -> None:
+        """Close descriptors received but never claimed by a frame (only a faulty peer leaves any)."""
+        while self._fds:
+            os.close(self._fds.popleft())
+
+    def _read_segment(self, entry: int) -> Any:
+        """One segment (a writable buffer: a bytearray, a huge-page map, or a view of a reused one)."""
+        n = entry & _LENGTH_MASK
+        if entry & SEGMENT_MEMFD:
+            if not self._fds:
+                raise ProtocolError("a segment names a memfd the peer did not pass")
+            fd = self._fds.popleft()
+            if entry & SEGMENT_BYTEARRAY:
+                return _memfd.SPARES.read(fd, n)
+            return _memfd.SPARES.map(fd, n)
         available = self._end - self._start
-        if n <= available:
-            data = bytes(self._view[self._start : self._start + n])
-            self._start += n
-            return data
-        if n <= self._BUFFER_BYTES // 4:
+        if n <= available or n <= self._BUFFER_BYTES // 4:
             self._fill(n)
-            data = bytes(self._view[self._start : self._start + n])
+            data = bytearray(self._view[self._start : self._start + n])
             self._start += n
             return data
         # Large segment: take what is buffered, then receive the rest straight into place.
-        out = _allocate(n)
-        out_view = memoryview(out)
+        out = bytearray(n) if entry & SEGMENT_BYTEARRAY else self._large_buffer(n)
+        out_view = memoryview(out).cast("B")
         out_view[:available] = self._view[self._start : self._end]
         self._start = self._end = 0
         got = available
@@ -447,6 +542,21 @@ class FrameReader:
                 raise ConnectionError("connection closed in the middle of a frame")
             got += k
         return out
+
+    def _large_buffer(self, n: int) -> Any:
+        """A buffer of ``n`` bytes: the last one again if nothing refers to it any more, else a new one.
+
+        Reusing it saves faulting in fresh pages, the largest cost of receiving tens of
+        megabytes. A value decoded on it (a numpy array) keeps it alive and referenced,
+        so it is never handed out twice; a value copied out of it (``bytes``) lets it go.
+        """
+        spare = self._spare
+        # References to the spare: this reader's attribute, the local name, getrefcount's argument.
+        if spare is not None and n <= len(spare) <= 2 * n and sys.getrefcount(spare) == 3:
+            return spare if len(spare) == n else memoryview(spare)[:n]
+        buffer = _allocate(n)
+        self._spare = buffer if n <= _SPARE_MAX_BYTES and type(buffer) is not bytearray else None
+        return buffer
 
 
 def _allocate(n: int) -> Any:
@@ -476,118 +586,9 @@ def wait_for(sock: socket.socket, events: int, timeout: float | None) -> int:
 
 
 def tune_socket(sock: socket.socket) -> None:
-    """Socket options every Fray connection uses: no Nagle delay, large kernel buffers."""
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    """Socket options every Fray connection uses: no Nagle delay (TCP), large kernel buffers."""
+    if sock.family != socket.AF_UNIX:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     # Bigger buffers mean fewer wake-ups per megabyte on large transfers; the kernel caps them.
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SOCKET_BUFFER_BYTES)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _SOCKET_BUFFER_BYTES)
-
-
-# ---------------------------------------------------------------------------------------------
-# Payloads
-
-
-class _LargeBytes:
-    """Stands in for a large ``bytes`` object so that it travels out of band.
-
-    The pickler never consults ``reducer_override`` for exact ``bytes``, and would
-    copy them into the stream; this wrapper reduces to ``bytes(<out-of-band buffer>)``,
-    which costs one copy on the receiving side instead of two through the stream.
-    """
-
-    __slots__ = ("data",)
-
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-
-    def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
-        return bytes, (pickle.PickleBuffer(self.data),)
-
-
-def _wrap_large_bytes(obj: Any, depth: int = 0) -> Any:
-    """``obj`` with large ``bytes`` near its top (arguments, results) wrapped in :class:`_LargeBytes`."""
-    kind = type(obj)
-    if kind is bytes:
-        return _LargeBytes(obj) if len(obj) >= _OOB_MIN_BYTES else obj
-    if depth >= 3:
-        return obj
-    if kind is tuple or kind is list:
-        items = [_wrap_large_bytes(item, depth + 1) for item in obj]
-        if all(new is old for new, old in zip(items, obj, strict=True)):
-            return obj
-        return tuple(items) if kind is tuple else items
-    if kind is dict:
-        values = {key: _wrap_large_bytes(value, depth + 1) for key, value in obj.items()}
-        if all(values[key] is value for key, value in obj.items()):
-            return obj
-        return values
-    return obj
-
-
-_PLAIN_TYPES = frozenset({int, float, str, bool, type(None)})
-
-
-def _is_plain(obj: Any, depth: int = 0) -> bool:
-    """True for small values built only from builtins, which the C pickler handles alone.
-
-    Runs on every call, so scalars are checked inline rather than by recursion.
-    """
-    kind = type(obj)
-    if kind in _PLAIN_TYPES:
-        return True
-    if kind is bytes:
-        return len(obj) < _OOB_MIN_BYTES
-    if depth >= 3:
-        return False
-    if kind is tuple or kind is list:
-        if len(obj) > 16:
-            return False
-        for item in obj:  # noqa: SIM110 - a plain loop is faster than all() on this hot path
-            if type(item) not in _PLAIN_TYPES and not _is_plain(item, depth + 1):
-                return False
-        return True
-    if kind is dict:
-        if len(obj) > 16:
-            return False
-        for key, value in obj.items():
-            if type(key) is not str or (type(value) not in _PLAIN_TYPES and not _is_plain(value, depth + 1)):
-                return False
-        return True
-    return False
-
-
-def encode(obj: Any) -> list[Any]:
-    """Pickle ``obj`` with protocol 5; return ``[pickle, *out_of_band_buffers]`` as bytes-like segments.
-
-    Raises :class:`SerializationError` when ``obj`` cannot be pickled.
-    """
-    if _is_plain(obj):
-        # The common small call: the C pickler is several times faster than cloudpickle's.
-        return [pickle.dumps(obj, protocol=5)]
-    buffers: list[pickle.PickleBuffer] = []
-    stream = io.BytesIO()
-    try:
-        cloudpickle.Pickler(stream, protocol=5, buffer_callback=buffers.append).dump(_wrap_large_bytes(obj))
-    except Exception as exc:
-        raise SerializationError(f"cannot pickle {_describe(obj)}: {exc}") from exc
-    if not buffers:
-        return [stream.getvalue()]
-    return [stream.getbuffer(), *(_raw(b) for b in buffers)]
-
-
-def _raw(buffer: pickle.PickleBuffer) -> Any:
-    try:
-        return buffer.raw()
-    except BufferError:
-        # Non-contiguous buffers cannot be sent in place; copy this one.
-        return bytes(buffer)
-
-
-def decode(segments: Sequence[bytes | bytearray], loads: Callable[..., Any] = pickle.loads) -> Any:
-    """Unpickle a frame's segments (the inverse of :func:`encode`)."""
-    return loads(segments[0], buffers=segments[1:])
-
-
-def _describe(obj: Any) -> str:
-    text = repr(obj)
-    return text if len(text) <= 200 else text[:200] + "..."
