@@ -450,6 +450,8 @@ class ClusterActorHandle:
         if view.state.finished:
             death = self._death(view)
             death.__context__ = error
+            with self._lock:  # for good: later calls fail at once instead of trying the dead endpoint
+                self._error, self._direct = death, False
             return death
         if view.attempt != self._attempt:
             died = ActorDiedError(

@@ -319,13 +319,28 @@ class ActorClient(Generic[T]):
         except SerializationError:
             raise  # bad arguments are refused at the call, as on every backend: nothing was sent
         except BaseException as exc:
-            future.set_exception(exc)
+            self._fail_unsent(future, exc, explain)
             return future
         future._connection, future._deadline = conn, deadline
         if deadline is not None:
             error = self._timeout_error(method, timeout)
             timer.schedule(deadline, lambda: conn.expire(entry, error))
         return future
+
+    @staticmethod
+    def _fail_unsent(
+        future: concurrent.futures.Future[Any],
+        error: BaseException,
+        explain: Callable[[ActorUnavailableError], BaseException] | None,
+    ) -> None:
+        # A call that could not be sent (e.g. the actor's process is gone) is explained like one
+        # whose connection broke, and off the caller's thread: .remote() never blocks on it.
+        if explain is not None and isinstance(error, ActorUnavailableError):
+            threading.Thread(
+                target=lambda: settle(future, exception=explain(error)), name="fray-rpc-explain", daemon=True
+            ).start()
+        else:
+            settle(future, exception=error)
 
     def _complete(
         self,
@@ -339,12 +354,8 @@ class ActorClient(Generic[T]):
         ok, value = self._outcome(response, conn, method)
         if ok:
             settle(future, result=value)
-        elif explain is not None and isinstance(value, ActorUnavailableError):
-            threading.Thread(
-                target=lambda: settle(future, exception=explain(value)), name="fray-rpc-explain", daemon=True
-            ).start()
         else:
-            settle(future, exception=value)
+            self._fail_unsent(future, value, explain)
 
     def _timeout_error(self, method: str, timeout: float | None) -> RpcTimeoutError:
         return RpcTimeoutError(
