@@ -27,6 +27,7 @@ from typing import Any
 from fray._driver_exit import report_leftovers
 from fray._lifecycle import Failure
 from fray._local_actor import LocalActor, LocalActorHandle
+from fray._local_context import LocalJobContext
 from fray._local_job import Attempt, LocalJob, LocalJobHandle, stop_deadline, wait_for_stop
 from fray._logcapture import capture_to
 from fray._runtime import check_terminated, terminating_on
@@ -207,6 +208,7 @@ class LocalClient:
         self._slots = threading.Condition(self._lock)
         self._busy_threads = 0
         self._closed = False
+        self._job_context: LocalJobContext | None = None
         _live_clients.add(self)
 
     @classmethod
@@ -477,6 +479,15 @@ class LocalClient:
             if self._actors_by_name.get(actor.name) is actor:
                 del self._actors_by_name[actor.name]
 
+    # ----- the job level ----------------------------------------------------------------------
+
+    def _fray_job_context(self) -> LocalJobContext:
+        """This client's job context (``fray.get_job_context()`` here): tasks on threads, made once."""
+        with self._lock:
+            if self._job_context is None:
+                self._job_context = LocalJobContext(client=self)
+            return self._job_context
+
     # ----- lifecycle --------------------------------------------------------------------------
 
     def shutdown(self, wait: bool = True) -> None:
@@ -485,6 +496,7 @@ class LocalClient:
             self._closed = True
             jobs = list(self._jobs.values())
             actor_jobs = set(self._actors_by_job)
+            job_context, self._job_context = self._job_context, None
         plain = [job for job in jobs if job.job_id not in actor_jobs]
         hosts = [job for job in jobs if job.job_id in actor_jobs]
         if wait:
@@ -497,6 +509,8 @@ class LocalClient:
                 if not job.lifecycle.finished:
                     job.request_stop()
             wait_for_stop(group, deadline)
+        if job_context is not None:
+            job_context.shutdown()
 
 
 _live_clients: weakref.WeakSet[LocalClient] = weakref.WeakSet()
