@@ -4,8 +4,11 @@ The whole public surface is re-exported here; see ``docs/architecture.md`` for w
 each concept lives.
 """
 
+from fray._local_context import LocalJobContext
+from fray._process_context import ProcessJobContext
 from fray.actor import ActorFuture, ActorGroup, ActorHandle, ActorMethod
 from fray.client import Client, client_from_spec, current_client, set_current_client
+from fray.context import JobContext, ObjectRef, clear_job_context, get_job_context, set_job_context
 from fray.errors import (
     ActorDiedError,
     ActorUnavailableError,
@@ -17,12 +20,17 @@ from fray.errors import (
     JobAlreadyExists,
     JobFailed,
     JobTerminated,
+    LeaseError,
+    LeaseExpired,
     NotFound,
+    ObjectLostError,
     ProtocolError,
+    QueueAlreadyExists,
     RemoteError,
     RpcTimeoutError,
     SerializationError,
     StoreError,
+    TaskLostError,
 )
 from fray.job import (
     BinaryEntrypoint,
@@ -73,25 +81,37 @@ __all__ = [
     "GpuConfig",
     "IllegalTransition",
     "JobAlreadyExists",
+    "JobContext",
     "JobFailed",
     "JobHandle",
     "JobInfo",
     "JobRequest",
     "JobStatus",
     "JobTerminated",
+    "LeaseError",
+    "LeaseExpired",
+    "LocalJobContext",
     "NotFound",
+    "ObjectLostError",
+    "ObjectRef",
+    "ProcessJobContext",
     "ProtocolError",
+    "QueueAlreadyExists",
     "RemoteError",
     "ResourceConfig",
     "RpcTimeoutError",
     "SerializationError",
     "StoreError",
+    "TaskLostError",
     "TpuConfig",
     "TpuTopology",
+    "clear_job_context",
     "client_from_spec",
     "current_client",
     "current_job",
+    "get_job_context",
     "parse_size",
     "set_current_client",
+    "set_job_context",
     "wait_all",
 ]

@@ -1,0 +1,122 @@
+"""What the owner of a :class:`~fray.ProcessJobContext` and its worker processes share: refs and messages.
+
+A message is a small header (a tuple of plain data, pickled with the standard pickle)
+followed by zero or more blobs, each sent as its own frame so that a large object is
+never copied into a bigger one. Connections are ``multiprocessing.connection`` ones
+over a Unix socket, authenticated with a per-context key before anything is unpickled.
+
+Messages (``wid`` a worker id, ``rid`` a request id, ids are ref ids):
+
+owner -> worker
+    ``("run", task_id, fn_key, arg_ids, cached_ids)`` + blobs ``[fn?, args, *objects]``:
+    run a task (``fn`` is sent the first time a worker sees ``fn_key``);
+    ``("reply", rid, kind, payload)`` + blobs: the answer to a get or wait;
+    ``("free", ids)``: forget cached objects; ``("exit",)``.
+worker -> owner
+    ``("hello", wid, pid)``; ``("done", task_id, ok)`` + ``[result or failure]``;
+    ``("submit", ref_id, name, fn_key, dep_ids)`` + ``[fn?, args]``: a nested task;
+    ``("put", ref_id)`` + ``[blob]``; ``("get", rid, ids)``; ``("wait", rid, ids, num_returns)``;
+    ``("cancel", rid)``: the caller stopped waiting (timeout): answer at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import pickle
+import threading
+import types
+import uuid
+import weakref
+from collections.abc import Sequence
+from multiprocessing.connection import Connection
+from typing import Any
+
+import cloudpickle
+
+from fray._serialization import plain_data
+
+__all__ = ["Dep", "ProcessObjectRef", "dumps", "function_blob", "receive", "send"]
+
+
+class ProcessObjectRef:
+    """A ref of a :class:`~fray.ProcessJobContext`, valid in its owner and in its worker processes."""
+
+    __slots__ = ("__weakref__", "_pin", "context_id", "ref_id")
+
+    def __init__(self, context_id: str, ref_id: str, pin: Any = None) -> None:
+        self.context_id = context_id
+        self.ref_id = ref_id
+        # Owner side: a callable that keeps the object for the context's life once the ref escapes.
+        self._pin = pin
+
+    def __repr__(self) -> str:
+        return f"ProcessObjectRef({self.ref_id!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ProcessObjectRef) and other.ref_id == self.ref_id
+
+    def __hash__(self) -> int:
+        return hash(self.ref_id)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # A ref pickled into data (not resolved as an argument) may be used anywhere, any time:
+        # the owner keeps its object until the context shuts down.
+        if self._pin is not None:
+            self._pin(self.ref_id)
+        return (ProcessObjectRef, (self.context_id, self.ref_id))
+
+
+class Dep:
+    """Stands for a resolved ref in a task's pickled arguments: the worker puts the value there."""
+
+    __slots__ = ("ref_id",)
+
+    def __init__(self, ref_id: str) -> None:
+        self.ref_id = ref_id
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (Dep, (self.ref_id,))
+
+
+def send(conn: Connection, lock: threading.Lock, header: tuple[Any, ...], blobs: Sequence[bytes] = ()) -> None:
+    """Send one message (header, then each blob) atomically with respect to other senders."""
+    data = pickle.dumps((header, len(blobs)), protocol=pickle.HIGHEST_PROTOCOL)
+    with lock:
+        conn.send_bytes(data)
+        for blob in blobs:
+            conn.send_bytes(blob)
+
+
+def receive(conn: Connection) -> tuple[tuple[Any, ...], list[bytes]]:
+    """Receive one message; ``EOFError``/``OSError`` when the peer is gone."""
+    header, count = pickle.loads(conn.recv_bytes())
+    return header, [conn.recv_bytes() for _ in range(count)]
+
+
+def dumps(value: Any) -> bytes:
+    """Pickle ``value``: with the standard pickle when it is plain data (much cheaper), else cloudpickle."""
+    if plain_data(value):
+        return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    return bytes(cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def function_blob(fn: Any, cache: weakref.WeakKeyDictionary[Any, tuple[str, bytes]]) -> tuple[str, bytes]:
+    """``(key, pickled fn)``; plain functions are pickled once and keyed by content, so both sides cache them.
+
+    Other callables (bound methods, partials, callable objects) may carry state that
+    changes: they are pickled at every submission under a key used once.
+    """
+    if isinstance(fn, types.FunctionType):
+        found = cache.get(fn)
+        if found is None:
+            blob = bytes(cloudpickle.dumps(fn, protocol=pickle.HIGHEST_PROTOCOL))
+            found = cache[fn] = ("f-" + hashlib.blake2b(blob, digest_size=16).hexdigest(), blob)
+        return found
+    return (f"{ONCE}{next(_once)}-{_TAG}", bytes(cloudpickle.dumps(fn, protocol=pickle.HIGHEST_PROTOCOL)))
+
+
+#: Prefix of the keys of callables that are not cached (see :func:`function_blob`).
+ONCE = "once-"
+_once = itertools.count(1)
+_TAG = uuid.uuid4().hex[:8]
