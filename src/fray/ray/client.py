@@ -38,6 +38,7 @@ from fray.ray._driver_exit import track
 from fray.ray._launch import Launcher, short_id
 from fray.ray.actors import RayActorHandle, disown, own
 from fray.ray.binary import BinaryJob
+from fray.ray.context import RayJobContext, context_for
 from fray.ray.jobs import ActorJob, CallableJob, RayJobHandle
 from fray.ray.resources import ray_options
 from fray.ray.tpu import TpuJob
@@ -276,6 +277,12 @@ class RayClient:
             job = self._actor_jobs.pop(job_id, None)
         if job is not None:
             disown(job._handle)
+
+    # ----- the job level ----------------------------------------------------------------------
+
+    def _fray_job_context(self) -> RayJobContext:
+        """This client's job context (``fray.get_job_context()`` inside its jobs): Ray tasks and objects."""
+        return context_for(self.namespace, self)
 
     # ----- lifecycle --------------------------------------------------------------------------
 
