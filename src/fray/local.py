@@ -44,6 +44,7 @@ from fray.job import (
     _current_job,
     replica_env,
 )
+from fray.queue import LocalQueue, check_queue_name, queue_exists
 from fray.resources import ResourceConfig
 
 __all__ = ["LocalActorHandle", "LocalClient", "LocalJobHandle"]
@@ -209,6 +210,7 @@ class LocalClient:
         self._busy_threads = 0
         self._closed = False
         self._job_context: LocalJobContext | None = None
+        self._queues: dict[str, LocalQueue[Any]] = {}
         _live_clients.add(self)
 
     @classmethod
@@ -487,6 +489,21 @@ class LocalClient:
             if self._job_context is None:
                 self._job_context = LocalJobContext(client=self)
             return self._job_context
+
+    def create_queue(self, name: str, *, exist_ok: bool = False) -> LocalQueue[Any]:
+        """A queue with leases in this process (see :mod:`fray.queue`); ``exist_ok`` returns the existing one."""
+        check_terminated()
+        check_queue_name(name)
+        with self._lock:
+            if self._closed:
+                raise FrayError("this LocalClient is shut down; create a new one")
+            queue = self._queues.get(name)
+            if queue is not None:
+                if not exist_ok:
+                    raise queue_exists(name, "in this LocalClient")
+                return queue
+            queue = self._queues[name] = LocalQueue(name)
+            return queue
 
     # ----- lifecycle --------------------------------------------------------------------------
 

@@ -240,6 +240,15 @@ class IrisClient:
         ]
         return ActorGroup(handles, [handle.job for handle in handles])
 
+    # ----- queues -------------------------------------------------------------------------------------
+
+    def create_queue(self, name: str, *, exist_ok: bool = False) -> Any:
+        """Refused: the Iris backend has no queue of its own yet (the message names the alternative)."""
+        raise ConfigError(
+            f"create_queue({name!r}): the Iris backend has no queue with leases yet; keep one in an actor with "
+            "fray.queue.actor_queue(client, name), or run the pool on a Fray cluster or Ray"
+        )
+
     # ----- shutdown -----------------------------------------------------------------------------------
 
     def _terminate_owned(self, *, actors_only: bool) -> None:

@@ -33,6 +33,7 @@ from fray.monarch import supervision
 from fray.monarch.actors import ActorRecord, HostMesh, MonarchActorHandle
 from fray.monarch.host import FrayHost, MemberSpec
 from fray.monarch.jobs import MonarchJob, MonarchJobHandle
+from fray.queue import ActorQueue, actor_queue
 from fray.resources import CpuConfig, ResourceConfig
 
 __all__ = ["MonarchClient"]
@@ -258,6 +259,12 @@ class MonarchClient:
         with self._lock:
             if self._actors.get(record.name) is record:
                 del self._actors[record.name]
+
+    # ----- queues --------------------------------------------------------------------------------
+
+    def create_queue(self, name: str, *, exist_ok: bool = False) -> ActorQueue[Any]:
+        """A queue with leases kept by one of this client's actors (:func:`fray.queue.actor_queue`)."""
+        return actor_queue(self, name, exist_ok=exist_ok)
 
     # ----- lifecycle ---------------------------------------------------------------------------
 

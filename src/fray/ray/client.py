@@ -17,6 +17,7 @@ process and every ``RayClient`` of the process shares it.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import types
 import weakref
@@ -40,6 +41,7 @@ from fray.ray.actors import RayActorHandle, disown, own
 from fray.ray.binary import BinaryJob
 from fray.ray.context import RayJobContext, context_for
 from fray.ray.jobs import ActorJob, CallableJob, RayJobHandle
+from fray.ray.queue import RayQueue, create_queue
 from fray.ray.resources import ray_options
 from fray.ray.tpu import TpuJob
 from fray.resources import ResourceConfig, TpuConfig
@@ -89,6 +91,7 @@ class RayClient:
         # alive through whoever drives them (the reaper, a binary job's watcher thread).
         self._jobs: weakref.WeakValueDictionary[str, RayJobHandle] = weakref.WeakValueDictionary()
         self._actor_jobs: dict[str, ActorJob] = {}
+        self._queues: list[RayQueue[Any]] = []
         self._lock = threading.Lock()
         self._closed = False
         self._actor_classes: weakref.WeakKeyDictionary[type, Any] = weakref.WeakKeyDictionary()
@@ -284,6 +287,18 @@ class RayClient:
         """This client's job context (``fray.get_job_context()`` inside its jobs): Ray tasks and objects."""
         return context_for(self.namespace, self)
 
+    def create_queue(self, name: str, *, exist_ok: bool = False) -> RayQueue[Any]:
+        """A queue with leases kept by a Ray actor of this client (see :mod:`fray.ray.queue`).
+
+        ``exist_ok`` attaches to the namespace's queue of that name if there is one.
+        """
+        self._check_open()
+        queue, created = create_queue(name, self.namespace, exist_ok=exist_ok)
+        if created:  # ends with this client, like its actors; an attached queue is its creator's
+            with self._lock:
+                self._queues.append(queue)
+        return queue
+
     # ----- lifecycle --------------------------------------------------------------------------
 
     def shutdown(self, wait: bool = True) -> None:
@@ -297,6 +312,7 @@ class RayClient:
             self._closed = True
             jobs = [j for j in self._jobs.values() if not isinstance(j, ActorJob)]
             actors = list(self._actor_jobs.values())
+            queues, self._queues = self._queues, []
         # Jobs first, actors after: running jobs may still be calling the actors.
         for job in jobs:
             if wait:
@@ -305,6 +321,9 @@ class RayClient:
                 job.terminate()
         for actor in actors:
             actor.terminate()
+        for queue in queues:
+            with contextlib.suppress(Exception):  # attached to a queue someone else already ended
+                queue._kill()
         self._launcher.shutdown()
         if _CLIENTS.get(self.namespace) is self:
             del _CLIENTS[self.namespace]
