@@ -44,6 +44,8 @@ from fray.job import (
     current_job,
     wait_all,
 )
+from fray.pool import WorkerPool
+from fray.queue import Lease, Queue
 from fray.resources import (
     GPU_TYPES,
     TPU_TOPOLOGIES,
@@ -88,6 +90,7 @@ __all__ = [
     "JobRequest",
     "JobStatus",
     "JobTerminated",
+    "Lease",
     "LeaseError",
     "LeaseExpired",
     "LocalJobContext",
@@ -96,6 +99,7 @@ __all__ = [
     "ObjectRef",
     "ProcessJobContext",
     "ProtocolError",
+    "Queue",
     "QueueAlreadyExists",
     "RemoteError",
     "ResourceConfig",
@@ -105,6 +109,7 @@ __all__ = [
     "TaskLostError",
     "TpuConfig",
     "TpuTopology",
+    "WorkerPool",
     "clear_job_context",
     "client_from_spec",
     "current_client",
