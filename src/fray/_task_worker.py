@@ -54,7 +54,7 @@ from fray.context import (
 from fray.errors import ObjectLostError, TaskLostError
 from fray.resources import ResourceConfig
 
-__all__ = ["AUTHKEY_VARIABLE", "WorkerContext", "value_of"]
+__all__ = ["AUTHKEY_VARIABLE", "WorkerContext", "serve_owner", "value_of"]
 
 #: The environment variable that carries the context's connection key to the fork server.
 AUTHKEY_VARIABLE = "FRAY_TASKS_AUTHKEY"
@@ -290,18 +290,31 @@ class WorkerContext:
 # ----- the worker process ------------------------------------------------------------------------
 
 
-def _worker_main(request: dict[str, Any], authkey: bytes) -> None:
-    """In a forked child: connect to the owner and serve tasks until told to exit or the owner goes."""
-    with contextlib.suppress(OSError):
-        os.setpgid(0, 0)  # its own process group: stopping the worker reaches what its tasks started
-    sys.path[:] = request["path"]
-    with contextlib.suppress(OSError):
-        os.chdir(request["cwd"])
-    conn = Client(request["address"], family="AF_UNIX", authkey=authkey)
+def serve_owner(request: dict[str, Any], authkey: bytes) -> None:
+    """Be worker ``request["wid"]``: connect to the owner and run its tasks until told to exit or the owner goes.
+
+    ``request`` holds ``wid``, ``context``, ``address`` and ``family`` (how to reach the
+    owner), and optionally ``path`` (``sys.path``) and ``cwd`` to take from the owner.
+    """
+    if "path" in request:
+        sys.path[:] = request["path"]
+    if "cwd" in request:
+        with contextlib.suppress(OSError):
+            os.chdir(request["cwd"])
+    address = request["address"]
+    family = request.get("family", "AF_UNIX")
+    conn = Client(tuple(address) if family == "AF_INET" else address, family=family, authkey=authkey)
     worker = _Worker(conn, request["context"], request["wid"])
     worker.send(("hello", worker.wid, os.getpid()))
     threading.Thread(target=worker.read, name="fray-task-reader", daemon=True).start()
     worker.serve()
+
+
+def _worker_main(request: dict[str, Any], authkey: bytes) -> None:
+    """In a forked child: its own process group (stopping it reaches what its tasks started), then serve."""
+    with contextlib.suppress(OSError):
+        os.setpgid(0, 0)
+    serve_owner(request, authkey)
 
 
 def _fork_worker(request: dict[str, Any], authkey: bytes, closing: list[int]) -> int:
