@@ -48,6 +48,7 @@ from fray._task_records import (
     NO_VALUE,
     PENDING,
     START_FAILURES,
+    VALUE_KINDS,
     Launcher,
     ObjectRecord,
     Request,
@@ -232,7 +233,7 @@ class TaskOwner:
             worker.task = None
             self._busy -= 1
             if task is not None:
-                self._finish(task, header[2], blobs[0])
+                self._finish(task, header[2], blobs)
             if worker.wid in self._workers:
                 self._idle.append(worker)
         elif kind == "submit":
@@ -245,7 +246,7 @@ class TaskOwner:
             obj = self._objects[header[1]] = ObjectRecord(pinned=True)
             obj.holders.add(worker.wid)
             worker.cached.add(header[1])
-            self._complete(obj, "ok", blobs[0])
+            self._complete(obj, header[2], blobs)
         elif kind in ("get", "wait"):
             ids = header[2]
             request = Request(worker, header[1], ids, header[3] if kind == "wait" else None)
@@ -286,11 +287,11 @@ class TaskOwner:
             for ref_id in request.ids:
                 obj = self._objects.get(ref_id)
                 if obj is None:
-                    entries.append((ref_id, "gone"))
+                    entries.append((ref_id, "gone", 1))
                     blobs.append(f"object {ref_id!r} is gone: its owner freed it".encode())
                     continue
-                entries.append((ref_id, obj.kind or "lost"))
-                blobs.append(obj.blob)
+                entries.append((ref_id, obj.kind or "lost", len(obj.frames)))
+                blobs.extend(obj.frames)
                 obj.holders.add(worker.wid)
                 worker.cached.add(ref_id)
             header = ("reply", request.rid, "values", entries)
@@ -323,8 +324,10 @@ class TaskOwner:
                 self._finish(
                     task,
                     "lost",
-                    f"task {task.name!r} was lost: its worker process (pid {worker.pid}) died"
-                    f"{f' ({how})' if how else ''} while running it; Fray does not run it again".encode(),
+                    [
+                        f"task {task.name!r} was lost: its worker process (pid {worker.pid}) died"
+                        f"{f' ({how})' if how else ''} while running it; Fray does not run it again".encode()
+                    ],
                 )
             self._dispatch()
 
@@ -340,22 +343,22 @@ class TaskOwner:
         for dep_id in dict.fromkeys(deps):
             dep = self._objects.get(dep_id)
             if dep is None:
-                self._finish(task, "gone", f"task {name!r} takes object {dep_id!r}, which is gone".encode())
+                self._finish(task, "gone", [f"task {name!r} takes object {dep_id!r}, which is gone".encode()])
                 return obj
             task.deps.append(dep_id)
             dep.users += 1
             if dep.kind is PENDING:
                 task.waiting += 1
                 dep.dependents.append(task)
-            elif dep.kind != "ok":
+            elif dep.kind not in VALUE_KINDS:
                 failed = dep
         if failed is not None:
-            self._finish(task, failed.kind or "lost", failed.blob)
+            self._finish(task, failed.kind or "lost", failed.frames)
         elif task.waiting == 0:
             self._ready.append(task)
         return obj
 
-    def _finish(self, task: TaskRecord, kind: str, blob: bytes) -> None:
+    def _finish(self, task: TaskRecord, kind: str, frames: list[Any]) -> None:
         if task.finished:
             return
         task.finished = True
@@ -366,17 +369,17 @@ class TaskOwner:
                 self._maybe_free(dep_id, dep)
         obj = self._objects.get(task.task_id)
         if obj is not None:
-            self._complete(obj, kind, blob)
+            self._complete(obj, kind, frames)
             self._maybe_free(task.task_id, obj)
 
-    def _complete(self, obj: ObjectRecord, kind: str, blob: bytes) -> None:
-        obj.kind, obj.blob = kind, blob
+    def _complete(self, obj: ObjectRecord, kind: str, frames: list[Any]) -> None:
+        obj.kind, obj.frames = kind, frames
         dependents, obj.dependents = obj.dependents, []
         for task in dependents:
             if task.finished:
                 continue
-            if kind != "ok":
-                self._finish(task, kind, blob)  # a task whose argument failed fails the same way, unrun
+            if kind not in VALUE_KINDS:
+                self._finish(task, kind, frames)  # a task whose argument failed fails the same way, unrun
                 continue
             task.waiting -= 1
             if task.waiting == 0:
@@ -421,8 +424,8 @@ class TaskOwner:
         for dep_id in task.deps:
             if dep_id not in worker.cached:
                 obj = self._objects[dep_id]
-                objects.append((dep_id, obj.kind))
-                blobs.append(obj.blob)
+                objects.append((dep_id, obj.kind, len(obj.frames)))
+                blobs.extend(obj.frames)
                 worker.cached.add(dep_id)
                 obj.holders.add(worker.wid)
         with contextlib.suppress(OSError):  # a dead worker is found by the I/O thread, which fails the task
@@ -431,7 +434,7 @@ class TaskOwner:
     def _fail_queue(self, kind: str, message: str) -> None:
         while self._ready:
             task = self._ready.popleft()
-            self._finish(task, kind, f"task {task.name!r} never ran: {message}".encode())
+            self._finish(task, kind, [f"task {task.name!r} never ran: {message}".encode()])
 
     # ----- object lifetime -------------------------------------------------------------------------
 
@@ -510,14 +513,14 @@ class TaskOwner:
     def put(self, obj: Any) -> ProcessObjectRef:
         """Store a snapshot of ``obj`` (pickled now); tasks receive copies, ``get`` here returns ``obj``."""
         check_terminated()
-        blob = _objects.encode(obj)
+        kind, frames = _objects.encode(obj)
         with self._lock:
             self._check_open()
             ref_id = f"{self.context_id}/{next(self._ids)}"
             record = self._objects[ref_id] = ObjectRecord(pinned=False)
             record.refs = 1
             record.value = obj
-            self._complete(record, "ok", blob)
+            self._complete(record, kind, frames)
             return self._new_ref(ref_id)
 
     def get(self, refs: Any, timeout: float | None = None) -> Any:
@@ -546,7 +549,7 @@ class TaskOwner:
         out = []
         for record in records:
             if record.value is NO_VALUE:
-                value = value_of(record.kind or "lost", record.blob)  # raises for a failed task
+                value = value_of(record.kind or "lost", record.frames)  # raises for a failed task
                 record.value = value
             out.append(record.value)
         return out
@@ -594,12 +597,14 @@ class TaskOwner:
             self._fail_queue("lost", f"its {type(self).__name__} was shut down")
             for worker in self._workers.values():
                 if worker.task is not None:
-                    self._finish(worker.task, "lost", f"its {type(self).__name__} was shut down while it ran".encode())
+                    self._finish(
+                        worker.task, "lost", [f"its {type(self).__name__} was shut down while it ran".encode()]
+                    )
                 with contextlib.suppress(OSError):
                     worker.conn.close()
             pending = [obj for obj in self._objects.values() if obj.kind is PENDING]
             for obj in pending:
-                self._complete(obj, "lost", f"its {type(self).__name__} was shut down before it ran".encode())
+                self._complete(obj, "lost", [f"its {type(self).__name__} was shut down before it ran".encode()])
             self._workers.clear()
             self._idle.clear()
         if self._launcher is not None:

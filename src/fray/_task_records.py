@@ -10,9 +10,21 @@ import threading
 from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
-__all__ = ["NO_VALUE", "PENDING", "START_FAILURES", "Launcher", "ObjectRecord", "Request", "TaskRecord", "WorkerRecord"]
+__all__ = [
+    "NO_VALUE",
+    "PENDING",
+    "START_FAILURES",
+    "VALUE_KINDS",
+    "Launcher",
+    "ObjectRecord",
+    "Request",
+    "TaskRecord",
+    "WorkerRecord",
+]
 
 PENDING = None
+#: The kinds of a finished object that hold a value (the others hold why there is none).
+VALUE_KINDS = frozenset({"ok", "bytes"})
 NO_VALUE: Any = object()
 #: Consecutive workers that die before connecting, after which queued tasks fail instead of retrying.
 START_FAILURES = 3
@@ -36,11 +48,11 @@ class Launcher(Protocol):
 
 
 class ObjectRecord:
-    __slots__ = ("blob", "dependents", "future", "holders", "kind", "pinned", "refs", "users", "value", "watchers")
+    __slots__ = ("dependents", "frames", "future", "holders", "kind", "pinned", "refs", "users", "value", "watchers")
 
     def __init__(self, pinned: bool) -> None:
-        self.kind: str | None = PENDING  # then "ok", "error" (blob: RemoteFailure), "lost" or "gone" (message)
-        self.blob = b""
+        self.kind: str | None = PENDING  # then "ok"/"bytes", "error", "lost", "gone" (value_of)
+        self.frames: list[Any] = []  # the value's frames (see fray._objects), or one message/failure
         self.value = NO_VALUE
         self.future: concurrent.futures.Future[None] = concurrent.futures.Future()
         self.refs = 0  # live refs in this process (counted only for objects made here)

@@ -60,15 +60,19 @@ __all__ = ["AUTHKEY_VARIABLE", "WorkerContext", "serve_owner", "value_of"]
 AUTHKEY_VARIABLE = "FRAY_TASKS_AUTHKEY"
 
 
-def value_of(kind: str, blob: bytes) -> Any:
-    """An object's value from its stored form, or the error its ``get`` raises."""
-    if kind == "ok":
-        return _objects.decode(blob)
+def value_of(kind: str, frames: Sequence[Any]) -> Any:
+    """An object's value from its stored form (see :mod:`fray._objects`), or the error its ``get`` raises.
+
+    Kinds: ``ok`` and ``bytes`` (a value), ``error`` (an encoded RemoteFailure), ``lost``
+    (the task's worker died: a message), ``gone`` (the owner freed the object: a message).
+    """
+    if kind in ("ok", "bytes"):  # fray._task_records.VALUE_KINDS
+        return _objects.decode(kind, frames)
     if kind == "error":
-        raise remote_error(RemoteFailure.decode(blob))
+        raise remote_error(RemoteFailure.decode(bytes(frames[0])))
     if kind == "lost":
-        raise TaskLostError(blob.decode())
-    raise ObjectLostError(blob.decode())
+        raise TaskLostError(bytes(frames[0]).decode())
+    raise ObjectLostError(bytes(frames[0]).decode())
 
 
 class _Reply:
@@ -89,8 +93,8 @@ class _Worker:
         self.context_id = context_id
         self.wid = wid
         self.tasks: queue.SimpleQueue[tuple[tuple[Any, ...], list[bytes]] | None] = queue.SimpleQueue()
-        # ref id -> (kind, blob): objects the owner sent here (it knows which), and this worker's puts.
-        self.cache: dict[str, tuple[str, bytes]] = {}
+        # ref id -> (kind, frames): objects the owner sent here (it knows which), and this worker's puts.
+        self.cache: dict[str, tuple[str, list[Any]]] = {}
         self.functions: dict[str, Any] = {}
         self.replies: dict[int, _Reply] = {}
         self.lock = threading.Lock()
@@ -99,7 +103,7 @@ class _Worker:
         self.pickled: weakref.WeakKeyDictionary[Any, tuple[str, bytes]] = weakref.WeakKeyDictionary()
         self.context = WorkerContext(self)
 
-    def send(self, header: tuple[Any, ...], blobs: Sequence[bytes] = ()) -> None:
+    def send(self, header: tuple[Any, ...], blobs: Sequence[Any] = ()) -> None:
         send(self.conn, self.send_lock, header, blobs)
 
     def read(self) -> None:
@@ -148,24 +152,30 @@ class _Worker:
             else:
                 fn = self.functions[fn_key]
             args_blob = blobs[position]
-            for (ref_id, kind), blob in zip(objects, blobs[position + 1 :], strict=True):
-                self.cache[ref_id] = (kind, blob)
+            self.file(objects, blobs[position + 1 :])
             args, kwargs = cloudpickle.loads(args_blob)
             args, kwargs = resolve_arguments(args, kwargs, _is_dep, self._dep_value)
             result = fn(*args, **kwargs)
             try:
-                blob = _objects.encode(result)
+                kind, frames = _objects.encode(result)
             except Exception as exc:
                 raise refused(f"task {name!r}", "the return value", exc) from exc
-            reply = ("done", task_id, "ok")
         except BaseException as exc:
-            blob = RemoteFailure.capture(exc).encode()
-            reply = ("done", task_id, "error")
-        self.send(reply, [blob])
+            kind, frames = "error", [RemoteFailure.capture(exc).encode()]
+        self.send(("done", task_id, kind), frames)
+
+    def file(self, objects: list[tuple[str, str, int]], frames: list[Any]) -> None:
+        """Keep objects the owner sent: ``(ref_id, kind, frame count)`` each, their frames in order."""
+        position = 0
+        for ref_id, kind, count in objects:
+            held = frames[position : position + count]
+            if kind == "bytes" and type(held[0]) is not bytes:
+                held = [bytes(held[0])]  # once here, so that every task shares one immutable copy
+            self.cache[ref_id] = (kind, held)
+            position += count
 
     def _dep_value(self, dep: Dep) -> Any:
-        kind, blob = self.cache[dep.ref_id]
-        return value_of(kind, blob)
+        return value_of(*self.cache[dep.ref_id])
 
     def request(self, header: tuple[Any, ...], timeout: float | None) -> tuple[tuple[Any, ...], list[bytes]]:
         """Send a get or wait to the owner and block for its answer; on timeout, ask for the answer now."""
@@ -239,10 +249,10 @@ class WorkerContext:
 
     def put(self, obj: Any) -> ProcessObjectRef:
         """Store ``obj`` with the owner (a copy, pickled now); the worker keeps it cached too."""
-        blob = _objects.encode(obj)
+        kind, frames = _objects.encode(obj)
         ref_id = self._new_id()
-        self._worker.cache[ref_id] = ("ok", blob)
-        self._worker.send(("put", ref_id), [blob])
+        self._worker.cache[ref_id] = (kind, frames)
+        self._worker.send(("put", ref_id, kind), frames)
         return ProcessObjectRef(self.context_id, ref_id)
 
     def get(self, refs: Any, timeout: float | None = None) -> Any:
@@ -260,8 +270,7 @@ class WorkerContext:
             header, blobs = worker.request(("get", next(worker.ids), missing), timeout)
             if header[2] == "timeout":
                 raise not_ready_error("get", header[3], len(ids), timeout)
-            for (ref_id, kind), blob in zip(header[3], blobs, strict=True):
-                worker.cache[ref_id] = (kind, blob)  # the owner records that this worker holds it
+            worker.file(header[3], blobs)  # the owner records that this worker holds them
         return [value_of(*worker.cache[ref_id]) for ref_id in ids]
 
     def wait(

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import os
 import pickle
 import threading
 import types
@@ -79,19 +80,43 @@ class Dep:
         return (Dep, (self.ref_id,))
 
 
-def send(conn: Connection, lock: threading.Lock, header: tuple[Any, ...], blobs: Sequence[bytes] = ()) -> None:
+# Frames above this size bypass the connection's framing (which reads in small chunks into growing buffers):
+# they are written as they are and read straight into one buffer of the right size.
+_RAW = 1 << 20
+
+
+def send(conn: Connection, lock: threading.Lock, header: tuple[Any, ...], blobs: Sequence[Any] = ()) -> None:
     """Send one message (header, then each blob) atomically with respect to other senders."""
-    data = pickle.dumps((header, len(blobs)), protocol=pickle.HIGHEST_PROTOCOL)
+    views = [memoryview(blob).cast("B") for blob in blobs]
+    data = pickle.dumps((header, [view.nbytes for view in views]), protocol=pickle.HIGHEST_PROTOCOL)
     with lock:
         conn.send_bytes(data)
-        for blob in blobs:
-            conn.send_bytes(blob)
+        for view in views:
+            if view.nbytes <= _RAW:
+                conn.send_bytes(view)
+                continue
+            fd, sent = conn.fileno(), 0
+            while sent < view.nbytes:
+                sent += os.write(fd, view[sent:])
 
 
-def receive(conn: Connection) -> tuple[tuple[Any, ...], list[bytes]]:
-    """Receive one message; ``EOFError``/``OSError`` when the peer is gone."""
-    header, count = pickle.loads(conn.recv_bytes())
-    return header, [conn.recv_bytes() for _ in range(count)]
+def receive(conn: Connection) -> tuple[tuple[Any, ...], list[Any]]:
+    """Receive one message; ``EOFError``/``OSError`` when the peer is gone. Large blobs arrive as ``bytearray``."""
+    header, sizes = pickle.loads(conn.recv_bytes())
+    blobs: list[Any] = []
+    for size in sizes:
+        if size <= _RAW:
+            blobs.append(conn.recv_bytes())
+            continue
+        buffer = bytearray(size)
+        view, fd, got = memoryview(buffer), conn.fileno(), 0
+        while got < size:
+            count = os.readv(fd, [view[got:]])
+            if count == 0:
+                raise EOFError("the peer closed the connection mid-message")
+            got += count
+        blobs.append(buffer)
+    return header, blobs
 
 
 def dumps(value: Any) -> bytes:
