@@ -39,3 +39,9 @@ def cluster_context(cluster_client: Any) -> Iterator[Any]:
     if hook is None:
         pytest.skip("the Fray cluster's job context is not built yet")
     yield hook()
+
+
+@pytest.fixture
+def monarch_context(monarch_client: Any) -> Iterator[Any]:
+    """Tasks on a pool of two Monarch processes of the test's MonarchClient."""
+    yield monarch_client._fray_job_context()

@@ -25,6 +25,7 @@ CONTEXT_FIXTURES = {
     "processes": "process_context",
     "ray": "ray_context",
     "fray": "cluster_context",
+    "monarch": "monarch_context",
 }
 
 # Tests that cannot apply to an implementation, each with its reason (skipped for it only).
@@ -33,6 +34,20 @@ NOT_APPLICABLE: dict[str, dict[str, str]] = {
         "test_unpicklable_function_is_refused_naming_it": "threads share memory: nothing is pickled",
         "test_unpicklable_result_fails_at_get": "threads share memory: nothing is pickled",
         "test_killed_worker_fails_the_task_at_get": "a thread cannot be killed from outside",
+        "test_put_is_refused_where_there_is_no_object_store": "it stores objects",
+    },
+    "processes": {"test_put_is_refused_where_there_is_no_object_store": "it stores objects"},
+    "ray": {"test_put_is_refused_where_there_is_no_object_store": "it stores objects"},
+    "fray": {"test_put_is_refused_where_there_is_no_object_store": "it stores objects"},
+    "monarch": {
+        "test_put_once_many_tasks": "Monarch has no object store: put is refused",
+        "test_put_inside_a_task": "Monarch has no object store: put is refused",
+        "test_a_ref_passed_deeper_can_be_fetched_inside_the_task": (
+            "Monarch has no object store: a ref's value is known only in the process that made it"
+        ),
+        "test_deep_nesting_does_not_deadlock": (
+            "a task waiting on nested tasks holds its pool process; nesting deeper than the pool waits forever"
+        ),
     },
 }
 
@@ -155,13 +170,17 @@ def test_task_result_and_list_in_order(ctx):
 
 
 def test_refs_as_arguments_are_resolved_at_top_level_and_one_level_in(ctx):
-    one, two = ctx.put(1), ctx.create_task(add, 1, 1)
+    one, two = ctx.create_task(add, 1), ctx.create_task(add, 1, 1)
     assert ctx.get(ctx.create_task(add, one, b=two)) == 3
     assert ctx.get(ctx.create_task(total, [one, two, 3])) == 6
     assert ctx.get(ctx.create_task(total, (one, two))) == 3
     assert ctx.get(ctx.create_task(keys_and_values, {"a": one, "b": two})) == [("a", 1), ("b", 2)]
-    # Two levels in: the task receives the ref itself and may get it.
+    # Two levels in: the task receives the ref itself.
     assert ctx.get(ctx.create_task(describe, [[one]])) == "list"
+
+
+def test_a_ref_passed_deeper_can_be_fetched_inside_the_task(ctx):
+    two = ctx.create_task(add, 1, 1)
     assert ctx.get(ctx.create_task(get_inner, [[two]])) == [2]
 
 
@@ -221,16 +240,17 @@ def test_task_exception_reraises_in_the_shared_form(ctx):
 def test_bad_input_is_refused_with_the_fix(ctx):
     with pytest.raises(ConfigError, match="must be an ObjectRef returned by create_task or put"):
         ctx.get(5)
+    one, two = ctx.create_task(add, 1), ctx.create_task(add, 2)
     with pytest.raises(ConfigError, match="item 1"):
-        ctx.get([ctx.put(1), "not a ref"])
+        ctx.get([one, "not a ref"])
     with pytest.raises(ConfigError, match=r"num_returns=3\) asks for more refs than the 2 given"):
-        ctx.wait([ctx.put(1), ctx.put(2)], num_returns=3)
+        ctx.wait([one, two], num_returns=3)
     with pytest.raises(ConfigError, match="needs a function"):
         ctx.create_task(42)
     with pytest.raises(ConfigError, match=r"must be a fray\.ResourceConfig"):
         ctx.create_task(add, 1, resources={"cpu": 1})
     with pytest.raises(ConfigError, match="timeout"):
-        ctx.get(ctx.put(1), timeout=-1)
+        ctx.get(one, timeout=-1)
     other = fray.LocalJobContext()
     with pytest.raises(ConfigError, match="another"):
         ctx.get(other.put(1))
@@ -270,7 +290,15 @@ def test_killed_worker_fails_the_task_at_get(ctx, tmp_path):
 def test_nested_tasks_see_a_context_of_the_same_backend(ctx):
     assert ctx.get(ctx.create_task(fan_out, 5)) == 20
     assert ctx.get(ctx.create_task(wait_inside, 3)) == (3, 0, [0, 1, 2])
+
+
+def test_put_inside_a_task(ctx):
     assert ctx.get(ctx.create_task(put_inside, 41)) == 42
+
+
+def test_put_is_refused_where_there_is_no_object_store(ctx):
+    with pytest.raises(ConfigError, match="no object store; pass the value to create_task"):
+        ctx.put(1)
 
 
 def test_deep_nesting_does_not_deadlock(ctx):

@@ -31,6 +31,7 @@ from fray.errors import ConfigError, FrayError, JobAlreadyExists
 from fray.job import CallableEntrypoint, EnvironmentConfig, JobInfo, JobRequest, current_job
 from fray.monarch import supervision
 from fray.monarch.actors import ActorRecord, HostMesh, MonarchActorHandle
+from fray.monarch.context import MonarchJobContext
 from fray.monarch.host import FrayHost, MemberSpec
 from fray.monarch.jobs import MonarchJob, MonarchJobHandle
 from fray.queue import ActorQueue, actor_queue
@@ -106,6 +107,7 @@ class MonarchClient:
         self._actors: dict[str, ActorRecord] = {}  # live actors by name
         self._all_actors: list[ActorRecord] = []
         self._meshes: list[HostMesh] = []
+        self._job_context: MonarchJobContext | None = None
         self._closed = False
 
     @classmethod
@@ -259,6 +261,15 @@ class MonarchClient:
         with self._lock:
             if self._actors.get(record.name) is record:
                 del self._actors[record.name]
+
+    # ----- the job level -------------------------------------------------------------------------
+
+    def _fray_job_context(self) -> MonarchJobContext:
+        """This client's job context: tasks on a pool of ``procs`` Monarch processes (made once, on first use)."""
+        with self._lock:
+            if self._job_context is None:
+                self._job_context = MonarchJobContext(self, self.procs)
+            return self._job_context
 
     # ----- queues --------------------------------------------------------------------------------
 
