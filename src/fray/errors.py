@@ -31,12 +31,14 @@ __all__ = [
     "LeaseExpired",
     "NotFound",
     "ObjectLostError",
+    "PermissionDenied",
     "ProtocolError",
     "QueueAlreadyExists",
     "RemoteError",
     "RemoteTraceback",
     "RpcTimeoutError",
     "SerializationError",
+    "StorageError",
     "StoreError",
     "TaskLostError",
 ]
@@ -225,12 +227,24 @@ class AuthenticationError(FrayError):
     """
 
 
+class PermissionDenied(FrayError, PermissionError):
+    """The caller's credential does not allow this (e.g. stopping another user's job, registering a worker)."""
+
+
 class ProtocolError(FrayError):
     """The peer sent bytes that are not a valid Fray frame: bad magic, version, or sizes."""
 
 
 class StoreError(FrayError):
     """The cluster's store refused an operation (see the message for why)."""
+
+
+class StorageError(StoreError):
+    """The store's file could not be written (disk full, read-only, I/O error); nothing of the operation was.
+
+    The message names the file and the free space on its filesystem. A controller that
+    hits it stays up, read-only, and says so in its ``health()`` until writes work again.
+    """
 
 
 class IllegalTransition(StoreError):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -9,9 +10,12 @@ import pytest
 
 from fray.cluster.capacity import WorkerInfo
 from fray.cluster.controller import ControllerService
-from fray.cluster.messages import JobSpec
+from fray.cluster.messages import JobSpec, TaskExit, WorkerReport
 from fray.cluster.store import ClusterStore
+from fray.errors import ConfigError
 from fray.job import Entrypoint, JobRequest
+from fray.resources import ResourceConfig
+from support import wait_until
 
 
 @pytest.fixture
@@ -29,8 +33,56 @@ def test_the_spec_cache_is_bounded_and_a_dropped_spec_is_read_back(store: Cluste
     for spec in specs:
         service.submit(spec, user="alice")
     assert len(service._specs) == 2, "only the most recently used specs stay in memory"
-    service.register_worker(WorkerInfo("w-1", 8000, 32 << 30, 100 << 30), "10.0.0.1:1", [])
+    epoch = service.register_worker(WorkerInfo("w-1", 8000, 32 << 30, 100 << 30), "10.0.0.1:1", []).epoch
     assert len(service.schedule_once()) == 3
-    started = service.poll("w-1", 0.0).start
+    started = service.poll("w-1", epoch, 0.0).start
     assert sorted(a.spec.argv for a in started if a.spec.argv) == [("true", "0"), ("true", "1"), ("true", "2")]
     assert len(service._specs) == 2
+
+
+def test_submit_many_is_one_transaction_all_or_none(store: ClusterStore) -> None:
+    service = ControllerService(store)
+    specs = [
+        JobSpec.from_request(JobRequest(name=f"ok{i}", entrypoint=Entrypoint.from_binary("true"))) for i in range(3)
+    ]
+    views = service.submit_many(specs, user="alice")
+    assert [v.name for v in views] == ["ok0", "ok1", "ok2"]
+    bad = JobSpec.from_request(JobRequest(name="fine", entrypoint=Entrypoint.from_binary("true")))
+    bad = dataclasses.replace(bad, name="not a valid name!")
+    with pytest.raises(ConfigError):
+        service.submit_many([specs[0], bad], user="alice")
+    assert len(store.list_jobs()) == 3, "nothing of a refused batch was recorded"
+
+
+def test_the_pending_set_lives_in_memory_follows_retries_and_survives_a_restart(store: ClusterStore) -> None:
+    service = ControllerService(store)
+    service.start()
+    try:
+        flaky = JobSpec.from_request(
+            JobRequest(name="flaky", entrypoint=Entrypoint.from_binary("false"), max_retries_failure=1)
+        )
+        waiting = JobSpec.from_request(
+            JobRequest(name="waiting", entrypoint=Entrypoint.from_binary("true"), resources=ResourceConfig(cpu=4))
+        )
+        first, second = service.submit_many([flaky, waiting], user="alice")
+        epoch = service.register_worker(WorkerInfo("w-1", 1000, 32 << 30, 100 << 30), "10.0.0.1:1", []).epoch
+        assigned = wait_until(service.schedule_once, what="a placement")
+        assert [t.job_id for t in assigned] == [first.job_id]
+        assert service._queue.job_ids() == {second.job_id}
+        reason = wait_until(lambda: store.get_job(second.job_id).pending_reason, what="a stored reason")
+        assert "can never be scheduled" in reason
+        # The task fails: the job is retried, back in the pending set, and placed again.
+        report = WorkerReport(exited=[TaskExit(assigned[0].key, 1)])
+        assert service.report("w-1", epoch, report)
+        assert first.job_id in service._queue
+        again = wait_until(service.schedule_once, what="the retry's placement")
+        assert again[0].key.attempt == 1
+    finally:
+        service.stop()
+    restarted = ControllerService(store)
+    restarted.start()
+    try:
+        assert restarted._queue.job_ids() == {second.job_id}
+        assert restarted._queue.reason(second.job_id) == reason
+    finally:
+        restarted.stop()

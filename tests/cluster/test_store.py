@@ -19,6 +19,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from fray._lifecycle import TRANSITIONS, Failure, RetryBudget, check_transition
+from fray.cluster import _blobs
+from fray.cluster._schema import SCHEMA_VERSION
 from fray.cluster.capacity import Device, TaskResources, WorkerInfo
 from fray.cluster.credit import CreditPolicy
 from fray.cluster.records import (
@@ -492,7 +494,7 @@ def test_reopening_gives_back_exactly_the_committed_state(tmp_path: Path) -> Non
     with ClusterStore(path) as again:
         assert _snapshot(again) == before
         assert again.check_invariants() == []
-        assert again.schema_version == 2
+        assert again.schema_version == SCHEMA_VERSION
 
 
 def test_a_version_1_file_is_migrated(tmp_path: Path) -> None:
@@ -502,13 +504,49 @@ def test_a_version_1_file_is_migrated(tmp_path: Path) -> None:
         job = submit(store)
     with sqlite3.connect(path) as conn:  # what version 1 looked like: no final failure per job
         conn.execute("ALTER TABLE jobs DROP COLUMN failure")
+        conn.execute("ALTER TABLE workers DROP COLUMN epoch")
+        conn.execute("ALTER TABLE workers DROP COLUMN health")
         conn.execute("UPDATE schema_version SET version = 1")
     with ClusterStore(path) as store:
-        assert store.schema_version == 2
-        (key,) = start(store, store.get_job(job.job_id), ["w-1"])
+        assert store.schema_version == SCHEMA_VERSION
+        assert store.worker_epoch("w-1") == 0  # registered before epochs existed
+        # Its request was a pickle, which the controller no longer opens: the job fails, saying why.
+        old = store.get_job(job.job_id)
+        assert old.state == JobStatus.FAILED and "older Fray" in old.error
+        assert store.check_invariants() == []
+        fresh = submit(store)
+        (key,) = start(store, store.get_job(fresh.job_id), ["w-1"])
         store.mark_task_exited(key, 2, 3.0)
-        stored = store.job_failure(job.job_id)
+        stored = store.job_failure(fresh.job_id)
         assert stored is not None and Failure.decode(stored).message == "'task 0' exit code 2"
+        assert store.check_invariants() == []
+
+
+@pytest.mark.parametrize("version", [2, 3])
+@pytest.mark.parametrize("had_blobs", [False, True], ids=["no-blobs", "blobs-made-by-an-operator-build"])
+def test_version_2_and_3_files_gain_the_blobs_table(tmp_path: Path, version: int, had_blobs: bool) -> None:
+    path = tmp_path / "db"
+    with ClusterStore(path) as store:
+        store.register_worker(make_worker("w-1"), "10.0.0.1:1", 0.0)
+        done = submit(store, "done")
+        (key,) = start(store, store.get_job(done.job_id), ["w-1"])
+        store.mark_task_exited(key, 0, 2.0)
+        if had_blobs:  # an operator build before version 4 made this table outside the schema
+            store.write_with(lambda cur: _blobs.put_blob(cur, "sha256:kept", b"old workspace", 1.0))
+    with sqlite3.connect(path) as conn:
+        if not had_blobs:
+            conn.execute("DROP TABLE blobs")
+        if version == 2:
+            conn.execute("ALTER TABLE workers DROP COLUMN epoch")
+            conn.execute("ALTER TABLE workers DROP COLUMN health")
+        conn.execute("UPDATE schema_version SET version = ?", (version,))
+    with ClusterStore(path) as store:
+        assert store.schema_version == SCHEMA_VERSION == 4
+        assert store.get_job(done.job_id).state == JobStatus.SUCCEEDED  # finished jobs keep their history
+        kept = store.write_with(lambda cur: _blobs.get_blob(cur, "sha256:kept", 5.0))
+        assert kept == (b"old workspace" if had_blobs else None)
+        store.write_with(lambda cur: _blobs.put_blob(cur, "sha256:new", b"new workspace", 5.0))
+        assert store.read_with(lambda cur: _blobs.has_blob(cur, "sha256:new"))
         assert store.check_invariants() == []
 
 

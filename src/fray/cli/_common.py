@@ -15,7 +15,8 @@ from rich.console import Console
 
 from fray.cli._errors import CliError, set_target
 from fray.client import parse_client_spec
-from fray.cluster.controller_client import ControllerHandle, connect_controller, load_token, ops_client
+from fray.cluster.controller_client import ControllerHandle, OpsProxy, connect_controller, ops_client
+from fray.cluster.credentials import load_credential
 from fray.errors import ConfigError
 
 __all__ = [
@@ -132,7 +133,7 @@ class Session:
     address: str
     source: str
     controller: ControllerHandle
-    ops: Any
+    ops: OpsProxy
 
     @classmethod
     def open(cls, address: str | None) -> Session:
@@ -149,14 +150,16 @@ class Session:
                 "start one with `fray cluster up`, or point FRAY_CLIENT_SPEC=fray://HOST:PORT (or --controller) "
                 "at a running controller",
             ) from None
-        token = load_token()
-        if token is None:
+        credential = load_credential()
+        if credential is None:
             raise CliError(
-                "no cluster token: FRAY_TOKEN is not set and ~/.config/fray/token does not exist",
-                "set FRAY_TOKEN to the cluster's token (`fray cluster up` writes it to ~/.config/fray/token)",
+                "no credential: neither FRAY_CREDENTIAL nor FRAY_TOKEN is set, and ~/.config/fray has neither a "
+                "credential nor a token file",
+                "set FRAY_TOKEN to the cluster's token (`fray cluster up` writes it to ~/.config/fray/token), or "
+                "FRAY_CREDENTIAL to the user credential the cluster's administrator gave you",
             )
-        controller = connect_controller(found, token, retry_seconds=CLI_RETRY_SECONDS)
-        return cls(found, source, controller, ops_client(found, token))
+        controller = connect_controller(found, credential, retry_seconds=CLI_RETRY_SECONDS)
+        return cls(found, source, controller, ops_client(found, credential))
 
     def resolve_job(self, ref: str) -> str:
         """The id of the job ``ref`` names (a job id, or the name of exactly one job)."""

@@ -21,6 +21,7 @@ from fray.errors import (
     FrayError,
     JobAlreadyExists,
     NotFound,
+    PermissionDenied,
     ProtocolError,
     RpcTimeoutError,
 )
@@ -84,9 +85,14 @@ def as_cli_error(exc: BaseException) -> CliError | None:
         return exc
     if isinstance(exc, AuthenticationError):
         return CliError(
-            f"the controller at {where} refused this cluster token",
+            f"the controller at {where} refused this cluster token (or credential)",
             "use the token of the cluster you mean: set FRAY_TOKEN, or write it to ~/.config/fray/token "
-            "(`fray cluster up` creates that file)",
+            "(`fray cluster up` creates that file); or set FRAY_CREDENTIAL to a credential of that cluster",
+        )
+    if isinstance(exc, PermissionDenied):
+        return CliError(
+            _first_line(str(exc)),
+            "run it with the credential of the job's owner, or with the cluster token (the administrator's)",
         )
     if isinstance(exc, RpcTimeoutError):
         return CliError(

@@ -202,7 +202,7 @@ def cluster_up(
 
 def _dashboard_address(launcher: LocalCluster) -> str:
     """Where the new controller serves its dashboard ("" if it serves none)."""
-    ops = ops_client(launcher.address, launcher.token)
+    ops = ops_client(launcher.address, launcher.token, ca=launcher.ca_file)
     try:
         health: dict[str, Any] = ops.health()
     finally:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import os
 import signal
 import socket
 import threading
@@ -77,6 +78,9 @@ def check_port_free(host: str, port: int, option: str = "--port") -> None:
     "--dashboard-port", type=click.IntRange(0, 65535), default=0, show_default=True, help="Dashboard port (0: any)."
 )
 @click.option("--no-dashboard", is_flag=True, help="Serve no web dashboard.")
+@click.option(
+    "--tls-dir", default=None, help="Cluster CA and certificate (made if missing) when --host is not loopback."
+)
 def controller(
     host: str,
     port: int,
@@ -87,6 +91,7 @@ def controller(
     retention_jobs: int,
     dashboard_port: int,
     no_dashboard: bool,
+    tls_dir: str | None,
 ) -> None:
     """Run the cluster controller in the foreground (state in SQLite; needs FRAY_TOKEN)."""
     from fray.cluster._retention import RetentionPolicy
@@ -103,6 +108,7 @@ def controller(
         retention = RetentionPolicy(max_age_seconds=retention_days * 86400, max_jobs=retention_jobs)
     except ConfigError as exc:
         raise CliError(str(exc), "e.g. --retention-days 7 --retention-jobs 10000") from None
+    os.umask(0o077)  # the state, its journal and the TLS keys: for this user only
     Path(db_path).parent.mkdir(parents=True, exist_ok=True)
     if not no_dashboard:
         check_port_free(host, dashboard_port, "--dashboard-port")
@@ -115,6 +121,7 @@ def controller(
             worker_timeout=worker_timeout,
             retention=retention,
             dashboard_port=None if no_dashboard else dashboard_port,
+            tls_dir=tls_dir,
         ).start()
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:
@@ -125,6 +132,10 @@ def controller(
         tmp.write_text(ctl.address)
         tmp.replace(address_file)
     click.echo(f"fray controller serving on {ctl.address} (state: {db_path})", err=True)
+    if ctl.tls_files is not None:
+        click.echo(
+            f"TLS required beyond this machine; clients and workers need FRAY_TLS_CA={ctl.tls_files.ca_cert}", err=True
+        )
     if ctl.dashboard is not None:
         click.echo(f"fray dashboard on {ctl.dashboard.url} (`fray dashboard` prints a log-in link)", err=True)
     wait_for_signal(ctl.stop)
@@ -172,7 +183,6 @@ def worker(
         return
     if not address:
         raise CliError("fray worker needs the controller's address", "fray worker --controller HOST:PORT")
-    from fray.cluster.controller_client import load_token
     from fray.cluster.worker import Worker
 
     attributes = {}
@@ -189,7 +199,7 @@ def worker(
         raise CliError(f"--cpu {cpu:g} must be a positive number of cores", "e.g. --cpu 4")
     node = Worker(
         address,
-        token=load_token(),
+        token=None,  # FRAY_CREDENTIAL (the worker credential), else the cluster token (see fray.cluster.credentials)
         worker_id=worker_id,
         cpu=cpu,
         ram_bytes=_size("--ram", ram),
@@ -207,7 +217,7 @@ def worker(
 @click.option("--json", "as_json", is_flag=True)
 def worker_list(address: str | None, as_json: bool) -> None:
     """List the workers the controller knows, with their resources and attributes."""
-    rows = [
+    rows: list[dict[str, Any]] = [
         {
             "worker_id": w.info.worker_id,
             "state": w.state.value,

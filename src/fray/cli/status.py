@@ -6,6 +6,7 @@ import webbrowser
 from typing import Any
 
 import click
+from rich.markup import escape
 from rich.table import Table
 
 from fray.cli._common import Session, controller_option, echo_json, format_duration, stdout_console
@@ -30,11 +31,13 @@ def status(address: str | None, as_json: bool) -> None:
         return
     out = stdout_console()
     health = data["controller"]
-    read_only = {None: "", True: "  [red]READ-ONLY[/red]", False: ""}[health["read_only"]]
+    read_only = "  [red]READ-ONLY[/red]" if health["read_only"] else ""
     out.print(
         f"[bold]controller[/bold] {health['address']}  up {format_duration(health['uptime_seconds'])}  "
-        f"db {health['database']}{read_only}"
+        f"db {escape(health['database'])}{read_only}"
     )
+    if health["read_only"]:
+        out.print(f"  [red]serving reads only:[/red] {escape(health['read_only_reason'])}")
     if health["dashboard"]:
         out.print(f"  dashboard http://{health['dashboard']}/  (`fray dashboard` prints a log-in link)")
     cap = data["capacity"]

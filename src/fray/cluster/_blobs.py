@@ -1,22 +1,15 @@
 """Opaque blobs by content hash in the controller's database (job workspaces), as functions of a cursor.
 
-The table lives beside the store's own schema and is created when missing. A blob
-not fetched for longer than the retention period is pruned with the finished jobs.
+The ``blobs`` table is part of the store's versioned schema (:mod:`fray.cluster._schema`,
+from version 4). A blob not fetched for longer than the retention period is pruned with
+the finished jobs.
 """
 
 from __future__ import annotations
 
 import sqlite3
 
-__all__ = ["ensure_table", "get_blob", "has_blob", "prune_blobs", "put_blob"]
-
-
-def ensure_table(cur: sqlite3.Cursor) -> None:
-    """Create the blobs table if this database has none yet."""
-    cur.execute(
-        "CREATE TABLE IF NOT EXISTS blobs (digest TEXT PRIMARY KEY, data BLOB NOT NULL, size INTEGER NOT NULL, "
-        "created_at REAL NOT NULL, used_at REAL NOT NULL)"
-    )
+__all__ = ["get_blob", "has_blob", "prune_blobs", "put_blob"]
 
 
 def has_blob(cur: sqlite3.Cursor, digest: str) -> bool:

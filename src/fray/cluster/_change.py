@@ -13,6 +13,7 @@ the same as on every backend; only the counts live here, in the job's row.
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Mapping
 
 from fray._lifecycle import Failure, RetryBudget, check_transition
 from fray.cluster._schema import active_keys_on, read_job, read_task, read_tasks
@@ -28,6 +29,8 @@ from fray.cluster.records import (
     check_task_transition,
     check_worker_transition,
 )
+from fray.cluster.scheduler import SchedulingDecision
+from fray.errors import StoreError
 from fray.job import JobStatus
 
 __all__ = ["STALE", "Change", "reported_failure"]
@@ -182,6 +185,61 @@ class Change:
         )
         self.create_tasks(job, attempt)
         self._retried.append(job.job_id)
+
+    def record_exit(self, current: tuple[JobRecord, TaskRecord] | None, exit_code: int, failure: bytes | None) -> bool:
+        """Record a task's exit: success (the job's too once all its tasks succeeded) or a gang failure.
+
+        ``current`` is the job and task the report is about, None when the report is
+        stale; then nothing changes and the answer is False.
+        """
+        if current is None:
+            return False
+        job, task = current
+        if exit_code != 0:
+            reason = reported_failure(failure, task.task_index, exit_code)
+            self.gang_fail(job, task, TaskState.FAILED, reason, exit_code=exit_code)
+            return True
+        self.end_task(job, task, TaskState.SUCCEEDED, exit_code=0)
+        left = self.cur.execute(
+            "SELECT COUNT(*) FROM tasks WHERE job_id = ? AND attempt = ? AND state != 'succeeded'",
+            (job.job_id, job.attempt),
+        ).fetchone()[0]
+        if left == 0:
+            self.finish_job(job, JobStatus.SUCCEEDED)
+        return True
+
+    # -- scheduling --------------------------------------------------------------------------------
+
+    def assign(self, decision: SchedulingDecision, reasons: Mapping[str, str] | None) -> list[TaskRecord]:
+        """Record a scheduling pass; return the newly ASSIGNED tasks (see ``ClusterStore.apply_decision``)."""
+        cur, now = self.cur, self.now
+        assigned: list[TaskRecord] = []
+        alive = {r[0] for r in cur.execute("SELECT id FROM workers WHERE state = 'alive'")}
+        for assignment in decision.assignments:
+            job = read_job(cur, assignment.job_id)
+            if job.state != JobStatus.PENDING or not set(assignment.worker_ids) <= alive:
+                continue
+            if len(assignment.worker_ids) != job.task_count:
+                raise StoreError(
+                    f"assignment for {job.job_id} names {len(assignment.worker_ids)} workers; "
+                    f"the job has {job.task_count} tasks"
+                )
+            for task in read_tasks(cur, job.job_id, job.attempt):
+                check_task_transition(task.state, TaskState.ASSIGNED)
+            cur.executemany(
+                "UPDATE tasks SET state = 'assigned', worker_id = ?, assigned_at = ? "
+                "WHERE job_id = ? AND attempt = ? AND task_index = ?",
+                [(w, now, job.job_id, job.attempt, i) for i, w in enumerate(assignment.worker_ids)],
+            )
+            self.set_job_state(job, JobStatus.RUNNING, started_at=now, pending_reason="")
+            assigned.extend(read_tasks(cur, job.job_id, job.attempt))
+        if reasons is None:
+            reasons = {job_id: r.message for job_id, r in decision.pending.items()}
+        cur.executemany(
+            "UPDATE jobs SET pending_reason = ? WHERE id = ? AND state = 'pending' AND pending_reason != ?",
+            [(message, job_id, message) for job_id, message in reasons.items()],
+        )
+        return assigned
 
     # -- workers -----------------------------------------------------------------------------------
 

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from fray.cluster._workspace import unpack_workspace
-from fray.cluster.controller_client import ops_client
+from fray.cluster.controller_client import CredentialLike, ops_client
 from fray.errors import FrayError
 
 __all__ = ["EnvironmentFailed", "Prepared", "container_command", "prepare", "runtime_available"]
@@ -136,11 +136,10 @@ def pip_environment(requirements: Sequence[str], workdir: Path, log: Callable[[s
         return root
 
 
-def _fetch(controller: str, token: bytes | None, digest: str) -> bytes:
+def _fetch(controller: str, token: CredentialLike, digest: str) -> bytes:
     ops = ops_client(controller, token)
     try:
-        data: bytes = ops.get_blob(digest)
-        return data
+        return ops.get_blob(digest)
     finally:
         ops.close()
 
@@ -184,12 +183,12 @@ def prepare(
     *,
     workdir: Path,
     controller: str,
-    token: bytes | None,
+    token: CredentialLike,
     log: Callable[[str], None],
 ) -> Prepared:
     """Make ``spec``'s environment ready and return how to start its task (see the module docstring).
 
-    ``controller`` (``host:port``) and ``token`` are where a workspace is fetched from;
+    ``controller`` (``host:port``) and ``token`` (the worker's credential) are where a workspace is fetched from;
     ``log`` puts a line in the task's output (what is being built, and why it waits).
     """
     environment = spec.environment

@@ -29,6 +29,7 @@ __all__ = [
     "create_or_migrate",
     "job_from",
     "read_job",
+    "read_pending",
     "read_scheduler_input",
     "read_task",
     "read_tasks",
@@ -41,7 +42,7 @@ __all__ = [
 ]
 
 #: The version of the layout below; :func:`create_or_migrate` brings older files up to it.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 4
 
 SCHEMA = """
 CREATE TABLE schema_version (version INTEGER NOT NULL);
@@ -115,7 +116,9 @@ CREATE TABLE workers (
     attributes TEXT NOT NULL,
     state TEXT NOT NULL,
     registered_at REAL NOT NULL,
-    last_heartbeat REAL NOT NULL
+    last_heartbeat REAL NOT NULL,
+    epoch INTEGER NOT NULL DEFAULT 0,
+    health TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE endpoints (
     namespace TEXT NOT NULL,
@@ -137,6 +140,13 @@ CREATE TABLE logs (
 );
 CREATE INDEX logs_by_job ON logs (job_id, id);
 CREATE INDEX logs_by_task ON logs (job_id, attempt, task_index, id);
+CREATE TABLE blobs (
+    digest TEXT PRIMARY KEY,
+    data BLOB NOT NULL,
+    size INTEGER NOT NULL,
+    created_at REAL NOT NULL,
+    used_at REAL NOT NULL
+);
 """
 
 RES_COLS = "cpu_millis, ram_bytes, disk_bytes, device_kind, device_type, device_count, preemptible, regions"
@@ -153,14 +163,35 @@ ACTIVE = ("assigned", "running")
 
 
 WORKER_COLS = (
-    "id, address, cpu_millis, ram_bytes, disk_bytes, devices, attributes, state, registered_at, last_heartbeat"
+    "id, address, cpu_millis, ram_bytes, disk_bytes, devices, attributes, state, registered_at, last_heartbeat, "
+    "epoch, health"
 )
 
 # Each step brings a file from version N to N + 1. Failures are encoded as
 # ``fray._lifecycle.Failure`` from version 2 on; version 1's pickled reports are dropped
-# (the controller never unpickles them) and a FAILED job keeps its message.
+# (the controller never unpickles them) and a FAILED job keeps its message. Version 3
+# gives every worker an epoch, which each registration advances (fencing), and a health
+# note (empty: healthy; otherwise why the worker takes no new tasks). Version 4 adds the
+# blobs table (job workspaces by content hash, :mod:`fray.cluster._blobs`); a file an
+# earlier operator build gave that table already keeps it.
 _MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: ("ALTER TABLE jobs ADD COLUMN failure BLOB", "UPDATE tasks SET failure = NULL"),
+    2: (
+        "ALTER TABLE workers ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE workers ADD COLUMN health TEXT NOT NULL DEFAULT ''",
+        # Version 2 stored requests as pickles, which the controller no longer opens: the jobs
+        # still to run fail (saying why) and their tasks are killed when their workers return.
+        "DELETE FROM endpoints",
+        "UPDATE tasks SET state = 'killed', error = 'stored by an older Fray' "
+        "WHERE state IN ('pending', 'assigned', 'running')",
+        "UPDATE jobs SET state = 'failed', pending_reason = '', finished_at = submitted_at, error = "
+        "'this job was stored by an older Fray whose requests the controller can no longer read; submit it again' "
+        "WHERE state IN ('pending', 'running')",
+    ),
+    3: (
+        "CREATE TABLE IF NOT EXISTS blobs (digest TEXT PRIMARY KEY, data BLOB NOT NULL, size INTEGER NOT NULL, "
+        "created_at REAL NOT NULL, used_at REAL NOT NULL)",
+    ),
 }
 
 
@@ -265,7 +296,7 @@ def with_reason(task: TaskRecord, job: JobRecord) -> TaskRecord:
 
 
 def worker_from(row: Sequence[Any]) -> WorkerRecord:
-    wid, address, cpu, ram, disk, devices, attributes, state, registered, heartbeat = row
+    wid, address, cpu, ram, disk, devices, attributes, state, registered, heartbeat, epoch, health = row
     info = WorkerInfo(
         worker_id=str(wid),
         cpu_millis=int(cpu),
@@ -275,7 +306,9 @@ def worker_from(row: Sequence[Any]) -> WorkerRecord:
         attributes=json.loads(str(attributes)),
         alive=state == WorkerState.ALIVE.value,
     )
-    return WorkerRecord(info, str(address), WorkerState(state), float(registered), float(heartbeat))
+    return WorkerRecord(
+        info, str(address), WorkerState(state), float(registered), float(heartbeat), int(epoch), str(health)
+    )
 
 
 def read_job(cur: sqlite3.Cursor, job_id: str) -> JobRecord:
@@ -316,17 +349,29 @@ def active_keys_on(cur: sqlite3.Cursor, worker_id: str) -> list[TaskKey]:
     return [TaskKey(r[0], r[1], r[2]) for r in rows]
 
 
-def read_scheduler_input(cur: sqlite3.Cursor) -> SchedulerInput:
-    """Pending jobs, alive workers, capacity-holding tasks and balances (call inside one read transaction)."""
-    pending = tuple(
-        PendingJob(row[0], row[1], row[2], resources_from(row[3:11]), row[11])
+def read_pending(cur: sqlite3.Cursor, job_id: str | None = None) -> list[tuple[PendingJob, str]]:
+    """PENDING jobs (only ``job_id`` if given) as the scheduler sees them, with their pending reasons, by seq."""
+    where = "state = 'pending'" + (" AND id = ?" if job_id is not None else "")
+    return [
+        (PendingJob(row[0], row[1], row[2], resources_from(row[3:11]), row[11]), str(row[12]))
         for row in cur.execute(
-            f"SELECT id, user_name, replicas, {RES_COLS}, submitted_at FROM jobs WHERE state = 'pending' ORDER BY seq"
+            f"SELECT id, user_name, replicas, {RES_COLS}, submitted_at, pending_reason FROM jobs WHERE {where} "
+            "ORDER BY seq",
+            () if job_id is None else (job_id,),
         )
-    )
+    ]
+
+
+def read_scheduler_input(cur: sqlite3.Cursor, *, pending: bool = True) -> SchedulerInput:
+    """Pending jobs (unless ``pending=False``), alive workers, capacity-holding tasks and balances.
+
+    Call it inside one read transaction.
+    """
+    jobs = tuple(job for job, _ in read_pending(cur)) if pending else ()
     workers = tuple(
         worker_from(row).info
-        for row in cur.execute(f"SELECT {WORKER_COLS} FROM workers WHERE state = 'alive' ORDER BY id")
+        # An unhealthy worker keeps its tasks but gets no new ones.
+        for row in cur.execute(f"SELECT {WORKER_COLS} FROM workers WHERE state = 'alive' AND health = '' ORDER BY id")
     )
     cols = ", ".join(f"j.{c.strip()}" for c in RES_COLS.split(","))
     running = tuple(
@@ -338,18 +383,19 @@ def read_scheduler_input(cur: sqlite3.Cursor) -> SchedulerInput:
         )
     )
     credits = {name: balance for name, balance in cur.execute("SELECT name, balance FROM users")}
-    return SchedulerInput(pending, workers, running, credits)
+    return SchedulerInput(jobs, workers, running, credits)
 
 
-def write_worker(cur: sqlite3.Cursor, info: WorkerInfo, address: str, now: float) -> None:
-    """Insert or update ``info``'s row as an ALIVE worker heard from ``now``."""
+def write_worker(cur: sqlite3.Cursor, info: WorkerInfo, address: str, now: float) -> int:
+    """Insert or update ``info``'s row as an ALIVE worker heard from ``now``; return its new epoch."""
     devices = json.dumps([[d.kind, d.type, d.count] for d in info.devices])
     cur.execute(
         "INSERT INTO workers (id, address, cpu_millis, ram_bytes, disk_bytes, devices, attributes, state, "
-        "registered_at, last_heartbeat) VALUES (?, ?, ?, ?, ?, ?, ?, 'alive', ?, ?) "
+        "registered_at, last_heartbeat, epoch) VALUES (?, ?, ?, ?, ?, ?, ?, 'alive', ?, ?, 1) "
         "ON CONFLICT (id) DO UPDATE SET address = excluded.address, cpu_millis = excluded.cpu_millis, "
         "ram_bytes = excluded.ram_bytes, disk_bytes = excluded.disk_bytes, devices = excluded.devices, "
-        "attributes = excluded.attributes, state = 'alive', last_heartbeat = excluded.last_heartbeat",
+        "attributes = excluded.attributes, state = 'alive', last_heartbeat = excluded.last_heartbeat, "
+        "epoch = epoch + 1",
         (
             info.worker_id,
             address,
@@ -362,3 +408,4 @@ def write_worker(cur: sqlite3.Cursor, info: WorkerInfo, address: str, now: float
             now,
         ),
     )
+    return int(cur.execute("SELECT epoch FROM workers WHERE id = ?", (info.worker_id,)).fetchone()[0])

@@ -12,7 +12,7 @@ import dataclasses
 from typing import Any
 
 from fray.cluster._workspace import digest_of, pack_workspace
-from fray.cluster.controller_client import ops_client
+from fray.cluster.controller_client import CredentialLike, ops_client
 from fray.cluster.messages import JobSpec
 from fray.errors import ConfigError
 
@@ -34,7 +34,7 @@ def _check_container_runtime(spec: JobSpec, controller: Any) -> None:
     )
 
 
-def ship_environment(spec: JobSpec, address: str, token: bytes | None, controller: Any) -> JobSpec:
+def ship_environment(spec: JobSpec, address: str, token: CredentialLike, controller: Any) -> JobSpec:
     """Check ``spec``'s environment against the cluster and upload its workspace; return the spec to submit."""
     environment = spec.environment
     if environment.docker_image:

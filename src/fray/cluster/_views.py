@@ -66,6 +66,7 @@ def job_rows(
     limit: int = 50,
     namespace: str | None = None,
     name: str | None = None,
+    user: str | None = None,
 ) -> list[tuple[JobRecord, str]]:
     """Jobs newest first (at most ``limit``; 0 for all), optionally filtered; each with its actor label."""
     clauses: list[str] = []
@@ -79,6 +80,9 @@ def job_rows(
     if name is not None:
         clauses.append("name = ?")
         params.append(name)
+    if user is not None:
+        clauses.append("user_name = ?")
+        params.append(user)
     where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
     tail = " LIMIT ?" if limit > 0 else ""
     if limit > 0:
@@ -87,11 +91,17 @@ def job_rows(
     return [(job_from(row[:-1]), str(row[-1])) for row in rows]
 
 
-def find_job_ids(cur: sqlite3.Cursor, ref: str, limit: int = 20) -> list[str]:
-    """Ids of the jobs ``ref`` names: the job whose id it is, else the jobs of that name (newest first)."""
-    if cur.execute("SELECT 1 FROM jobs WHERE id = ?", (ref,)).fetchone() is not None:
+def find_job_ids(cur: sqlite3.Cursor, ref: str, limit: int = 20, *, user: str | None = None) -> list[str]:
+    """Ids of the jobs ``ref`` names: the job whose id it is, else the jobs of that name (newest first).
+
+    With ``user``, only that user's jobs count.
+    """
+    mine, params = ("", ()) if user is None else (" AND user_name = ?", (user,))
+    if cur.execute(f"SELECT 1 FROM jobs WHERE id = ?{mine}", (ref, *params)).fetchone() is not None:
         return [ref]
-    rows = cur.execute("SELECT id FROM jobs WHERE name = ? ORDER BY seq DESC LIMIT ?", (ref, limit)).fetchall()
+    rows = cur.execute(
+        f"SELECT id FROM jobs WHERE name = ?{mine} ORDER BY seq DESC LIMIT ?", (ref, *params, limit)
+    ).fetchall()
     return [str(row[0]) for row in rows]
 
 
@@ -119,10 +129,11 @@ def task_dict(task: TaskRecord) -> dict[str, Any]:
     }
 
 
-def job_counts(cur: sqlite3.Cursor) -> dict[str, int]:
-    """How many stored jobs are in each state."""
+def job_counts(cur: sqlite3.Cursor, user: str | None = None) -> dict[str, int]:
+    """How many stored jobs (of ``user``, if given) are in each state."""
     counts = {state: 0 for state in ("pending", "running", "succeeded", "failed", "stopped")}
-    for state, count in cur.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state"):
+    mine, params = ("", ()) if user is None else (" WHERE user_name = ?", (user,))
+    for state, count in cur.execute(f"SELECT state, COUNT(*) FROM jobs{mine} GROUP BY state", params):
         counts[str(state)] = int(count)
     return counts
 
@@ -168,17 +179,19 @@ def worker_rows(cur: sqlite3.Cursor, now: float) -> list[dict[str, Any]]:
     return rows
 
 
-def actor_rows(cur: sqlite3.Cursor) -> list[dict[str, Any]]:
-    """Live actors (jobs hosting a named actor) with the endpoints their tasks serve."""
+def actor_rows(cur: sqlite3.Cursor, user: str | None = None) -> list[dict[str, Any]]:
+    """Live actors (jobs hosting a named actor; of ``user``, if given) with the endpoints their tasks serve."""
     endpoints: dict[str, list[dict[str, Any]]] = {}
     for namespace, name, job_id, address in cur.execute(
         "SELECT namespace, name, job_id, address FROM endpoints ORDER BY namespace, name"
     ):
         endpoints.setdefault(str(job_id), []).append({"namespace": namespace, "name": name, "address": address})
     rows = []
-    for job_id, label, namespace, state, user, submitted in cur.execute(
+    mine, params = ("", ()) if user is None else (" AND user_name = ?", (user,))
+    for job_id, label, namespace, state, owner, submitted in cur.execute(
         "SELECT id, label, namespace, state, user_name, submitted_at FROM jobs "
-        "WHERE label != '' AND state IN ('pending', 'running') ORDER BY namespace, label"
+        f"WHERE label != '' AND state IN ('pending', 'running'){mine} ORDER BY namespace, label",
+        params,
     ):
         rows.append(
             {
@@ -186,7 +199,7 @@ def actor_rows(cur: sqlite3.Cursor) -> list[dict[str, Any]]:
                 "namespace": str(namespace),
                 "job_id": str(job_id),
                 "state": str(state),
-                "user": str(user),
+                "user": str(owner),
                 "submitted_at": float(submitted),
                 "endpoints": endpoints.get(str(job_id), []),
             }

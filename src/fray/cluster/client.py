@@ -28,13 +28,15 @@ from fray._serialization import check_call_picklable
 from fray.actor import ActorFuture, ActorGroup, check_actor_method, check_actor_request, group_member_names
 from fray.client import ClientSpec
 from fray.cluster._shipping import ship_environment
-from fray.cluster.controller_client import connect_controller, load_token
+from fray.cluster.controller_client import CredentialLike, connect_controller, resolve_credential
+from fray.cluster.credentials import Credential
 from fray.cluster.messages import JobSpec, JobView
 from fray.cluster.records import TaskKey
 from fray.errors import ActorDiedError, ActorUnavailableError, ConfigError, FrayError, SerializationError
 from fray.job import Entrypoint, JobRequest, JobStatus, current_job
 from fray.resources import ResourceConfig
 from fray.rpc.client import ActorClient, RpcOptions
+from fray.rpc.namespace import resolve_namespace
 from fray.rpc.resolver import FixedResolver
 from fray.rpc.server import ActorServer
 
@@ -57,6 +59,9 @@ def _settled_status(view: JobView) -> JobStatus:
     return view.state
 
 
+# How long a call whose connection broke waits to learn whether its actor's job ended.
+_DEATH_NOTICE_SECONDS = 5.0
+
 # A long-poll never blocks longer than this, so a waiter without a timeout still hears of
 # a controller that went away (and wait_all can re-check its own deadline).
 _POLL_SECONDS = 10.0
@@ -65,10 +70,10 @@ _POLL_SECONDS = 10.0
 class ClusterJobHandle:
     """A job on a Fray cluster. Picklable: it keeps the controller address and job id."""
 
-    def __init__(self, address: str, job_id: str, token: bytes | None = None) -> None:
+    def __init__(self, address: str, job_id: str, token: CredentialLike = None) -> None:
         self._address = address
         self._job_id = job_id
-        self._token = token if token is not None else load_token()
+        self._token = resolve_credential(token)
         self._controller = connect_controller(address, self._token)
 
     def __reduce__(self) -> tuple[object, ...]:
@@ -112,14 +117,18 @@ class ClusterJobHandle:
         are polled side by side, and the first answer with a finished job ends the wait.
         """
         seconds = _POLL_SECONDS if timeout is None else min(max(timeout, 0.0), _POLL_SECONDS)
-        groups: dict[tuple[str, bytes | None], list[int]] = {}
+        groups: dict[tuple[str, Credential | None], list[int]] = {}
         for index, job in enumerate(jobs):
             groups.setdefault((job._address, job._token), []).append(index)
         statuses: list[JobStatus | None] = [None] * len(jobs)
 
         def poll(indices: list[int], wait: float) -> bool:
-            views: list[JobView] = jobs[indices[0]]._controller.wait([jobs[i]._job_id for i in indices], wait)
-            found = [_settled_status(view) for view in views]
+            answers = jobs[indices[0]]._controller.wait_status([jobs[i]._job_id for i in indices], wait)
+            # A finished job whose killed processes may still run is not done yet.
+            found = [
+                JobStatus.RUNNING if JobStatus(state).finished and not settled else JobStatus(state)
+                for state, settled in answers
+            ]
             for index, status in zip(indices, found, strict=True):
                 statuses[index] = status
             return any(status.finished for status in found)
@@ -166,7 +175,8 @@ def _host_actor(actor_class: type, args: tuple[Any, ...], kwargs: dict[str, Any]
     server.start()
     address = os.environ["FRAY_CLIENT_SPEC"].removeprefix("fray://")
     key = TaskKey(info.job_id, int(os.environ.get("FRAY_TASK_INDEX", "0")), info.attempt)
-    connect_controller(address, load_token()).register_endpoint(info.namespace, name, server.url(name), key)
+    # The task's own job credential (FRAY_CREDENTIAL); the server above uses its namespace's key (FRAY_TOKEN).
+    connect_controller(address).register_endpoint(info.namespace, name, server.url(name), key)
     threading.Event().wait()  # until the job is terminated
 
 
@@ -193,14 +203,14 @@ class ClusterActorHandle:
     """
 
     def __init__(
-        self, address: str, namespace: str, name: str, job_id: str, cls: type, token: bytes | None = None
+        self, address: str, namespace: str, name: str, job_id: str, cls: type, token: CredentialLike = None
     ) -> None:
         self._address = address
         self._namespace = namespace
         self._name = name
         self._job_id = job_id
         self._cls = cls
-        self._token = token if token is not None else load_token()
+        self._token = resolve_credential(token)
         self._lock = threading.Lock()
         self._ready: concurrent.futures.Future[None] = concurrent.futures.Future()
         self._rpc: ActorClient[Any] | None = None
@@ -242,7 +252,12 @@ class ClusterActorHandle:
                 return
             if state == "ready":
                 resolver = FixedResolver({self._name: detail}, namespace=self._namespace)
-                self._settle(ActorClient(resolver, self._name, RpcOptions(), token=self._token), None)
+                try:  # actor servers authenticate with their namespace's key, which the controller hands out
+                    actor_key = controller.namespace_token(self._namespace)
+                except FrayError as exc:
+                    self._settle(None, ActorUnavailableError(f"no access to actor {self._name!r}: {exc}"))
+                    return
+                self._settle(ActorClient(resolver, self._name, RpcOptions(), token=actor_key), None)
                 return
             if state == "dead":
                 self._settle(None, self._death(view))
@@ -309,16 +324,25 @@ class ClusterActorHandle:
             if error is None:
                 future.set_result(done.result())
             elif isinstance(error, ActorUnavailableError):
-                future.set_exception(self._explain_unavailable(error))
+                # Finding out whether the actor died means asking the controller: not on the
+                # thread that read the broken connection.
+                threading.Thread(
+                    target=lambda: future.set_exception(self._explain_unavailable(error)),
+                    name=f"fray-actor-died-{self._name}",
+                    daemon=True,
+                ).start()
             else:
                 future.set_exception(error)
 
         inner.add_done_callback(relay)
 
     def _explain_unavailable(self, error: ActorUnavailableError) -> BaseException:
-        # The connection broke: if the actor's job has ended, say the actor died.
+        # The connection broke. A killed actor's job ends as soon as its worker sees the exit:
+        # give that a moment, then say the actor died -- or, if its job still runs (a network
+        # fault, a worker being replaced), that it is unavailable.
         try:
-            view: JobView = connect_controller(self._address, self._token).job(self._job_id)
+            controller = connect_controller(self._address, self._token)
+            view: JobView = controller.wait([self._job_id], _DEATH_NOTICE_SECONDS)[0]
         except FrayError:
             return error
         if view.state.finished:
@@ -326,6 +350,24 @@ class ClusterActorHandle:
             death.__context__ = error
             return death
         return error
+
+
+# One submit_many call carries at most this many jobs, or this many bytes of arguments.
+_BATCH_JOBS = 500
+_BATCH_BYTES = 32 << 20
+
+
+def _batches(specs: list[JobSpec]) -> list[list[JobSpec]]:
+    batches: list[list[JobSpec]] = [[]]
+    size = 0
+    for spec in specs:
+        weight = len(spec.payload or b"") + 1024
+        if batches[-1] and (len(batches[-1]) >= _BATCH_JOBS or size + weight > _BATCH_BYTES):
+            batches.append([])
+            size = 0
+        batches[-1].append(spec)
+        size += weight
+    return [batch for batch in batches if batch]
 
 
 def _copy_died(error: BaseException | None) -> BaseException:
@@ -350,22 +392,26 @@ def _release_at_exit() -> None:
 class ClusterClient:
     """A client of the Fray cluster whose controller is at ``address`` (``host:port``).
 
-    The token comes from ``token``, ``FRAY_TOKEN`` or ``~/.config/fray/token``. Inside a
+    ``token`` is a :class:`~fray.cluster.credentials.Credential` or the cluster token;
+    by default ``FRAY_CREDENTIAL``, ``FRAY_TOKEN``, ``~/.config/fray/credential`` or
+    ``~/.config/fray/token``. A user credential identifies the user (``user`` is then
+    ignored by the controller); the cluster token may act for any ``user``. Inside a
     cluster job the client submits child jobs of that job, in its namespace. Actors it
     created are stopped when the process exits (or at :meth:`shutdown`); jobs keep running
     unless submitted with ``detached=False`` (see :mod:`fray._driver_exit`).
     """
 
     def __init__(
-        self, address: str, *, token: str | bytes | None = None, namespace: str | None = None, user: str | None = None
+        self, address: str, *, token: CredentialLike = None, namespace: str | None = None, user: str | None = None
     ) -> None:
         self.address = address
-        self._token = load_token(token)
+        self._token = resolve_credential(token)
         self._controller = connect_controller(address, self._token)
         self.user = user or os.environ.get("FRAY_USER") or getpass.getuser()
         inside = os.environ.get("FRAY_CLIENT_SPEC", "") == f"fray://{address}" and bool(os.environ.get("FRAY_JOB_ID"))
         self._parent = os.environ["FRAY_JOB_ID"] if inside else None
-        self.namespace = (
+        # One namespace rule for jobs and actors (fray.rpc.namespace): refused here, not when an actor starts.
+        self.namespace = resolve_namespace(
             namespace or (os.environ.get("FRAY_NAMESPACE") if inside else None) or f"{self.user}-{uuid.uuid4().hex[:8]}"
         )
         self._owned: list[tuple[str, bool, bool]] = []  # (job id, is actor, detached)
@@ -406,6 +452,32 @@ class ClusterClient:
         with self._lock:
             self._owned.append((view.job_id, is_actor, detached))
         return ClusterJobHandle(self.address, view.job_id, self._token)
+
+    def submit_many(self, requests: Sequence[JobRequest], *, detached: bool = True) -> list[ClusterJobHandle]:
+        """Submit many jobs at once (a few controller round trips, one transaction each); returns at once.
+
+        Each batch is recorded whole or not at all; the handles are in the order of
+        ``requests``. ``detached`` as for :meth:`submit`.
+        """
+        check_terminated()
+        if self._closed:
+            raise FrayError("this ClusterClient is shut down; create a new one")
+        for request in requests:
+            if not isinstance(request, JobRequest):
+                raise ConfigError(f"submit_many() takes JobRequests, got {type(request).__name__}")
+        specs = [
+            ship_environment(JobSpec.from_request(request), self.address, self._token, self._controller)
+            for request in requests
+        ]
+        handles: list[ClusterJobHandle] = []
+        for batch in _batches(specs):
+            views = self._controller.submit_many(
+                batch, user=self.user, parent_id=self._parent, namespace=self.namespace
+            )
+            with self._lock:
+                self._owned.extend((view.job_id, False, detached) for view in views)
+            handles.extend(ClusterJobHandle(self.address, view.job_id, self._token) for view in views)
+        return handles
 
     def submit(self, request: JobRequest, *, detached: bool = True) -> ClusterJobHandle:
         """Submit a job to the cluster; returns at once.

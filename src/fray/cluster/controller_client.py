@@ -1,9 +1,13 @@
-"""Reaching a Fray cluster's controller: the cluster token, and an RPC handle that rides out restarts.
+"""Reaching a Fray cluster's controller: the cluster token, and typed handles that ride out restarts.
 
 Clients, workers, the launcher and the CLI all talk to the controller through
-:func:`controller_client` (one raw RPC handle) or :func:`connect_controller` (one
-shared, retrying handle per address and token). Nothing here imports the
-controller's store or the worker daemon.
+:func:`controller_client` (one :class:`ControllerProxy`, no retries) or
+:func:`connect_controller` (one shared :class:`ControllerHandle` per address, credential
+and retry budget, which retries); the CLI, the launcher and workers reach its operator
+API (:mod:`fray.cluster.ops`) through :func:`ops_client`. Calls travel over the
+data-only RPC (:mod:`fray.rpc.datarpc`): the typed values are turned into plain data
+here (:mod:`fray.cluster._codec`) and back.
+Nothing here imports the controller's store or the worker daemon.
 """
 
 from __future__ import annotations
@@ -14,24 +18,26 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fray.cluster.messages import CONTROLLER_ACTOR
-from fray.errors import ActorUnavailableError, CallNotSentError
-from fray.rpc.client import ActorClient, RpcOptions
-from fray.rpc.registry import SYSTEM_NAMESPACE
-from fray.rpc.resolver import FixedResolver
+from fray.cluster import _codec as codec
+from fray.cluster.capacity import WorkerInfo
+from fray.cluster.credentials import Credential, load_credential
+from fray.cluster.messages import JobSpec, JobView, TaskExit, WorkerCommands, WorkerReport
+from fray.cluster.records import Endpoint, TaskKey, TaskRecord, WorkerRecord
+from fray.errors import ActorUnavailableError, CallNotSentError, ProtocolError
+from fray.rpc.datarpc import DataClient
 
 __all__ = [
     "CONTROLLER_RETRY_SECONDS",
-    "OPS_ACTOR",
     "ControllerHandle",
+    "ControllerProxy",
+    "CredentialLike",
+    "OpsProxy",
     "connect_controller",
     "controller_client",
     "load_token",
     "ops_client",
+    "resolve_credential",
 ]
-
-#: The actor name (in the system namespace) of the controller's operator API (:mod:`fray.cluster.ops`).
-OPS_ACTOR = "fray-ops"
 
 _TOKEN_FILE = Path.home() / ".config" / "fray" / "token"
 
@@ -39,7 +45,7 @@ _TOKEN_FILE = Path.home() / ".config" / "fray" / "token"
 CONTROLLER_RETRY_SECONDS = 60.0
 
 # Only submit() creates something; every other controller call can safely be repeated.
-_NOT_IDEMPOTENT = frozenset({"submit"})
+_NOT_IDEMPOTENT = frozenset({"submit", "submit_many"})
 
 
 def load_token(token: str | bytes | None = None) -> bytes | None:
@@ -54,19 +60,217 @@ def load_token(token: str | bytes | None = None) -> bytes | None:
         return None
 
 
-def controller_client(address: str, token: str | bytes | None = None, timeout: float = 30.0) -> ActorClient[Any]:
-    """A raw RPC handle on the controller at ``address`` (``host:port``): no retries beyond the RPC layer's."""
-    resolver = FixedResolver({CONTROLLER_ACTOR: f"actor://{address}/{CONTROLLER_ACTOR}"}, namespace=SYSTEM_NAMESPACE)
-    return ActorClient(resolver, CONTROLLER_ACTOR, RpcOptions(timeout=timeout), token=token)
+CredentialLike = Credential | str | bytes | None
+"""A :class:`Credential`; a ``str``/``bytes`` cluster token; or None: :func:`load_credential` decides."""
 
 
-def ops_client(address: str, token: str | bytes | None = None, timeout: float = 30.0) -> ActorClient[Any]:
-    """A raw RPC handle on the controller's operator API (:mod:`fray.cluster.ops`) at ``address``."""
-    resolver = FixedResolver({OPS_ACTOR: f"actor://{address}/{OPS_ACTOR}"}, namespace=SYSTEM_NAMESPACE)
-    return ActorClient(resolver, OPS_ACTOR, RpcOptions(timeout=timeout), token=load_token(token))
+def resolve_credential(credential: CredentialLike) -> Credential | None:
+    """The credential meant by ``credential`` (see :data:`CredentialLike`)."""
+    if isinstance(credential, Credential):
+        return credential
+    return load_credential(credential)
 
 
-class ControllerHandle:
+def _data_client(
+    address: str, credential: Credential | None, timeout: float = 30.0, ca: Path | None = None
+) -> DataClient:
+    if credential is None:
+        return DataClient(address, None, timeout=timeout, ca=ca)
+    return DataClient(address, credential.key, principal=credential.principal, timeout=timeout, ca=ca)
+
+
+class ControllerProxy:
+    """The controller's API as typed methods over one :class:`DataClient` (no retries of its own)."""
+
+    def __init__(self, rpc: DataClient, timeout: float | None = None) -> None:
+        self._rpc = rpc
+        self._timeout = timeout
+
+    @property
+    def address(self) -> str:
+        return self._rpc.address
+
+    def with_timeout(self, timeout: float) -> ControllerProxy:
+        """The same controller (sharing connections) with calls limited to ``timeout`` seconds, no retries."""
+        return ControllerProxy(self._rpc, timeout)
+
+    def close(self) -> None:
+        """Close idle connections."""
+        self._rpc.close()
+
+    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return self._rpc.call(method, list(args), kwargs, self._timeout)
+
+    # -- workers --------------------------------------------------------------------------------
+
+    def register_worker(
+        self, info: WorkerInfo, address: str, running: list[TaskKey], exited: list[TaskExit]
+    ) -> WorkerCommands:
+        data = self._call(
+            "register_worker",
+            codec.worker_info_data(info),
+            address,
+            [codec.key_data(k) for k in running],
+            [codec.exit_data(e) for e in exited],
+        )
+        return codec.commands_from(data)
+
+    def poll(self, worker_id: str, epoch: int, wait: float) -> WorkerCommands:
+        return codec.commands_from(self._call("poll", worker_id, epoch, wait))
+
+    def report(self, worker_id: str, epoch: int, report: WorkerReport) -> bool:
+        return bool(self._call("report", worker_id, epoch, codec.report_data(report)))
+
+    # -- jobs -----------------------------------------------------------------------------------
+
+    def submit(
+        self, spec: JobSpec, *, user: str, parent_id: str | None = None, namespace: str | None = None
+    ) -> JobView:
+        data = self._call("submit", codec.spec_data(spec), user, parent_id=parent_id, namespace=namespace)
+        return codec.view_from(data)
+
+    def submit_many(
+        self, specs: list[JobSpec], *, user: str, parent_id: str | None = None, namespace: str | None = None
+    ) -> list[JobView]:
+        data = self._call(
+            "submit_many", [codec.spec_data(s) for s in specs], user, parent_id=parent_id, namespace=namespace
+        )
+        return [codec.view_from(v) for v in data]
+
+    def job(self, job_id: str) -> JobView:
+        return codec.view_from(self._call("job", job_id))
+
+    def wait(self, job_ids: list[str], timeout: float = 10.0, *, any_finished: bool = True) -> list[JobView]:
+        return [codec.view_from(v) for v in self._call("wait", job_ids, timeout, any_finished=any_finished)]
+
+    def wait_status(self, job_ids: list[str], timeout: float = 10.0) -> list[tuple[str, bool]]:
+        """``(state, settled)`` per job once any is finished (see ``ControllerService.wait_status``)."""
+        return [(str(state), bool(settled)) for state, settled in self._call("wait_status", job_ids, timeout)]
+
+    def terminate(self, job_id: str, reason: str = "terminated") -> JobView:
+        return codec.view_from(self._call("terminate", job_id, reason))
+
+    def logs(self, job_id: str, last: int | None = None, after_id: int = 0) -> list[tuple[int, str]]:
+        return [(int(i), str(line)) for i, line in self._call("logs", job_id, last, after_id)]
+
+    def list_jobs(self, states: list[str] | None = None) -> list[JobView]:
+        return [codec.view_from(v) for v in self._call("list_jobs", states)]
+
+    def tasks(self, job_id: str) -> list[TaskRecord]:
+        return [codec.task_from(t) for t in self._call("tasks", job_id)]
+
+    def list_workers(self) -> list[WorkerRecord]:
+        return [codec.worker_record_from(w) for w in self._call("list_workers")]
+
+    def health(self) -> dict[str, Any]:
+        """Whether the controller is read-only (and why), its state file and the free space there."""
+        return dict(self._call("health"))
+
+    # -- endpoints ------------------------------------------------------------------------------
+
+    def register_endpoint(self, namespace: str, name: str, url: str, task: TaskKey) -> bool:
+        return bool(self._call("register_endpoint", namespace, name, url, codec.key_data(task)))
+
+    def list_endpoints(self, namespace: str | None = None) -> list[Endpoint]:
+        return [codec.endpoint_from(e) for e in self._call("list_endpoints", namespace)]
+
+    def wait_actor(self, namespace: str, name: str, job_id: str, timeout: float = 10.0) -> tuple[str, str, JobView]:
+        state, detail, view = self._call("wait_actor", namespace, name, job_id, timeout)
+        return str(state), str(detail), codec.view_from(view)
+
+    def resolve(self, namespace: str, name: str) -> list[str]:
+        return [str(url) for url in self._call("resolve", namespace, name)]
+
+    def namespace_token(self, namespace: str) -> bytes:
+        """The token of ``namespace``'s actor servers, as their tasks have it in ``FRAY_TOKEN``.
+
+        Refused unless the namespace is the caller's user's (or the caller is the administrator).
+        """
+        return str(self._call("namespace_token", namespace)).encode()
+
+
+def controller_client(
+    address: str, token: CredentialLike = None, timeout: float = 30.0, *, ca: Path | None = None
+) -> ControllerProxy:
+    """A typed handle on the controller at ``address`` (``host:port``): no retries beyond the connection's.
+
+    ``token``: a :class:`Credential`, the cluster token, or None for :func:`load_credential`'s choice;
+    ``ca``: the cluster CA for a controller beyond this machine (default ``FRAY_TLS_CA``).
+    """
+    return ControllerProxy(_data_client(address, resolve_credential(token), timeout, ca))
+
+
+class OpsProxy:
+    """The controller's operator API (:mod:`fray.cluster.ops`) as typed methods; no retries of its own.
+
+    What a caller sees depends on its credential (see :mod:`fray.cluster._ops_api`): the
+    administrator sees every job, a user only its own.
+    """
+
+    def __init__(self, rpc: DataClient) -> None:
+        self._rpc = rpc
+
+    @property
+    def address(self) -> str:
+        return self._rpc.address
+
+    def close(self) -> None:
+        """Close idle connections."""
+        self._rpc.close()
+
+    def _call(self, method: str, *args: Any) -> Any:
+        return self._rpc.call(f"ops.{method}", list(args), {})
+
+    def jobs(
+        self, states: list[str] | None = None, limit: int = 50, namespace: str | None = None, name: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Jobs newest first: at most ``limit`` (0: all), only ``states`` / ``namespace`` / ``name`` if given."""
+        return list(self._call("jobs", states, limit, namespace, name))
+
+    def find_jobs(self, ref: str) -> list[str]:
+        """The ids ``ref`` names: ``[ref]`` for a job id, else the jobs named ``ref``, newest first."""
+        return [str(job_id) for job_id in self._call("find_jobs", ref)]
+
+    def job_detail(self, job_id: str) -> dict[str, Any]:
+        """One job with every attempt's tasks and its state history; raises NotFound."""
+        return dict(self._call("job_detail", job_id))
+
+    def status(self) -> dict[str, Any]:
+        """The cluster at a glance: workers and resources, jobs by state, actors, queues, controller health."""
+        return dict(self._call("status"))
+
+    def health(self) -> dict[str, Any]:
+        """The controller's own state: address, dashboard, uptime, database, retention, read-only or not."""
+        return dict(self._call("health"))
+
+    def has_blob(self, digest: str) -> bool:
+        """True if the controller holds the workspace blob ``digest`` (``sha256:<hex>``)."""
+        return bool(self._call("has_blob", digest))
+
+    def put_blob(self, digest: str, data: bytes) -> bool:
+        """Store a workspace blob (opaque bytes) under its digest, which the controller checks."""
+        return bool(self._call("put_blob", digest, data))
+
+    def get_blob(self, digest: str) -> bytes:
+        """The workspace blob ``digest``; raises NotFound."""
+        data = self._call("get_blob", digest)
+        if not isinstance(data, bytes):
+            raise ProtocolError(f"{self.address} answered get_blob with {type(data).__name__}, not bytes")
+        return data
+
+    def dashboard_login(self) -> str:
+        """A one-time URL that logs a browser in to the dashboard ("" when none runs); administrator only."""
+        return str(self._call("dashboard_login"))
+
+
+def ops_client(
+    address: str, token: CredentialLike = None, timeout: float = 30.0, *, ca: Path | None = None
+) -> OpsProxy:
+    """A handle on the operator API of the controller at ``address`` (``token`` and ``ca`` as for :func:`controller_client`)."""
+    return OpsProxy(_data_client(address, resolve_credential(token), timeout, ca))
+
+
+class ControllerHandle(ControllerProxy):
     """Calls the controller, riding out its restarts.
 
     A call that provably was not sent is retried until ``retry_seconds`` (default
@@ -76,47 +280,43 @@ class ControllerHandle:
     controller that is not there is reported at once.
     """
 
-    def __init__(self, address: str, token: bytes | None, retry_seconds: float = CONTROLLER_RETRY_SECONDS) -> None:
-        self.address = address
+    def __init__(
+        self, address: str, credential: Credential | None, retry_seconds: float = CONTROLLER_RETRY_SECONDS
+    ) -> None:
+        super().__init__(_data_client(address, credential))
         self.retry_seconds = retry_seconds
-        self._rpc = controller_client(address, token)
 
-    def bounded(self, timeout: float) -> Any:
-        """The raw controller handle with a call timeout and no retries (for shutdown paths)."""
-        return self._rpc.with_options(timeout=timeout)
+    def bounded(self, timeout: float) -> ControllerProxy:
+        """The controller with a call timeout and no retries (for shutdown paths)."""
+        return self.with_timeout(timeout)
 
-    def __getattr__(self, method: str) -> Any:
-        call = getattr(self._rpc, method)
-
-        def retrying(*args: Any, **kwargs: Any) -> Any:
-            deadline = time.monotonic() + self.retry_seconds
-            delay = 0.02
-            while True:
-                try:
-                    return call(*args, **kwargs)
-                except ActorUnavailableError as exc:
-                    may_have_run = not isinstance(exc, CallNotSentError)
-                    if (may_have_run and method in _NOT_IDEMPOTENT) or time.monotonic() > deadline:
-                        raise
-                time.sleep(delay)
-                delay = min(delay * 2, 0.5)
-
-        return retrying
+    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        deadline = time.monotonic() + self.retry_seconds
+        delay = 0.02
+        while True:
+            try:
+                return super()._call(method, *args, **kwargs)
+            except ActorUnavailableError as exc:
+                may_have_run = not isinstance(exc, CallNotSentError)
+                if (may_have_run and method in _NOT_IDEMPOTENT) or time.monotonic() > deadline:
+                    raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.5)
 
 
-# One controller connection per (address, token, retry budget) per process, shared by every handle.
-_handles: dict[tuple[str, bytes | None, float], ControllerHandle] = {}
+# One controller connection pool per (address, credential, retry budget) per process, shared by every handle.
+_handles: dict[tuple[str, Credential | None, float], ControllerHandle] = {}
 _handles_lock = threading.Lock()
 
 
 def connect_controller(
-    address: str, token: str | bytes | None = None, *, retry_seconds: float = CONTROLLER_RETRY_SECONDS
+    address: str, token: CredentialLike = None, *, retry_seconds: float = CONTROLLER_RETRY_SECONDS
 ) -> ControllerHandle:
-    """The process's shared, retrying handle on the controller at ``address`` (token: see :func:`load_token`).
+    """The process's shared, retrying handle on the controller at ``address`` (``token``: see :data:`CredentialLike`).
 
     ``retry_seconds`` is how long a call keeps retrying while the controller is unreachable.
     """
-    resolved = load_token(token)
+    resolved = resolve_credential(token)
     key = (address, resolved, retry_seconds)
     with _handles_lock:
         handle = _handles.get(key)

@@ -12,7 +12,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from fray.cluster.controller_client import controller_client
+from fray.cluster.credentials import WORKER, Credential, write_credential
 from fray.errors import FrayError
+from fray.rpc.tls import is_loopback_address
 
 __all__ = ["LocalCluster"]
 
@@ -21,10 +23,10 @@ class LocalCluster:
     """A controller plus workers, each its own process, state and logs under ``directory``.
 
     The controller binds 127.0.0.1 and requires ``token`` (a fresh random one by
-    default); ``env`` is added to every process's environment (and so to its tasks');
-    ``controller_args`` are more ``fray controller`` options. Processes are started
-    detached (own session) so that tests can kill them with SIGKILL one by one, as a
-    machine failure would.
+    default); its state goes to ``db_path`` (default ``directory/controller.db``); ``env``
+    is added to every process's environment (and so to its tasks'); ``controller_args``
+    are more ``fray controller`` options. Processes are started detached (own session)
+    so that tests can kill them with SIGKILL one by one, as a machine failure would.
     """
 
     def __init__(
@@ -36,11 +38,22 @@ class LocalCluster:
         worker_timeout: float = 10.0,
         env: dict[str, str] | None = None,
         controller_args: Sequence[str] = (),
+        db_path: str | Path | None = None,
+        host: str = "127.0.0.1",
     ) -> None:
         self.extra_env = dict(env or {})
         self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
+        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(self.directory, 0o700)
+        self.db_path = Path(db_path) if db_path is not None else self.directory / "controller.db"
+        self.host = host
+        #: The cluster CA, which the controller makes when it binds a non-loopback ``host``.
+        self.ca_file = None if is_loopback_address(host) else self.db_path.parent / "tls" / "ca.pem"
         self.token = token or secrets.token_hex(16)
+        #: What workers authenticate with (see :mod:`fray.cluster.credentials`), also kept in
+        #: ``directory/worker.credential`` (0600) for workers started by hand on this machine.
+        self.worker_credential = Credential.mint(self.token.encode(), WORKER)
+        write_credential(self.directory / "worker.credential", self.worker_credential)
         self.port = port
         self.worker_timeout = worker_timeout
         self.controller_args = list(controller_args)
@@ -50,13 +63,24 @@ class LocalCluster:
 
     @property
     def env(self) -> dict[str, str]:
-        """The environment a client needs: the token and the client spec."""
-        return {"FRAY_TOKEN": self.token, "FRAY_CLIENT_SPEC": f"fray://{self.address}"}
+        """The environment a client needs: the token and the client spec (and the CA, with TLS)."""
+        env = {"FRAY_TOKEN": self.token, "FRAY_CLIENT_SPEC": f"fray://{self.address}"}
+        if self.ca_file is not None:
+            env["FRAY_TLS_CA"] = str(self.ca_file)
+        return env
 
-    def _spawn(self, args: list[str], log_name: str) -> subprocess.Popen[bytes]:
+    def _spawn(self, args: list[str], log_name: str, *, worker: bool = False) -> subprocess.Popen[bytes]:
         env = {**os.environ, **self.extra_env, "FRAY_TOKEN": self.token, "PYTHONUNBUFFERED": "1"}
         env.pop("FRAY_CLIENT_SPEC", None)
-        log = open(self.directory / log_name, "ab")  # noqa: SIM115 - handed to the child
+        env.pop("FRAY_CREDENTIAL", None)
+        if self.ca_file is not None:
+            env["FRAY_TLS_CA"] = str(self.ca_file)
+        if worker:
+            # Workers hold the worker credential only: never the cluster token, which their tasks must not see.
+            del env["FRAY_TOKEN"]
+            env["FRAY_CREDENTIAL"] = self.worker_credential.encode()
+        fd = os.open(self.directory / log_name, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        log = os.fdopen(fd, "ab")
         try:
             return subprocess.Popen(
                 [sys.executable, "-m", "fray.cli", *args],
@@ -75,10 +99,12 @@ class LocalCluster:
         address_file.unlink(missing_ok=True)
         args = [
             "controller",
+            "--host",
+            self.host,
             "--port",
             str(self.port),
             "--db",
-            str(self.directory / "controller.db"),
+            str(self.db_path),
             "--address-file",
             str(address_file),
             "--worker-timeout",
@@ -114,13 +140,13 @@ class LocalCluster:
             str(self.directory / worker_id),
             *extra,
         ]
-        proc = self._spawn(args, f"{worker_id}.log")
+        proc = self._spawn(args, f"{worker_id}.log", worker=True)
         self.workers[worker_id] = proc
         return proc
 
     def wait_for_workers(self, count: int, timeout: float = 30.0) -> None:
         """Block until ``count`` workers are registered and alive."""
-        client = controller_client(self.address, self.token)
+        client = controller_client(self.address, self.token, ca=self.ca_file)
         deadline = time.monotonic() + timeout
         try:
             while True:

@@ -1,25 +1,28 @@
-"""What clients, the controller and workers send each other: plain, picklable dataclasses.
+"""What clients, the controller and workers send each other: plain frozen dataclasses.
 
-The controller never unpickles user code: a callable job travels as an opaque
-``payload`` (the cloudpickled entrypoint) that only the task process opens.
-Everything else here is built from Fray's own types, so the controller can decode
-it without the user's modules installed.
+On the wire (and in the controller's store) they travel as plain data -- see
+:mod:`fray.cluster._codec` -- and the controller never unpickles anything: a callable
+job's entrypoint is an opaque ``payload`` (cloudpickled) that only the task process opens.
 """
 
 from __future__ import annotations
 
+import os
 import shlex
 from dataclasses import dataclass, field
 
 import cloudpickle
 
 from fray._serialization import call_parts, check_picklable
+from fray.cluster.capacity import TaskResources
 from fray.cluster.records import TaskKey
+from fray.errors import SerializationError
 from fray.job import BinaryEntrypoint, CallableEntrypoint, EnvironmentConfig, JobRequest, JobStatus
-from fray.resources import ResourceConfig
+from fray.resources import format_size, parse_size
 
 __all__ = [
     "CONTROLLER_ACTOR",
+    "DEFAULT_MAX_ARGUMENT_BYTES",
     "JobSpec",
     "JobView",
     "TaskAssignment",
@@ -27,18 +30,26 @@ __all__ = [
     "WorkerCommands",
     "WorkerReport",
     "describe_entrypoint",
+    "max_argument_bytes",
 ]
 
-#: The actor name (in the system namespace) under which the controller serves its API.
+#: The name under which the controller's API was served as an actor (kept for compatibility).
 CONTROLLER_ACTOR = "fray-controller"
+
+#: The default of :func:`max_argument_bytes`: 256 MiB.
+DEFAULT_MAX_ARGUMENT_BYTES = 256 << 20
 
 
 @dataclass(frozen=True)
 class JobSpec:
-    """A job as the controller stores it: the request without any user code in the clear."""
+    """A job as the controller stores it: the request without any user code in the clear.
+
+    ``resources`` is the normalized :class:`~fray.cluster.capacity.TaskResources` (plain
+    numbers), so the controller needs nothing of the client's :mod:`fray.resources`.
+    """
 
     name: str
-    resources: ResourceConfig
+    resources: TaskResources
     environment: EnvironmentConfig
     replicas: int
     max_retries_failure: int
@@ -67,7 +78,7 @@ class JobSpec:
             payload = encode_callable(request.name, entry)
         return cls(
             name=request.name,
-            resources=request.resources,
+            resources=TaskResources.from_config(request.resources),
             environment=request.environment or EnvironmentConfig(),
             replicas=request.replicas,
             max_retries_failure=request.max_retries_failure,
@@ -89,18 +100,41 @@ def describe_entrypoint(entry: BinaryEntrypoint | CallableEntrypoint) -> str:
     return f"{module}.{name}" if module and module != "builtins" else str(name)
 
 
+def max_argument_bytes() -> int:
+    """The largest pickled entrypoint a cluster job may carry: ``FRAY_MAX_ARGUMENT_BYTES``, default 256 MiB."""
+    configured = os.environ.get("FRAY_MAX_ARGUMENT_BYTES", "").strip()
+    return parse_size(configured) if configured else DEFAULT_MAX_ARGUMENT_BYTES
+
+
 def encode_callable(job_name: str, entry: CallableEntrypoint) -> bytes:
-    """Cloudpickle a callable entrypoint, naming the offending part if that fails."""
+    """Cloudpickle a callable entrypoint, naming the offending part if that fails, refusing one too large."""
     try:
-        return cloudpickle.dumps(entry)
-    except Exception:
+        payload = cloudpickle.dumps(entry)
+    except Exception as exc:
         check_picklable(f"job {job_name!r}", call_parts(entry.callable, entry.args, entry.kwargs))
+        if isinstance(exc, RecursionError):
+            raise SerializationError(
+                f"job {job_name!r}: its arguments are nested too deeply to pickle ({exc}); flatten them"
+            ) from None
         raise
+    limit = max_argument_bytes()
+    if len(payload) > limit:
+        raise SerializationError(
+            f"job {job_name!r}: its callable and arguments take {format_size(len(payload))} pickled, over the "
+            f"limit of {format_size(limit)} (FRAY_MAX_ARGUMENT_BYTES); put large data in shared storage and pass "
+            "its path instead"
+        )
+    return payload
 
 
 @dataclass(frozen=True)
 class TaskAssignment:
-    """Tells a worker to start one task."""
+    """Tells a worker to start one task.
+
+    ``credential`` is the job's own credential (encoded, see :mod:`fray.cluster.credentials`)
+    and ``actor_token`` its namespace's key for actor RPC: what the task gets in its
+    environment instead of the cluster token.
+    """
 
     key: TaskKey
     job_name: str
@@ -109,6 +143,8 @@ class TaskAssignment:
     replica_count: int
     host_index: int
     spec: JobSpec
+    credential: str = ""
+    actor_token: str = ""
 
 
 @dataclass(frozen=True)
@@ -127,11 +163,12 @@ class TaskExit:
 
 @dataclass
 class WorkerReport:
-    """What a worker has to tell since its last report."""
+    """What a worker has to tell since its last report; ``health`` is "" or why it cannot run tasks now."""
 
     started: list[TaskKey] = field(default_factory=list)
     exited: list[TaskExit] = field(default_factory=list)
     logs: list[tuple[TaskKey, list[str]]] = field(default_factory=list)
+    health: str = ""
 
     def __bool__(self) -> bool:
         return bool(self.started or self.exited or self.logs)
@@ -139,11 +176,19 @@ class WorkerReport:
 
 @dataclass(frozen=True)
 class WorkerCommands:
-    """What the controller wants a worker to do; ``reregister`` if it does not know the worker (any more)."""
+    """What the controller wants a worker to do; ``reregister`` if it does not know the worker (any more).
+
+    A registration's answer also carries the worker's new ``epoch`` (every report and poll
+    names it; one from an earlier registration is refused, which is how a worker the
+    controller gave up on is fenced) and ``lease_seconds``, how long the worker's tasks
+    may run without the worker renewing its lease (see :mod:`fray.cluster._forkserver`).
+    """
 
     start: tuple[TaskAssignment, ...] = ()
     kill: tuple[TaskKey, ...] = ()
     reregister: bool = False
+    epoch: int = 0
+    lease_seconds: float = 0.0
 
 
 @dataclass(frozen=True)

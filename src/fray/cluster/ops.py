@@ -1,10 +1,11 @@
 """The controller's operator API: listings, cluster status, retention, dashboard log-in links.
 
-:class:`OpsService` is served next to the controller's own API, as :data:`fray.cluster.controller_client.OPS_ACTOR`
-in the system namespace, and is also called in-process by the dashboard. Every
-method takes and returns plain data only (str, int, float, bool, None, and lists
-and dicts of them). It reads the store through :meth:`ClusterStore.read_with` and
-owns one background thread, which prunes finished jobs past the retention policy.
+:class:`OpsService` is served by the controller's data-only RPC as the ``ops.*``
+methods (:mod:`fray.cluster._ops_api`, which also decides who sees what), and is
+called in-process by the dashboard. Every method takes and returns plain data only
+(str, int, float, bool, None, bytes, and lists and dicts of them). It reads the store
+through :meth:`ClusterStore.read_with` and owns one background thread, which prunes
+finished jobs past the retention policy.
 """
 
 from __future__ import annotations
@@ -67,9 +68,9 @@ class OpsService:
     """Read-only views of the cluster for people, plus retention (see the module docstring).
 
     ``spec_command`` returns a job's command description (from its stored spec);
-    ``controller`` is the controller's own service, asked for optional extras when it
-    has them (``queue_stats()``, ``read_only``). ``login_link`` makes a one-time
-    dashboard log-in URL when a dashboard runs.
+    ``controller`` is the controller's own service: its ``health()`` (read-only or not),
+    ``logs`` and ``terminate``, and ``queue_stats()`` when it has queues. ``login_link``
+    makes a one-time dashboard log-in URL when a dashboard runs.
     """
 
     def __init__(
@@ -95,7 +96,6 @@ class OpsService:
         self._thread: threading.Thread | None = None
         self.login_link: Callable[[], str] | None = None
         self.dashboard_address = ""
-        store.write_with(_blobs.ensure_table)
 
     # ----- lifecycle ----------------------------------------------------------------------------
 
@@ -149,8 +149,10 @@ class OpsService:
         limit: int = 50,
         namespace: str | None = None,
         name: str | None = None,
+        *,
+        user: str | None = None,
     ) -> list[dict[str, Any]]:
-        """Jobs newest first: at most ``limit`` (0: all), only ``states`` / ``namespace`` / ``name`` if given."""
+        """Jobs newest first: at most ``limit`` (0: all), only ``states`` / ``namespace`` / ``name`` / ``user`` if given."""
         for state in states or ():
             if state not in _STATES:
                 raise ConfigError(f"unknown job state {state!r}: use one of {', '.join(_STATES)}")
@@ -158,7 +160,7 @@ class OpsService:
             raise ConfigError(f"limit={limit!r} must be a whole number >= 0 (0: no limit)")
         now = self._clock()
         rows = self._store.read_with(
-            lambda cur: _views.job_rows(cur, states=states, limit=limit, namespace=namespace, name=name)
+            lambda cur: _views.job_rows(cur, states=states, limit=limit, namespace=namespace, name=name, user=user)
         )
         out = []
         for job, label in rows:
@@ -167,9 +169,9 @@ class OpsService:
             out.append(data)
         return out
 
-    def find_jobs(self, ref: str) -> list[str]:
-        """The ids ``ref`` names: ``[ref]`` for a job id, else the jobs named ``ref``, newest first."""
-        return self._store.read_with(lambda cur: _views.find_job_ids(cur, ref))
+    def find_jobs(self, ref: str, *, user: str | None = None) -> list[str]:
+        """The ids ``ref`` names: ``[ref]`` for a job id, else the jobs named ``ref``, newest first (of ``user``)."""
+        return self._store.read_with(lambda cur: _views.find_job_ids(cur, ref, user=user))
 
     def job_detail(self, job_id: str) -> dict[str, Any]:
         """One job with every attempt's tasks and its state history; raises NotFound."""
@@ -189,12 +191,15 @@ class OpsService:
         data["children"] = [{"job_id": c.job_id, "state": c.state.value} for c in children]
         return data
 
-    def status(self) -> dict[str, Any]:
-        """The whole cluster at a glance: workers and their resources, jobs by state, actors, queues, health."""
+    def status(self, *, user: str | None = None) -> dict[str, Any]:
+        """The whole cluster at a glance: workers and their resources, jobs by state, actors, queues, health.
+
+        With ``user``, jobs and actors are only that user's (workers and capacity are everybody's).
+        """
         now = self._clock()
 
         def read(cur: Any) -> tuple[list[dict[str, Any]], dict[str, int], list[dict[str, Any]]]:
-            return _views.worker_rows(cur, now), _views.job_counts(cur), _views.actor_rows(cur)
+            return _views.worker_rows(cur, now), _views.job_counts(cur, user), _views.actor_rows(cur, user)
 
         workers, counts, actors = self._store.read_with(read)
         alive = [w for w in workers if w["state"] == "alive"]
@@ -212,17 +217,17 @@ class OpsService:
         }
 
     def health(self) -> dict[str, Any]:
-        """The controller's own state: address, uptime, database, retention, read-only flag (when it has one)."""
-        read_only = getattr(self._controller, "read_only", None)
-        if callable(read_only):
-            read_only = read_only()
+        """The controller's own state: address, uptime, database, retention, and whether it is read-only (and why)."""
+        storage: dict[str, Any] = dict(self._controller.health()) if self._controller is not None else {}
         return {
             "address": self.address,
             "dashboard": self.dashboard_address,
             "uptime_seconds": max(0.0, self._clock() - self._started_at),
             "database": self._store.path,
             "schema_version": self._store.schema_version,
-            "read_only": bool(read_only) if read_only is not None else None,
+            "read_only": storage.get("read_only"),
+            "read_only_reason": storage.get("reason", ""),
+            "free_bytes": storage.get("free_bytes"),
             "retention": {"max_age_seconds": self.retention.max_age_seconds, "max_jobs": self.retention.max_jobs},
         }
 
@@ -266,6 +271,18 @@ class OpsService:
         if data is None:
             raise NotFound(f"no blob {digest!r} on this controller (pruned, or never uploaded)")
         return data
+
+    def serve_dashboard(self, token: bytes, host: str, port: int) -> Any:
+        """Start the web dashboard on this API (log-in with ``token``); None without the dashboard extra."""
+        try:
+            from fray.dashboard import Dashboard  # optional: needs fray[dashboard]
+        except ImportError as exc:
+            logger.warning("no dashboard: %s (install it with: pip install 'fray[dashboard]')", exc)
+            return None
+        dashboard = Dashboard(self, token, host, port).start()
+        self.login_link = dashboard.login_link
+        self.dashboard_address = dashboard.address
+        return dashboard
 
     def dashboard_login(self) -> str:
         """A one-time URL that logs a browser in to the dashboard ("" when no dashboard runs)."""

@@ -181,13 +181,20 @@ class TaskRecord:
 
 @dataclass(frozen=True)
 class WorkerRecord:
-    """A registered worker: what it offers and what the controller last heard from it."""
+    """A registered worker: what it offers and what the controller last heard from it.
+
+    ``epoch`` counts its registrations: reports and polls must name the current one.
+    ``health`` is empty while the worker can run tasks; otherwise it says why it cannot,
+    and the scheduler gives it nothing new until the worker reports it has recovered.
+    """
 
     info: WorkerInfo
     address: str
     state: WorkerState
     registered_at: float
     last_heartbeat: float
+    epoch: int = 0
+    health: str = ""
 
 
 @dataclass(frozen=True)
@@ -253,7 +260,7 @@ class JobShape(Protocol):
     @property
     def name(self) -> str: ...
     @property
-    def resources(self) -> ResourceConfig: ...
+    def resources(self) -> ResourceConfig | TaskResources: ...
     @property
     def replicas(self) -> int: ...
     @property

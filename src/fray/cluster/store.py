@@ -29,14 +29,14 @@ from __future__ import annotations
 import os
 import secrets
 import sqlite3
-import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import TypeVar
 
 from fray._lifecycle import Failure
 from fray.cluster import _tables
-from fray.cluster._change import STALE, Change, reported_failure
+from fray.cluster._change import STALE, Change
+from fray.cluster._database import Database
 from fray.cluster._schema import (
     ACTIVE,
     JOB_COLS,
@@ -46,6 +46,7 @@ from fray.cluster._schema import (
     create_or_migrate,
     job_from,
     read_job,
+    read_pending,
     read_scheduler_input,
     read_task,
     read_tasks,
@@ -72,7 +73,7 @@ from fray.cluster.records import (
     check_task_transition,
     check_worker_transition,
 )
-from fray.cluster.scheduler import SchedulingDecision
+from fray.cluster.scheduler import PendingJob, SchedulingDecision
 from fray.errors import NotFound, StoreError
 from fray.job import JobStatus, validate_name
 
@@ -106,24 +107,15 @@ class ClusterStore:
         self.path = os.fspath(path)
         self.credit_policy = credit_policy or CreditPolicy()
         self.max_log_lines_per_task = max_log_lines_per_task
-        # One connection, serialized by a lock: SQLite allows one writer anyway, and this
-        # keeps every method's transaction from interleaving with another thread's.
-        self._lock = threading.RLock()
-        self._in_batch = False
-        self._conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=30.0)
-        mode = self._conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-        if str(mode).lower() != "wal":
-            raise StoreError(f"{self.path}: could not switch the database to WAL mode (got {mode!r})")
-        self._conn.execute(f"PRAGMA synchronous={synchronous.upper()}")
-        self._conn.execute("PRAGMA busy_timeout=30000")
+        self._db = Database(self.path, synchronous)
         self._init_schema()
+        self._db.make_private()
 
     # -- plumbing -------------------------------------------------------------------------
 
     def close(self) -> None:
         """Close the database connection."""
-        with self._lock:
-            self._conn.close()
+        self._db.close()
 
     def __enter__(self) -> ClusterStore:
         return self
@@ -131,79 +123,19 @@ class ClusterStore:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    @contextmanager
-    def _txn(self) -> Iterator[sqlite3.Cursor]:
-        """One write transaction: everything inside commits together or not at all.
-
-        Inside :meth:`batch` it is a savepoint instead, so that each call stays atomic
-        (a call that raises leaves no trace) while the batch commits once.
-        """
-        with self._lock:
-            cur = self._conn.cursor()
-            if self._in_batch:
-                cur.execute("SAVEPOINT call")
-                try:
-                    yield cur
-                except BaseException:
-                    cur.execute("ROLLBACK TO call")
-                    cur.execute("RELEASE call")
-                    raise
-                cur.execute("RELEASE call")
-                return
-            cur.execute("BEGIN IMMEDIATE")
-            try:
-                yield cur
-            except BaseException:
-                cur.execute("ROLLBACK")
-                raise
-            cur.execute("COMMIT")
-
-    @contextmanager
-    def _read(self) -> Iterator[sqlite3.Cursor]:
-        """A read transaction: several SELECTs see one snapshot."""
-        with self._lock:
-            cur = self._conn.cursor()
-            if self._in_batch:
-                yield cur
-                return
-            cur.execute("BEGIN")
-            try:
-                yield cur
-            finally:
-                cur.execute("COMMIT")
-
-    @contextmanager
-    def batch(self) -> Iterator[None]:
-        """Run several calls as one transaction: one commit for, say, all reports of one worker heartbeat.
-
-        Each call inside stays atomic on its own (a call that raises is undone, and the
-        batch goes on if the caller catches the error); the batch commits when the
-        block ends normally and is rolled back entirely if an exception leaves it.
-        Other threads wait until the batch ends. Batches do not nest.
-        """
-        with self._lock:
-            if self._in_batch:
-                raise StoreError("ClusterStore.batch() does not nest")
-            self._conn.execute("BEGIN IMMEDIATE")
-            self._in_batch = True
-            try:
-                yield
-            except BaseException:
-                self._in_batch = False
-                self._conn.execute("ROLLBACK")
-                raise
-            self._in_batch = False
-            self._conn.execute("COMMIT")
+    def batch(self) -> AbstractContextManager[None]:
+        """Run several calls as one transaction (see :meth:`Database.batch`)."""
+        return self._db.batch()
 
     def _init_schema(self) -> None:
-        with self._txn() as cur:
+        with self._db.txn() as cur:
             create_or_migrate(cur, self.path)
 
     @property
     def schema_version(self) -> int:
         """The schema version stored in the file."""
-        with self._lock:
-            return int(self._conn.execute("SELECT version FROM schema_version").fetchone()[0])
+        with self._db.locked():
+            return int(self._db.conn.execute("SELECT version FROM schema_version").fetchone()[0])
 
     # -- jobs ------------------------------------------------------------------------------
 
@@ -235,7 +167,7 @@ class ClusterStore:
             raise StoreError("a job needs a non-empty user")
         if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
             raise StoreError(f"replicas={replicas!r} must be a whole number >= 1")
-        with self._txn() as cur:
+        with self._db.txn() as cur:
             if parent_id is not None:
                 parent = read_job(cur, parent_id)
                 if parent.state.finished:
@@ -299,7 +231,9 @@ class ClusterStore:
             name=request.name,
             user=user,
             request=request_bytes,
-            resources=TaskResources.from_config(request.resources),
+            resources=request.resources
+            if isinstance(request.resources, TaskResources)
+            else TaskResources.from_config(request.resources),
             now=now,
             replicas=request.replicas,
             max_retries_failure=request.max_retries_failure,
@@ -311,13 +245,23 @@ class ClusterStore:
 
     def get_job(self, job_id: str) -> JobRecord:
         """The job ``job_id``; raises :class:`NotFound`."""
-        with self._lock:
-            return read_job(self._conn.cursor(), job_id)
+        with self._db.locked():
+            return read_job(self._db.conn.cursor(), job_id)
+
+    def job_states(self, job_ids: Sequence[str]) -> dict[str, str]:
+        """The state of each of ``job_ids`` (a missing id is left out), in one read."""
+        states: dict[str, str] = {}
+        with self._db.read() as cur:
+            for start in range(0, len(job_ids), 900):
+                chunk = job_ids[start : start + 900]
+                marks = ", ".join("?" * len(chunk))
+                states.update(cur.execute(f"SELECT id, state FROM jobs WHERE id IN ({marks})", chunk).fetchall())
+        return states
 
     def job_request(self, job_id: str) -> bytes:
         """The opaque request bytes given at submission."""
-        with self._lock:
-            row = self._conn.execute("SELECT request FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        with self._db.locked():
+            row = self._db.conn.execute("SELECT request FROM jobs WHERE id = ?", (job_id,)).fetchone()
         if row is None:
             raise NotFound(f"no job {job_id!r}")
         return bytes(row[0])
@@ -343,8 +287,8 @@ class ClusterStore:
             clauses.append("user_name = ?")
             params.append(user)
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-        with self._lock:
-            rows = self._conn.execute(f"SELECT {JOB_COLS} FROM jobs {where} ORDER BY seq", params).fetchall()
+        with self._db.locked():
+            rows = self._db.conn.execute(f"SELECT {JOB_COLS} FROM jobs {where} ORDER BY seq", params).fetchall()
         return [job_from(r) for r in rows]
 
     def get_tasks(self, job_id: str, attempt: int | None = None) -> list[TaskRecord]:
@@ -353,18 +297,18 @@ class ClusterStore:
         A PENDING task carries its job's pending reason: a gang is placed as a unit, so
         all its tasks wait for the same reason.
         """
-        with self._read() as cur:
+        with self._db.read() as cur:
             job = read_job(cur, job_id)
             return [with_reason(t, job) for t in read_tasks(cur, job_id, job.attempt if attempt is None else attempt)]
 
     def get_task(self, key: TaskKey) -> TaskRecord:
         """One task attempt (with its pending reason, see :meth:`get_tasks`); raises :class:`NotFound`."""
-        with self._read() as cur:
+        with self._db.read() as cur:
             return with_reason(read_task(cur, key), read_job(cur, key.job_id))
 
     def terminate_job(self, job_id: str, now: float, reason: str = "terminated") -> Effects:
         """Stop ``job_id`` and all its unfinished descendants; a no-op (not applied) on a finished job."""
-        with self._txn() as cur:
+        with self._db.txn() as cur:
             job = read_job(cur, job_id)
             if job.state.finished:
                 return STALE
@@ -374,67 +318,90 @@ class ClusterStore:
 
     # -- scheduling ------------------------------------------------------------------------
 
-    def scheduler_input(self) -> SchedulerInput:
-        """Pending jobs, alive workers, capacity-holding tasks and balances, from one snapshot."""
-        with self._read() as cur:
-            return read_scheduler_input(cur)
+    def scheduler_input(self, *, pending: bool = True) -> SchedulerInput:
+        """Pending jobs, alive workers, capacity-holding tasks and balances, from one snapshot.
 
-    def apply_decision(self, decision: SchedulingDecision, now: float) -> list[TaskRecord]:
+        ``pending=False`` leaves the pending jobs out (a controller that keeps them in memory).
+        """
+        with self._db.read() as cur:
+            return read_scheduler_input(cur, pending=pending)
+
+    def pending_jobs(self) -> list[tuple[PendingJob, str]]:
+        """Every PENDING job as the scheduler sees it, with its stored pending reason, in submission order."""
+        with self._db.read() as cur:
+            return read_pending(cur)
+
+    def pending_job(self, job_id: str) -> PendingJob | None:
+        """The scheduler's view of ``job_id`` if it is PENDING, else None."""
+        with self._db.read() as cur:
+            found = read_pending(cur, job_id)
+        return found[0][0] if found else None
+
+    def apply_decision(
+        self, decision: SchedulingDecision, now: float, reasons: Mapping[str, str] | None = None
+    ) -> list[TaskRecord]:
         """Record a scheduling pass in one transaction; return the newly ASSIGNED tasks.
 
         An assignment is skipped (left for the next pass) if its job is no longer
         pending or one of its workers is no longer alive, since either may have
         changed after the snapshot the decision was computed from. Pending reasons
-        are written only where they changed.
+        are written only where they changed; ``reasons`` (job id -> reason), when given,
+        replaces the decision's own, so a caller that knows which changed writes only those.
         """
-        assigned: list[TaskRecord] = []
-        with self._txn() as cur:
-            alive = {r[0] for r in cur.execute("SELECT id FROM workers WHERE state = 'alive'")}
-            for assignment in decision.assignments:
-                job = read_job(cur, assignment.job_id)
-                if job.state != JobStatus.PENDING or not set(assignment.worker_ids) <= alive:
-                    continue
-                if len(assignment.worker_ids) != job.task_count:
-                    raise StoreError(
-                        f"assignment for {job.job_id} names {len(assignment.worker_ids)} workers; "
-                        f"the job has {job.task_count} tasks"
-                    )
-                tasks = read_tasks(cur, job.job_id, job.attempt)
-                for task in tasks:
-                    check_task_transition(task.state, TaskState.ASSIGNED)
-                cur.executemany(
-                    "UPDATE tasks SET state = 'assigned', worker_id = ?, assigned_at = ? "
-                    "WHERE job_id = ? AND attempt = ? AND task_index = ?",
-                    [(w, now, job.job_id, job.attempt, i) for i, w in enumerate(assignment.worker_ids)],
+        with self._db.txn() as cur:
+            return self._change(cur, now).assign(decision, reasons)
+
+    def submit_many(
+        self,
+        requests: Sequence[tuple[JobShape, bytes]],
+        *,
+        user: str,
+        now: float,
+        parent_id: str | None = None,
+        namespace: str | None = None,
+        labels: Sequence[str] | None = None,
+    ) -> list[JobRecord]:
+        """:meth:`submit_request` for each ``(request, request_bytes)``, all in one transaction (all or none)."""
+        labels = labels or [""] * len(requests)
+        with self._db.batch():
+            return [
+                self.submit_request(
+                    request, data, user=user, now=now, parent_id=parent_id, namespace=namespace, label=label
                 )
-                self._change(cur, now).set_job_state(job, JobStatus.RUNNING, started_at=now, pending_reason="")
-                assigned.extend(read_tasks(cur, job.job_id, job.attempt))
-            cur.executemany(
-                "UPDATE jobs SET pending_reason = ? WHERE id = ? AND state = 'pending' AND pending_reason != ?",
-                [(r.message, job_id, r.message) for job_id, r in decision.pending.items()],
-            )
-        return assigned
+                for (request, data), label in zip(requests, labels, strict=True)
+            ]
 
     # -- task reports ----------------------------------------------------------------------
 
     def _change(self, cur: sqlite3.Cursor, now: float) -> Change:
         return Change(cur, now, self.credit_policy)
 
-    def _current(self, cur: sqlite3.Cursor, key: TaskKey) -> tuple[JobRecord, TaskRecord] | None:
-        """The job and task for a report, or None if the report is stale."""
-        task = read_task(cur, key)
+    def _current(
+        self, cur: sqlite3.Cursor, key: TaskKey, worker_id: str | None = None
+    ) -> tuple[JobRecord, TaskRecord] | None:
+        """The job and task for a report, or None if the report is stale.
+
+        With ``worker_id``, a report about a task that is not (any more) on that worker is
+        stale too: a fenced worker's outcomes are never accepted.
+        """
+        try:
+            task = read_task(cur, key)
+        except NotFound:
+            return None  # never known here (e.g. a worker of another cluster state): nothing to record
         job = read_job(cur, key.job_id)
         if task.state.finished or task.attempt != job.attempt or job.state != JobStatus.RUNNING:
             return None
+        if worker_id is not None and task.worker_id != worker_id:
+            return None
         return job, task
 
-    def mark_task_running(self, key: TaskKey, now: float) -> bool:
+    def mark_task_running(self, key: TaskKey, now: float, worker_id: str | None = None) -> bool:
         """The worker started ``key``. False if the report is stale (the task already ended or was retried).
 
         Repeating the report is harmless. Billing of the task's usage starts now.
         """
-        with self._txn() as cur:
-            current = self._current(cur, key)
+        with self._db.txn() as cur:
+            current = self._current(cur, key, worker_id)
             if current is None:
                 return False
             _, task = current
@@ -448,34 +415,28 @@ class ClusterStore:
             )
             return True
 
-    def mark_task_exited(self, key: TaskKey, exit_code: int, now: float, failure: bytes | None = None) -> Effects:
+    def mark_task_exited(
+        self, key: TaskKey, exit_code: int, now: float, failure: bytes | None = None, worker_id: str | None = None
+    ) -> Effects:
         """The task's process exited with ``exit_code``; ``failure`` says why (a :class:`~fray._lifecycle.Failure`, encoded).
 
         0: the task SUCCEEDED, and the job too once all its tasks have. Anything else:
         the task FAILED and the gang is retried under the failure budget (or the job
-        FAILS when that is used up). Stale reports return ``Effects(applied=False)``.
+        FAILS when that is used up). Stale reports return ``Effects(applied=False)``:
+        a task that already ended (the outcome is recorded once, however often it is
+        reported), an older attempt, or -- with ``worker_id`` -- a task no longer on that worker.
         """
-
-        def exited(change: Change, job: JobRecord, task: TaskRecord) -> None:
-            if exit_code != 0:
-                reason = reported_failure(failure, key.task_index, exit_code)
-                change.gang_fail(job, task, TaskState.FAILED, reason, exit_code=exit_code)
-                return
-            change.end_task(job, task, TaskState.SUCCEEDED, exit_code=0)
-            left = change.cur.execute(
-                "SELECT COUNT(*) FROM tasks WHERE job_id = ? AND attempt = ? AND state != 'succeeded'",
-                (job.job_id, job.attempt),
-            ).fetchone()[0]
-            if left == 0:
-                change.finish_job(job, JobStatus.SUCCEEDED)
-
-        return self._change_current_task(key, now, exited)
+        with self._db.txn() as cur:
+            change = self._change(cur, now)
+            if not change.record_exit(self._current(cur, key, worker_id), exit_code, failure):
+                return STALE
+            return change.effects()
 
     def _change_current_task(
         self, key: TaskKey, now: float, act: Callable[[Change, JobRecord, TaskRecord], None]
     ) -> Effects:
         """``act`` on the job and task a report is about, in one transaction; a stale report changes nothing."""
-        with self._txn() as cur:
+        with self._db.txn() as cur:
             current = self._current(cur, key)
             if current is None:
                 return STALE
@@ -485,16 +446,24 @@ class ClusterStore:
 
     def job_failure(self, job_id: str) -> bytes | None:
         """The final failure of a FAILED job (a :class:`~fray._lifecycle.Failure`, encoded); None otherwise."""
-        with self._lock:
-            row = self._conn.execute("SELECT failure FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        with self._db.locked():
+            row = self._db.conn.execute("SELECT failure FROM jobs WHERE id = ?", (job_id,)).fetchone()
         if row is None:
             raise NotFound(f"no job {job_id!r}")
         return None if row[0] is None else bytes(row[0])
 
+    def namespace_owner(self, namespace: str) -> str | None:
+        """The user of the first job submitted in ``namespace`` (None if it has none): who owns the namespace."""
+        with self._db.locked():
+            row = self._db.conn.execute(
+                "SELECT user_name FROM jobs WHERE namespace = ? ORDER BY seq LIMIT 1", (namespace,)
+            ).fetchone()
+        return None if row is None else str(row[0])
+
     def live_job_with_label(self, namespace: str, label: str) -> str | None:
         """The id of an unfinished job in ``namespace`` whose label is ``label``, if there is one."""
-        with self._lock:
-            row = self._conn.execute(
+        with self._db.locked():
+            row = self._db.conn.execute(
                 "SELECT id FROM jobs WHERE namespace = ? AND label = ? AND state IN ('pending', 'running') LIMIT 1",
                 (namespace, label),
             ).fetchone()
@@ -509,22 +478,48 @@ class ClusterStore:
 
     # -- workers ---------------------------------------------------------------------------
 
-    def register_worker(self, info: WorkerInfo, address: str, now: float, running: Iterable[TaskKey] = ()) -> Effects:
-        """A worker (re)joined, reporting the tasks it is running; reconcile with what the store expects.
+    def register_worker(
+        self,
+        info: WorkerInfo,
+        address: str,
+        now: float,
+        running: Iterable[TaskKey] = (),
+        exited: Iterable[tuple[TaskKey, int, bytes | None]] = (),
+    ) -> Effects:
+        """A worker (re)joined, reporting the tasks it runs and those that exited unreported; reconcile.
 
-        Tasks the worker runs but the store does not expect there (they were lost,
-        retried or killed while it was away) get kill orders. Tasks the store has as
-        RUNNING there but the worker does not report are lost (gang retry). ASSIGNED
+        The registration starts a new *epoch* of the worker (see :meth:`worker_epoch`). The
+        exits (``(key, exit_code, failure)``) are recorded first, exactly as reports would
+        be -- only for tasks still current on this worker, so a fenced worker's outcomes
+        are ignored. Then tasks the worker runs but the store does not expect there (they
+        were lost, retried or killed while it was away) get kill orders; tasks the store
+        has as RUNNING there but the worker does not report are lost (gang retry); ASSIGNED
         tasks it does not report are left alone: the controller should resend them.
         """
-        with self._txn() as cur:
+        with self._db.txn() as cur:
             row = cur.execute("SELECT state, registered_at FROM workers WHERE id = ?", (info.worker_id,)).fetchone()
             if row is not None:
                 check_worker_transition(WorkerState(row[0]), WorkerState.ALIVE)
             write_worker(cur, info, address, now)
             change = self._change(cur, now)
+            for key, exit_code, failure in exited:
+                change.record_exit(self._current(cur, key, info.worker_id), exit_code, failure)
             change.reconcile(info.worker_id, set(running))
             return change.effects()
+
+    def set_worker_health(self, worker_id: str, health: str) -> bool:
+        """Record why ``worker_id`` cannot take tasks ("" once it can again); True if that changed anything."""
+        with self._db.txn() as cur:
+            return (
+                cur.execute(
+                    "UPDATE workers SET health = ? WHERE id = ? AND health != ?", (health, worker_id, health)
+                ).rowcount
+                == 1
+            )
+
+    def worker_epoch(self, worker_id: str) -> int:
+        """The worker's current epoch (its registration count); raises :class:`NotFound`."""
+        return self.get_worker(worker_id).epoch
 
     def reconcile_worker(self, worker_id: str, running: Iterable[TaskKey], now: float) -> Effects:
         """Compare an alive worker's list of running tasks with the store (see :meth:`register_worker`)."""
@@ -532,7 +527,7 @@ class ClusterStore:
 
     def _change_alive_worker(self, worker_id: str, now: float, act: Callable[[Change], None]) -> Effects:
         """``act`` on ``worker_id`` in one transaction if it is alive (else stale); NotFound if unknown."""
-        with self._txn() as cur:
+        with self._db.txn() as cur:
             row = cur.execute("SELECT state FROM workers WHERE id = ?", (worker_id,)).fetchone()
             if row is None:
                 raise NotFound(f"no worker {worker_id!r}")
@@ -542,17 +537,27 @@ class ClusterStore:
             act(change)
             return change.effects()
 
-    def heartbeat(self, worker_id: str, now: float) -> bool:
-        """Record that ``worker_id`` is alive. False if it is unknown or was declared lost (it must re-register)."""
-        with self._lock:
-            cur = self._conn.execute(
-                "UPDATE workers SET last_heartbeat = ? WHERE id = ? AND state = 'alive'", (now, worker_id)
-            )
+    def heartbeat(self, worker_id: str, now: float, epoch: int | None = None) -> bool:
+        """Record that ``worker_id`` is alive. False if it is unknown or was declared lost (it must re-register).
+
+        With ``epoch``, also False when the worker registered again since (the caller is
+        fenced: it speaks for an epoch that has ended).
+        """
+        with self._db.locked():
+            if epoch is None:
+                cur = self._db.conn.execute(
+                    "UPDATE workers SET last_heartbeat = ? WHERE id = ? AND state = 'alive'", (now, worker_id)
+                )
+            else:
+                cur = self._db.conn.execute(
+                    "UPDATE workers SET last_heartbeat = ? WHERE id = ? AND state = 'alive' AND epoch = ?",
+                    (now, worker_id, epoch),
+                )
             return cur.rowcount == 1
 
     def expire_workers(self, now: float, timeout: float) -> Effects:
         """Declare lost every alive worker not heard from for more than ``timeout`` seconds; retry their gangs."""
-        with self._txn() as cur:
+        with self._db.txn() as cur:
             stale = [
                 r[0]
                 for r in cur.execute(
@@ -576,20 +581,20 @@ class ClusterStore:
         Call once when the controller starts on an existing file, so that workers get a
         full timeout to reconnect instead of being expired for the controller's downtime.
         """
-        with self._txn() as cur:
+        with self._db.txn() as cur:
             return cur.execute("UPDATE workers SET last_heartbeat = ? WHERE state = 'alive'", (now,)).rowcount
 
     def list_workers(self, *, alive_only: bool = False) -> list[WorkerRecord]:
         """Registered workers by id."""
         where = "WHERE state = 'alive'" if alive_only else ""
-        with self._lock:
-            rows = self._conn.execute(f"SELECT {WORKER_COLS} FROM workers {where} ORDER BY id").fetchall()
+        with self._db.locked():
+            rows = self._db.conn.execute(f"SELECT {WORKER_COLS} FROM workers {where} ORDER BY id").fetchall()
         return [worker_from(r) for r in rows]
 
     def get_worker(self, worker_id: str) -> WorkerRecord:
         """The worker ``worker_id`` (alive or lost); raises :class:`NotFound`."""
-        with self._lock:
-            row = self._conn.execute(
+        with self._db.locked():
+            row = self._db.conn.execute(
                 f"SELECT {WORKER_COLS} FROM workers WHERE id = ?",
                 (worker_id,),
             ).fetchone()
@@ -599,8 +604,8 @@ class ClusterStore:
 
     def tasks_on_worker(self, worker_id: str) -> list[TaskRecord]:
         """The tasks currently assigned to or running on ``worker_id``."""
-        with self._lock:
-            rows = self._conn.execute(
+        with self._db.locked():
+            rows = self._db.conn.execute(
                 f"SELECT {TASK_COLS} FROM tasks WHERE worker_id = ? AND state IN (?, ?) "
                 "ORDER BY job_id, attempt, task_index",
                 (worker_id, *ACTIVE),
@@ -616,7 +621,7 @@ class ClusterStore:
         tasks may register the same name. False (nothing stored) if the task has
         already ended, so an endpoint never outlives its task.
         """
-        with self._txn() as cur:
+        with self._db.txn() as cur:
             current = self._current(cur, task)
             if current is None:
                 return False
@@ -630,12 +635,12 @@ class ClusterStore:
 
     def list_endpoints(self, namespace: str, prefix: str = "") -> list[Endpoint]:
         """Endpoints in ``namespace`` whose name starts with ``prefix``, by name then registration."""
-        with self._lock:
-            return _tables.list_endpoints(self._conn.cursor(), namespace, prefix)
+        with self._db.locked():
+            return _tables.list_endpoints(self._db.conn.cursor(), namespace, prefix)
 
     def remove_endpoint(self, namespace: str, name: str, task: TaskKey | None = None) -> int:
         """Remove ``name`` from ``namespace`` (only ``task``'s registration if given); return how many."""
-        with self._txn() as cur:
+        with self._db.txn() as cur:
             return _tables.remove_endpoint(cur, namespace, name, task)
 
     # -- logs ------------------------------------------------------------------------------
@@ -644,7 +649,7 @@ class ClusterStore:
         """Append output lines of ``task``; beyond ``max_log_lines_per_task`` the oldest are dropped."""
         if not lines:
             return
-        with self._txn() as cur:
+        with self._db.txn() as cur:
             _tables.append_logs(cur, task, lines, self.max_log_lines_per_task)
 
     def read_logs(self, job_id: str, *, after_id: int = 0, last: int | None = None) -> list[LogLine]:
@@ -652,19 +657,19 @@ class ClusterStore:
 
         Pass the last ``line_id`` seen as ``after_id`` to follow the output.
         """
-        with self._lock:
-            return _tables.read_logs(self._conn.cursor(), job_id, after_id, last)
+        with self._db.locked():
+            return _tables.read_logs(self._db.conn.cursor(), job_id, after_id, last)
 
     # -- credit ----------------------------------------------------------------------------
 
     def credits(self) -> dict[str, float]:
         """Every known user's current balance (as of the last :meth:`accrue_credits`)."""
-        with self._lock:
-            return {name: balance for name, balance in self._conn.execute("SELECT name, balance FROM users")}
+        with self._db.locked():
+            return {name: balance for name, balance in self._db.conn.execute("SELECT name, balance FROM users")}
 
     def set_credit(self, user: str, balance: float, now: float) -> None:
         """Set ``user``'s balance (an operator's grant or correction)."""
-        with self._txn() as cur:
+        with self._db.txn() as cur:
             _tables.ensure_user(cur, user, now, self.credit_policy.initial_credit)
             cur.execute("UPDATE users SET balance = ?, updated_at = ? WHERE name = ?", (balance, now, user))
 
@@ -674,7 +679,7 @@ class ClusterStore:
         Call it periodically (e.g. once per scheduling pass); a task that ends is
         billed to its end at once.
         """
-        with self._txn() as cur:
+        with self._db.txn() as cur:
             return _tables.accrue_credits(cur, now, self.credit_policy)
 
     # -- checking ----------------------------------------------------------------------------
@@ -684,17 +689,17 @@ class ClusterStore:
 
         Cheap enough to run once at controller start-up; the tests run it after every step.
         """
-        with self._read() as cur:
+        with self._db.read() as cur:
             return _tables.check_invariants(cur)
 
     # -- extensions ----------------------------------------------------------------------------
 
     def read_with(self, query: Callable[[sqlite3.Cursor], _T]) -> _T:
         """Run ``query`` on one consistent read snapshot (read models living in their own modules)."""
-        with self._read() as cur:
+        with self._db.read() as cur:
             return query(cur)
 
     def write_with(self, change: Callable[[sqlite3.Cursor], _T]) -> _T:
         """Run ``change`` in one write transaction (maintenance living in its own module, e.g. retention)."""
-        with self._txn() as cur:
+        with self._db.txn() as cur:
             return change(cur)

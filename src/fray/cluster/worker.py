@@ -1,24 +1,30 @@
 """The worker daemon: registers with the controller, runs tasks as processes, reports back.
 
-Three loops: the *command* loop long-polls the controller and starts or kills
-tasks; the *report* loop sends task starts, exits and log lines as soon as there
-are any (and a heartbeat when there are none); one thread per task reads its
-output and waits for it to exit. When the controller goes away, tasks keep
-running and the worker reconnects, re-registers with the tasks it still runs, and
-obeys the controller's verdict on each (kill the ones it no longer wants).
+Three loops, none of which may die (each catches, logs and carries on after anything):
+
+* the *command* loop registers, long-polls the controller and starts or kills tasks;
+* the *report* loop sends task starts, exits and log lines as soon as there are any
+  (and a heartbeat when there are none);
+* the *lease* loop renews the worker's lease with its fork server several times a
+  second, so that tasks of a frozen worker are killed before the controller replaces
+  them (see :mod:`fray.cluster._forkserver`).
+
+One thread per task reads its output and waits for it to exit.
+
+Exactly-once completion: a task's exit goes into the durable :class:`OutcomeJournal`
+first, and leaves it only when the controller has recorded it -- through a report, or
+through a registration, which always carries every unacknowledged outcome along with
+the tasks still running. Registrations and reports never overlap (one session lock), and
+each names the worker's *epoch*: the controller refuses the reports of an epoch it has
+ended (a worker it declared lost), so a stale outcome is never accepted.
 """
 
 from __future__ import annotations
 
 import collections
-import contextlib
-import ctypes
-import ctypes.util
-import json
 import logging
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -26,35 +32,34 @@ import threading
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from fray._lifecycle import Failure
 from fray._process import kill_process_group
 from fray.cluster._environments import prepare as prepare_environment
+from fray.cluster._journal import OutcomeJournal
+from fray.cluster._launch import ForkedProcess, ForkServer, die_with_worker
 from fray.cluster.capacity import Device, WorkerInfo
-from fray.cluster.controller_client import controller_client
+from fray.cluster.controller_client import CredentialLike, controller_client, resolve_credential
 from fray.cluster.messages import TaskAssignment, TaskExit, WorkerCommands, WorkerReport
 from fray.cluster.records import TaskKey
 from fray.errors import FrayError
 from fray.job import JobInfo, replica_env
-from fray.rpc.namespace import default_token
 
-__all__ = ["Worker"]
+__all__ = ["LAST_OUTPUT_LINES", "Worker"]
 
 #: How many of a failed task's last output lines its failure message quotes.
 LAST_OUTPUT_LINES = 5
 
 logger = logging.getLogger(__name__)
 
-_PR_SET_PDEATHSIG = 1
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True) if sys.platform == "linux" else None
+_Process = subprocess.Popen[bytes] | ForkedProcess
 
+# A report waits this long after its first event, so a burst of task events costs one report.
+_REPORT_GATHER_SECONDS = 0.003
 
-def _die_with_worker() -> None:
-    # Runs in the child between fork and exec: if the worker is killed (even with
-    # SIGKILL), its tasks die too instead of running on as orphans the controller
-    # has already rescheduled elsewhere.
-    if _libc is not None:
-        _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+# The worker's own secrets, which its tasks must not inherit.
+_SECRETS = frozenset({"FRAY_TOKEN", "FRAY_CREDENTIAL"})
 
 
 def _total_memory() -> int:
@@ -64,145 +69,124 @@ def _total_memory() -> int:
         return 8 << 30
 
 
-class _ForkedProcess:
-    """A task forked by the fork server: the parts of ``Popen`` the worker uses."""
-
-    def __init__(self, pid: int, output: int) -> None:
-        self.pid = pid
-        self.stdout = os.fdopen(output, "rb")
-        self._exited = threading.Event()
-        self.returncode: int | None = None
-
-    def _set_exit(self, code: int) -> None:
-        self.returncode = code
-        self._exited.set()
-
-    def poll(self) -> int | None:
-        return self.returncode
-
-    def wait(self, timeout: float | None = None) -> int:
-        if not self._exited.wait(timeout):
-            raise subprocess.TimeoutExpired(f"task {self.pid}", timeout or 0.0)
-        assert self.returncode is not None
-        return self.returncode
-
-
-class _ForkServer:
-    """The worker's end of :mod:`fray.cluster._forkserver`: asks it to fork tasks, hears of their exits."""
-
-    def __init__(self) -> None:
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "fray.cluster._forkserver", str(theirs.fileno())],
-            pass_fds=(theirs.fileno(),),
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            preexec_fn=_die_with_worker,
-        )
-        theirs.close()
-        self._sock = ours
-        self._lock = threading.Lock()
-        self._ids = iter(range(1, 1 << 62))
-        # Launches waiting for their fork: id -> (fork done, output read end, the process once forked).
-        self._waiting: dict[str, tuple[threading.Event, int, list[_ForkedProcess]]] = {}
-        self._children: dict[str, _ForkedProcess] = {}
-        self.alive = True
-        threading.Thread(target=self._read, name="fray-forkserver", daemon=True).start()
-
-    def launch(self, payload: str, failure: str, env: dict[str, str], cwd: str) -> _ForkedProcess:
-        """Fork a task process; raises OSError if the fork server is gone."""
-        read_end, write_end = os.pipe()
-        forked: list[_ForkedProcess] = []
-        done = threading.Event()
-        with self._lock:
-            task = str(next(self._ids))
-            self._waiting[task] = (done, read_end, forked)
-        line = json.dumps({"id": task, "payload": payload, "failure": failure, "env": env, "cwd": cwd}) + "\n"
-        try:
-            with self._lock:
-                socket.send_fds(self._sock, [line.encode()], [write_end])
-        except OSError:
-            self.alive = False
-            with self._lock:
-                self._waiting.pop(task, None)
-            os.close(read_end)
-            raise
-        finally:
-            os.close(write_end)
-        if not done.wait(10.0) or not forked:
-            self.alive = False
-            with self._lock:
-                if self._waiting.pop(task, None) is not None:
-                    os.close(read_end)
-            raise OSError("the fork server did not fork the task")
-        return forked[0]
-
-    def _read(self) -> None:
-        with contextlib.suppress(OSError, ValueError):
-            for raw in self._sock.makefile("rb"):
-                message = json.loads(raw)
-                if "started" in message:
-                    with self._lock:
-                        done, output, forked = self._waiting.pop(message["started"])
-                        child = _ForkedProcess(int(message["pid"]), output)
-                        self._children[message["started"]] = child
-                    forked.append(child)
-                    done.set()
-                else:
-                    with self._lock:
-                        exited = self._children.pop(message["exited"], None)
-                    if exited is not None:
-                        exited._set_exit(int(message["code"]))
-        self.alive = False
-        with self._lock:
-            waiting, self._waiting = self._waiting, {}
-            children, self._children = self._children, {}
-        for done, _, _ in waiting.values():
-            done.set()
-        for child in children.values():  # the fork server died, and its children with it
-            child._set_exit(-int(signal.SIGKILL))
-
-    def close(self) -> None:
-        """Stop the fork server (its children die with it)."""
-        with contextlib.suppress(OSError):
-            self._sock.shutdown(socket.SHUT_RDWR)
-        self._sock.close()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self._proc.wait(timeout=5)
-
-
 @dataclass
 class _Task:
     assignment: TaskAssignment
-    proc: subprocess.Popen[bytes] | _ForkedProcess | None
+    proc: _Process | None
     failure_path: Path
     killed: bool = False
 
 
 @dataclass
 class _Pending:
-    """Reports not yet delivered to the controller."""
+    """Starts and log lines not yet delivered (exits live in the journal)."""
 
     started: list[TaskKey] = field(default_factory=list)
-    exited: list[TaskExit] = field(default_factory=list)
     logs: dict[TaskKey, list[str]] = field(default_factory=dict)
 
-    def take(self) -> WorkerReport:
-        report = WorkerReport(list(self.started), list(self.exited), list(self.logs.items()))
+    def take(self) -> tuple[list[TaskKey], list[tuple[TaskKey, list[str]]]]:
+        started, logs = list(self.started), list(self.logs.items())
         self.started.clear()
-        self.exited.clear()
         self.logs.clear()
-        return report
+        return started, logs
 
-    def put_back(self, report: WorkerReport) -> None:
-        self.started[:0] = report.started
-        self.exited[:0] = report.exited
-        for key, lines in report.logs:
+    def put_back(self, started: list[TaskKey], logs: list[tuple[TaskKey, list[str]]]) -> None:
+        self.started[:0] = started
+        for key, lines in logs:
             self.logs.setdefault(key, [])[:0] = lines
+
+
+#: Longest output line stored whole; a longer one keeps its first this many bytes, and a note.
+MAX_LINE_BYTES = 64 * 1024
+#: Output kept per task: the first and the last this many lines (and bytes), with a note of the rest.
+HEAD_LINES = TAIL_LINES = 4_000
+HEAD_BYTES = TAIL_BYTES = 8 << 20
+
+
+class _OutputCap:
+    """Keeps one task's output bounded: long lines cut, and only its head and tail once it is long.
+
+    Lines up to the head budget are passed on as they come; after that, only the most
+    recent ones are kept (a bounded tail), and :meth:`finish` returns a note of what was
+    dropped followed by the tail. Memory never holds more than the tail and one line.
+    """
+
+    def __init__(self) -> None:
+        self._head_lines = 0
+        self._head_bytes = 0
+        self._tail: collections.deque[str] = collections.deque()
+        self._tail_bytes = 0
+        self._dropped_lines = 0
+        self._dropped_bytes = 0
+        self.last_lines: collections.deque[str] = collections.deque(maxlen=LAST_OUTPUT_LINES)
+
+    @property
+    def last(self) -> list[str]:
+        """The task's last few lines, for a failure message."""
+        return list(self.last_lines)
+
+    def read_line(self, stream: Any) -> str | None:
+        """The next line (None at the end), cut to :data:`MAX_LINE_BYTES` with a note of the rest."""
+        raw = stream.readline(MAX_LINE_BYTES + 1)
+        if not raw:
+            return None
+        cut = 0
+        if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+            # An overlong line: its rest is counted as it streams past, never held.
+            cut = len(raw) - MAX_LINE_BYTES
+            raw = raw[:MAX_LINE_BYTES]
+            while more := stream.readline(MAX_LINE_BYTES):
+                ends = more.endswith(b"\n")
+                cut += len(more) - ends
+                if ends:
+                    break
+        line = raw.decode(errors="replace").rstrip("\n")
+        if cut:
+            line += f" [fray: line cut, {cut} more bytes dropped]"
+        self.last_lines.append(line)
+        return line
+
+    def keep(self, line: str) -> bool:
+        """True: pass ``line`` on now (within the head); False: it went to the bounded tail."""
+        size = len(line) + 1
+        if self._head_lines < HEAD_LINES and self._head_bytes + size <= HEAD_BYTES:
+            self._head_lines += 1
+            self._head_bytes += size
+            return True
+        self._tail.append(line)
+        self._tail_bytes += size
+        while len(self._tail) > TAIL_LINES or self._tail_bytes > TAIL_BYTES:
+            dropped = self._tail.popleft()
+            self._tail_bytes -= len(dropped) + 1
+            self._dropped_lines += 1
+            self._dropped_bytes += len(dropped) + 1
+        return False
+
+    def finish(self) -> list[str]:
+        """What is left to pass on at the end: a note of what was dropped, then the tail."""
+        tail = list(self._tail)
+        if self._dropped_lines:
+            note = f"[fray: {self._dropped_lines} lines ({self._dropped_bytes} bytes) of output dropped here]"
+            tail.insert(0, note)
+        return tail
+
+
+def _nul_problem(argv: list[str], env: dict[str, str]) -> str:
+    """Why the task cannot be started because of a NUL byte, or ""."""
+    for i, arg in enumerate(argv):
+        if "\0" in arg:
+            return f"argument {i} of the command contains a NUL byte, which no program can receive"
+    for key, value in env.items():
+        if "\0" in key or "\0" in value:
+            return f"environment variable {key!r} contains a NUL byte"
+    return ""
 
 
 class Worker:
     """Runs the controller's tasks on this machine.
+
+    ``token`` is the worker's credential (default: ``FRAY_CREDENTIAL``, which the
+    launcher sets to the worker credential; the cluster token works too).
 
     Resources default to the machine's (cpu count, physical memory, free disk in
     ``workdir``); ``devices`` and ``attributes`` (``preemptible``, ``region``,
@@ -214,7 +198,7 @@ class Worker:
         self,
         controller: str,
         *,
-        token: str | bytes | None = None,
+        token: CredentialLike = None,
         worker_id: str | None = None,
         cpu: float | None = None,
         ram_bytes: int | None = None,
@@ -226,10 +210,10 @@ class Worker:
         heartbeat: float = 1.0,
     ) -> None:
         self.controller = controller
-        self._token = default_token(token)
         self.worker_id = worker_id or f"worker-{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
         self.workdir = Path(workdir or Path.home() / ".cache" / "fray" / "workers" / self.worker_id)
         self.workdir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.workdir, 0o700)
         self.info = WorkerInfo(
             worker_id=self.worker_id,
             cpu_millis=int((cpu if cpu is not None else os.cpu_count() or 1) * 1000),
@@ -240,22 +224,29 @@ class Worker:
         )
         self._poll_wait = poll_wait
         self._heartbeat = heartbeat
-        self._client = controller_client(controller, token)
+        self._credential = resolve_credential(token)  # also what fetches job workspaces
+        self._client = controller_client(controller, self._credential)
         self._lock = threading.Lock()
+        self._session = threading.Lock()  # registrations and reports never overlap
         self._tasks: dict[TaskKey, _Task] = {}
         self._pending = _Pending()
+        self._journal = OutcomeJournal(self.workdir / "outcomes")
         self._report_ready = threading.Event()
         self._stopping = threading.Event()
         self._registered = False
+        self._epoch = 0
+        self._lease_seconds = 0.0
         self._threads: list[threading.Thread] = []
-        self._forkserver: _ForkServer | None = None
+        self._forkserver: ForkServer | None = None
         self._refused: set[TaskKey] = set()
+        self._health = ""  # why this worker cannot start tasks now ("" when it can)
 
     # ----- lifecycle ----------------------------------------------------------------------------
 
     def start(self) -> Worker:
         """Run the worker in background threads."""
-        for target, name in ((self._command_loop, "commands"), (self._report_loop, "reports")):
+        loops = ((self._command_loop, "commands"), (self._report_loop, "reports"), (self._lease_loop, "lease"))
+        for target, name in loops:
             thread = threading.Thread(target=target, name=f"fray-worker-{name}", daemon=True)
             thread.start()
             self._threads.append(thread)
@@ -294,27 +285,34 @@ class Worker:
         # Task processes are started from this one long-lived thread: the kernel's
         # parent-death signal follows the thread that forked them.
         backoff = 0.05
-        poller = self._client.with_options(timeout=self._poll_wait + 30.0)
-        try:
-            self._forkserver = _ForkServer()  # warm it up before the first task needs it
-        except OSError as exc:
-            logger.warning("cannot start the fork server (%s); tasks start as new processes", exc)
+        poller = self._client.with_timeout(self._poll_wait + 30.0)
+        self._forkserver = self._start_forkserver()
         while not self._stopping.is_set():
             try:
                 if not self._registered:
-                    commands = self._client.register_worker(self.info, self._address(), self.running)
-                    self._registered = True
-                    logger.info("worker %s registered with %s", self.worker_id, self.controller)
+                    commands = self._register()
                 else:
-                    commands = poller.poll(self.worker_id, self._poll_wait)
+                    commands = poller.poll(self.worker_id, self._epoch, self._poll_wait)
                 backoff = 0.05
-            except (FrayError, OSError) as exc:
-                self._registered = False
-                logger.warning("controller %s unreachable (%s); retrying in %.2fs", self.controller, exc, backoff)
+                self._obey(commands)
+            except Exception as exc:  # never dies: an unreachable controller, or a bug of ours
+                logger.warning("controller %s: %s; retrying in %.2fs", self.controller, _describe(exc), backoff)
                 self._stopping.wait(backoff)
                 backoff = min(backoff * 2, 2.0)
-                continue
-            self._obey(commands)
+
+    def _register(self) -> WorkerCommands:
+        """(Re)join with every task still running here and every outcome not acknowledged yet."""
+        with self._session:
+            with self._lock:
+                running = list(self._tasks)
+                exits = self._journal.pending()
+            commands = self._client.register_worker(self.info, self._address(), running, exits)
+            self._journal.acknowledge([e.key for e in exits])
+            self._epoch = commands.epoch
+            self._lease_seconds = commands.lease_seconds
+            self._registered = True
+        logger.info("worker %s registered with %s (epoch %d)", self.worker_id, self.controller, commands.epoch)
+        return commands
 
     def _address(self) -> str:
         return f"{socket.gethostname()}:{os.getpid()}"
@@ -327,8 +325,16 @@ class Worker:
         for assignment in commands.start:
             with self._lock:
                 skip = assignment.key in self._tasks or assignment.key in self._refused
+                skip = skip or assignment.key in self._journal
             if not skip:
-                self._launch(assignment)
+                try:
+                    self._launch(assignment)
+                except Exception as exc:  # a task we cannot start fails; the worker goes on
+                    logger.exception("cannot start task %s", assignment.key)
+                    self._cannot_start(assignment.key, f"the worker could not start the task: {_describe(exc)}")
+                    if isinstance(exc, OSError):  # the machine, not the task: take no more until it recovers
+                        self._health = f"cannot start tasks in {self.workdir}: {_describe(exc)}"
+                        self._report_ready.set()
         for key in commands.kill:
             self._kill(key)
 
@@ -342,14 +348,22 @@ class Worker:
             # confirm, so the controller stops waiting for it.
             with self._lock:
                 self._refused.add(key)
-            self._queue_exit(TaskExit(key, -int(signal.SIGKILL)))
+                known = key in self._journal
+            if not known:
+                self._record_exit(TaskExit(key, -9))
         elif task.proc is not None:
             kill_process_group(task.proc)
+
+    def _cannot_start(self, key: TaskKey, message: str) -> None:
+        with self._lock:
+            self._tasks.pop(key, None)
+        self._queue_logs(key, [f"[fray] {message}"])
+        self._record_exit(TaskExit(key, 127, Failure(message, exit_code=127).encode()))
 
     def _launch(self, assignment: TaskAssignment) -> None:
         key, spec = assignment.key, assignment.spec
         task_dir = self.workdir / "tasks" / f"{key.job_id.replace('/', '__')}-{key.task_index}-{key.attempt}"
-        task_dir.mkdir(parents=True, exist_ok=True)
+        task_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         failure_path = task_dir / "failure.pkl"
         info = JobInfo(
             key.job_id,
@@ -359,77 +373,90 @@ class Worker:
             assignment.namespace,
             key.attempt,
         )
-        # The worker's own variables, then Fray's for this task, then the user's (which win).
-        env = dict(os.environ)
+        # The worker's own variables (never its credential, nor a cluster token), then Fray's
+        # for this task -- the job's own credential and its namespace's actor key -- then the
+        # user's (which win).
+        env = {k: v for k, v in os.environ.items() if k not in _SECRETS}
         env.update(
             FRAY_TASK_INDEX=str(key.task_index),
             FRAY_HOST_INDEX=str(assignment.host_index),
             FRAY_WORKER_ID=self.worker_id,
         )
-        if self._token is not None:
-            env["FRAY_TOKEN"] = self._token.decode()
+        if assignment.credential:
+            env["FRAY_CREDENTIAL"] = assignment.credential
+        if assignment.actor_token:
+            env["FRAY_TOKEN"] = assignment.actor_token
         env.update(replica_env(info, f"fray://{self.controller}", spec.environment.env_vars))
-        if spec.argv is not None:
-            argv = list(spec.argv)
-        else:
+        argv = list(spec.argv) if spec.argv is not None else None
+        problem = _nul_problem(argv or [], env)
+        if problem:
+            self._cannot_start(key, f"cannot start the task: {problem}")
+            return
+        payload = task_dir / "payload.pkl"
+        fresh_interpreter = any(k.startswith("PYTHON") and k != "PYTHONUNBUFFERED" for k in spec.environment.env_vars)
+        if spec.argv is None:
             assert spec.payload is not None
-            payload = task_dir / "payload.pkl"
-            payload.write_bytes(spec.payload)
+            fd = os.open(payload, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(spec.payload)
             argv = [sys.executable, "-m", "fray.cluster._task", str(payload), str(failure_path)]
+        assert argv is not None
         task = _Task(assignment, None, failure_path)
         with self._lock:
             self._tasks[key] = task
-        cwd = spec.environment.workspace or str(task_dir)
         try:  # pip_packages, workspace, docker_image: see fray.cluster._environments
             ready = prepare_environment(
-                spec, argv, env, cwd, workdir=self.workdir, controller=self.controller, token=self._token,
-                log=lambda line: self._queue_logs(key, [line]),
+                spec, argv, env, spec.environment.workspace or str(task_dir), workdir=self.workdir,
+                controller=self.controller, token=self._credential, log=lambda line: self._queue_logs(key, [line]),
             )  # fmt: skip
-            argv, env, cwd = ready.argv, ready.env, ready.cwd
-        except (FrayError, OSError) as exc:
-            with self._lock:
-                del self._tasks[key]
-            message = f"cannot prepare the job's environment: {exc}"
-            self._queue_logs(key, [f"[fray] {line}" for line in message.splitlines()])
-            self._queue_exit(TaskExit(key, 127, Failure(message, exit_code=127).encode()))
+        except (FrayError, OSError) as exc:  # the job's environment, not the machine: the task fails
+            self._cannot_start(key, f"cannot prepare the job's environment: {exc}")
             return
-        if (
-            ready.forkable
-            and spec.argv is None
-            and not any(k.startswith("PYTHON") and k != "PYTHONUNBUFFERED" for k in spec.environment.env_vars)
-        ):
-            forked = self._fork(argv[-2], argv[-1], env, cwd)
-            if forked is not None:
-                self._started(task, forked)
+        argv, env, cwd = ready.argv, ready.env, ready.cwd
+        # Every task goes through the fork server, which fences it with the worker's lease. A
+        # callable task in the worker's own environment runs in a fork of the warm interpreter;
+        # anything else (a program, another interpreter or venv, a container, interpreter
+        # settings) is executed afresh by the forked child.
+        request: dict[str, Any] = {"env": env, "cwd": cwd}
+        if spec.argv is None and ready.forkable and not fresh_interpreter:
+            request.update(payload=str(payload), failure=str(failure_path))
+        else:
+            request["argv"] = argv
+        proc: _Process | None = self._fork(request)
+        if proc is None:
+            try:
+                proc = subprocess.Popen(
+                    argv,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env=env,
+                    cwd=cwd,
+                    start_new_session=True,
+                    preexec_fn=die_with_worker,
+                )
+            except (OSError, ValueError) as exc:
+                self._cannot_start(key, f"cannot start {argv[0]!r}: {exc}")
                 return
-        try:
-            proc: subprocess.Popen[bytes] | _ForkedProcess = subprocess.Popen(
-                argv,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=env,
-                cwd=cwd,
-                start_new_session=True,
-                preexec_fn=_die_with_worker,
-            )
-        except OSError as exc:
-            with self._lock:
-                del self._tasks[key]
-            message = f"cannot start {argv[0]!r}: {exc}"
-            self._queue_logs(key, [f"[fray] {message}"])
-            self._queue_exit(TaskExit(key, 127, Failure(message, exit_code=127).encode()))
-            return
         self._started(task, proc)
 
-    def _fork(self, payload: str, failure: str, env: dict[str, str], cwd: str) -> _ForkedProcess | None:
+    def _start_forkserver(self) -> ForkServer | None:
+        try:
+            return ForkServer()
+        except OSError as exc:
+            logger.warning("cannot start the fork server (%s); tasks start as new processes", exc)
+            return None
+
+    def _fork(self, request: dict[str, Any]) -> ForkedProcess | None:
         """Fork the task from the warm fork server; None (start it the slow way) if that fails."""
         try:
             if self._forkserver is None or not self._forkserver.alive:
                 if self._forkserver is not None:
                     self._forkserver.close()
-                self._forkserver = _ForkServer()
-            return self._forkserver.launch(payload, failure, env, cwd)
+                self._forkserver = ForkServer()
+                if self._lease_seconds:
+                    self._forkserver.renew(self._lease_seconds)
+            return self._forkserver.launch(request)
         except OSError as exc:
             logger.warning("fork server failed (%s); starting the task as a new process", exc)
             # Stop it now: a fork it finishes late must not run beside the replacement.
@@ -438,7 +465,7 @@ class Worker:
                 self._forkserver = None
             return None
 
-    def _started(self, task: _Task, proc: subprocess.Popen[bytes] | _ForkedProcess) -> None:
+    def _started(self, task: _Task, proc: _Process) -> None:
         task.proc = proc
         with self._lock:
             self._pending.started.append(task.assignment.key)
@@ -449,22 +476,37 @@ class Worker:
     def _watch(self, task: _Task) -> None:
         proc, key = task.proc, task.assignment.key
         assert proc is not None and proc.stdout is not None
-        last: collections.deque[str] = collections.deque(maxlen=LAST_OUTPUT_LINES)
-        for raw in proc.stdout:
-            line = raw.decode(errors="replace").rstrip("\n")
-            last.append(line)
-            self._queue_logs(key, [line])
+        output = _OutputCap()
+        try:
+            while True:
+                line = output.read_line(proc.stdout)
+                if line is None:
+                    break
+                if output.keep(line):
+                    self._queue_logs(key, [line])
+        except Exception:
+            logger.exception("reading the output of task %s failed", key)
+        tail = output.finish()
+        if tail:
+            self._queue_logs(key, tail)
+        last = output.last
         code = proc.wait()
-        failure = None if code == 0 or task.killed else self._failure(task, code, list(last))
-        with self._lock:
-            self._tasks.pop(key, None)
-        self._queue_exit(TaskExit(key, code, failure))
+        if isinstance(proc, ForkedProcess) and proc.fenced:
+            failure: bytes | None = Failure.lost(
+                f"worker {self.worker_id} stopped renewing its lease for more than {self._lease_seconds:g}s; "
+                "its tasks were killed so that they cannot run beside their replacements"
+            ).encode()
+        else:
+            failure = None if code == 0 or task.killed else self._failure(task, code, last)
+        self._record_exit(TaskExit(key, code, failure))
 
     @staticmethod
     def _failure(task: _Task, code: int, last_output: list[str]) -> bytes:
         """Why the task failed, encoded: what its Python code raised, else its exit and last output."""
-        with contextlib.suppress(OSError):
+        try:
             return task.failure_path.read_bytes()  # written by fray.cluster._task
+        except OSError:
+            pass
         spec = task.assignment.spec
         command = spec.argv[0] if spec.argv else task.assignment.job_name
         return Failure.from_exit(command, code, last_output).encode()
@@ -476,26 +518,80 @@ class Worker:
             self._pending.logs.setdefault(key, []).extend(lines)
         self._report_ready.set()
 
-    def _queue_exit(self, exit_: TaskExit) -> None:
+    def _record_exit(self, exit_: TaskExit) -> None:
+        # The task leaves the running set and enters the journal in one step, so a
+        # registration sees it in exactly one of the two.
         with self._lock:
-            self._pending.exited.append(exit_)
+            self._tasks.pop(exit_.key, None)
+            self._journal.record(exit_)
         self._report_ready.set()
 
     def _report_loop(self) -> None:
         backoff = 0.05
         while not self._stopping.is_set():
-            self._report_ready.wait(self._heartbeat)
+            if self._report_ready.wait(self._heartbeat):
+                # Gather what else happens in the next moment (a burst of exits) into this report.
+                self._stopping.wait(_REPORT_GATHER_SECONDS)
             self._report_ready.clear()
-            with self._lock:
-                report = self._pending.take()
+            if not self._registered:
+                continue  # the command loop registers, with everything a report would carry
             try:
-                if not self._client.report(self.worker_id, report):
-                    self._registered = False
+                self._report()
                 backoff = 0.05
-            except (FrayError, OSError) as exc:
-                with self._lock:
-                    self._pending.put_back(report)
-                logger.debug("report failed (%s); retrying", exc)
+            except Exception as exc:  # never dies
+                logger.debug("report failed (%s); retrying", _describe(exc))
                 self._stopping.wait(backoff)
                 backoff = min(backoff * 2, 2.0)
                 self._report_ready.set()
+
+    def _check_health(self) -> None:
+        """An unhealthy worker recovers on its own once it can write its task directory again."""
+        if not self._health:
+            return
+        probe = self.workdir / "tasks" / ".probe"
+        try:
+            probe.parent.mkdir(parents=True, exist_ok=True)
+            probe.write_bytes(b"ok")
+            probe.unlink()
+        except OSError:
+            return
+        logger.info("worker %s can start tasks again", self.worker_id)
+        self._health = ""
+
+    def _report(self) -> None:
+        self._check_health()
+        with self._session:
+            if not self._registered:
+                return
+            with self._lock:
+                started, logs = self._pending.take()
+                exits = self._journal.pending()
+            try:
+                report = WorkerReport(started, exits, logs, self._health)
+                accepted = self._client.report(self.worker_id, self._epoch, report)
+            except BaseException:
+                with self._lock:
+                    self._pending.put_back(started, logs)
+                raise
+            if accepted:
+                self._journal.acknowledge([e.key for e in exits])
+            else:
+                # Fenced: the controller ended this epoch (it declared us lost). Nothing of the
+                # report was recorded; the registration carries the outcomes again.
+                with self._lock:
+                    self._pending.put_back(started, logs)
+                self._registered = False
+
+    def _lease_loop(self) -> None:
+        while not self._stopping.is_set():
+            lease, server = self._lease_seconds, self._forkserver
+            if lease and server is not None and server.alive:
+                try:
+                    server.renew(lease)
+                except Exception as exc:  # never dies; the fork server is restarted on the next launch
+                    logger.debug("cannot renew the lease (%s)", exc)
+            self._stopping.wait(min(0.25, lease / 4) if lease else 0.25)
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"

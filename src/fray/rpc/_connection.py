@@ -266,8 +266,7 @@ class Connection:
                 continue
             except BlockingIOError:
                 pass
-            readable, _, _ = select.select([self._sock], [self._sock], [])
-            if readable:
+            if wire.wait_for(self._sock, select.POLLIN | select.POLLOUT, None) & select.POLLIN:
                 self._deliver_next(None)
                 if self.error is not None:
                     raise ConnectionError(str(self.error))

@@ -25,12 +25,10 @@ once by the thread that produced it. How calls run and are answered lives in
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import ipaddress
 import logging
 import pickle
-import selectors
 import socket
 import threading
 import uuid
@@ -39,6 +37,7 @@ from typing import Any, Protocol
 from fray.actor import check_actor_method, public_methods
 from fray.errors import ConfigError, ProtocolError, SerializationError
 from fray.rpc import wire
+from fray.rpc._accept import Acceptor, Limits
 from fray.rpc._dispatch import Actor, ActorRunner, Call, ServerConnection
 from fray.rpc.namespace import default_token, resolve_namespace
 from fray.rpc.protocol import (
@@ -80,6 +79,54 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+def _reachable_address() -> str:
+    """The address other machines reach this one by: the host name's, unless that is loopback
+    (as on many Linux set-ups), then the source address of the default route."""
+    try:
+        named = socket.gethostbyname(socket.gethostname())
+    except OSError:
+        named = "127.0.0.1"
+    if not _is_loopback(named):
+        return named
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))  # sends nothing: only asks the kernel for a route
+            return str(probe.getsockname()[0])
+        except OSError:
+            return named
+
+
+def bind_listener(
+    host: str, port: int, advertise_host: str | None, name: str = "fray"
+) -> tuple[socket.socket, int, str]:
+    """Bind and listen on ``host:port``; return the socket, the port and the host clients should use.
+
+    Binding anything but a loopback address is logged as a warning naming the address
+    that other machines can reach, since the server is then exposed beyond this host.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind((host, port))
+    listener.listen(512)
+    bound: int = listener.getsockname()[1]
+    if advertise_host is None:
+        advertise_host = _reachable_address() if host in ("0.0.0.0", "", "::") else host
+    if not _is_loopback(host):
+        everywhere = " (every interface)" if host in ("0.0.0.0", "", "::") else ""
+        logger.warning(
+            "%s server listens on %s:%d%s and is reachable from other machines as %s:%d; "
+            "only peers holding the token can use it",
+            name,
+            host or "0.0.0.0",
+            bound,
+            everywhere,
+            advertise_host,
+            bound,
+        )
+    return listener, bound, advertise_host
+
+
 class ActorServer:
     """Serves registered Python objects to remote callers over the Fray actor protocol.
 
@@ -110,6 +157,7 @@ class ActorServer:
         registry: NameMapping | None = None,
         advertise_host: str | None = None,
         max_frame_bytes: int = wire.DEFAULT_MAX_FRAME_BYTES,
+        limits: Limits | None = None,
     ) -> None:
         self._token = default_token(token)
         if self._token is None and not _is_loopback(host):
@@ -126,22 +174,13 @@ class ActorServer:
         self.namespace = resolve_namespace(namespace)
         self._registry = registry
         self._max_frame_bytes = max_frame_bytes
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self._listener = socket.socket(family, socket.SOCK_STREAM)
-        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._listener.bind((host, port))
-        self._listener.listen(512)
-        self._port: int = self._listener.getsockname()[1]
-        if advertise_host is None:
-            advertise_host = socket.gethostbyname(socket.gethostname()) if host in ("0.0.0.0", "", "::") else host
-        self._advertise_host = advertise_host
+        self._listener, self._port, self._advertise_host = bind_listener(host, port, advertise_host, "actor")
         self._lock = threading.Lock()
         self._actors: dict[tuple[str, str], Actor] = {}
         self._connections: set[ServerConnection] = set()
         self._started = False
         self._stopped = threading.Event()
-        self._wakeup_r, self._wakeup_w = socket.socketpair()
-        self._accept_thread: threading.Thread | None = None
+        self._acceptor = Acceptor(self._listener, self._token, self._serve_connection, limits=limits, name="actor")
 
     # -- public API -----------------------------------------------------------------------------
 
@@ -208,8 +247,7 @@ class ActorServer:
             if self._stopped.is_set():
                 raise RuntimeError("this ActorServer was stopped; create a new one")
             self._started = True
-        self._accept_thread = threading.Thread(target=self._accept_loop, name="fray-actor-accept", daemon=True)
-        self._accept_thread.start()
+        self._acceptor.start()
         return self
 
     def serve(self) -> None:
@@ -222,13 +260,8 @@ class ActorServer:
         if self._stopped.is_set():
             return
         self._stopped.set()
-        with contextlib.suppress(OSError):
-            self._wakeup_w.send(b"x")
-        if self._accept_thread is not None:
-            self._accept_thread.join(timeout=5)
+        self._acceptor.stop()
         self._listener.close()
-        self._wakeup_r.close()
-        self._wakeup_w.close()
         with self._lock:
             connections = list(self._connections)
             actors = list(self._actors.values())
@@ -254,39 +287,14 @@ class ActorServer:
 
     # -- connection handling ----------------------------------------------------------------------
 
-    def _accept_loop(self) -> None:
-        with selectors.DefaultSelector() as selector:
-            selector.register(self._listener, selectors.EVENT_READ)
-            selector.register(self._wakeup_r, selectors.EVENT_READ)
-            while not self._stopped.is_set():
-                for key, _ in selector.select():
-                    if key.fileobj is self._wakeup_r:
-                        return
-                    try:
-                        sock, peer = self._listener.accept()
-                    except OSError:
-                        continue
-                    threading.Thread(
-                        target=self._serve_connection,
-                        args=(sock, f"{peer[0]}:{peer[1]}"),
-                        name="fray-actor-conn",
-                        daemon=True,
-                    ).start()
-
-    def _serve_connection(self, sock: socket.socket, peer: str) -> None:
+    def _serve_connection(self, sock: socket.socket, peer: str, authenticated: wire.Authenticated) -> None:
+        """Serve one authenticated connection (the acceptor ran the handshake and closes the socket after)."""
         conn = ServerConnection(sock, peer)
         with self._lock:
             if self._stopped.is_set():
-                conn.close()
                 return
             self._connections.add(conn)
         try:
-            wire.tune_socket(sock)
-            sock.settimeout(wire.HANDSHAKE_TIMEOUT)
-            if not wire.server_handshake(sock, self._token):
-                logger.warning("refused connection from %s: authentication failed", peer)
-                return
-            sock.settimeout(None)
             reader = wire.FrameReader(sock, max_frame_bytes=self._max_frame_bytes)
             conn.reader_thread = threading.get_ident()
             while True:
@@ -309,18 +317,10 @@ class ActorServer:
                     logger.warning("dropping connection from %s: %s", peer, message)
                     conn.send(wire.FrameKind.PROTOCOL_ERROR, frame.request_id, [message.encode()])
                     return
-        except (OSError, ValueError):
-            # A reset, a timeout during the handshake, or a socket closed by stop().
-            return
-        except Exception:
-            # A bug of ours must cost one connection, never the server.
-            logger.exception("dropping connection from %s after an internal error", peer)
-            return
         finally:
             conn.flush()  # e.g. a PROTOCOL_ERROR explaining why we hang up
             with self._lock:
                 self._connections.discard(conn)
-            conn.close()
 
     def _lookup(self, namespace: str, name: str) -> Actor | None:
         with self._lock:

@@ -1,0 +1,127 @@
+"""The cluster controller under a backlog: throughput, CPU per job, memory, against Ray tasks in the same run.
+
+    python benchmarks/controller.py                 # 2,000 queued jobs, RSS after 10,000, and Ray
+    python benchmarks/controller.py --no-ray
+    python benchmarks/controller.py --profile out   # also a py-spy profile of the controller (out.txt)
+
+Fray: a fresh controller and 2 workers on 127.0.0.1; ``--jobs`` trivial callable jobs
+submitted at once (``ClusterClient.submit_many``), then waited for. Reported: jobs/s from
+the first submit to the last completion, the controller's CPU seconds per job, and its
+RSS before, after the burst and after ``--rss-jobs`` more jobs (flat means no leak).
+Ray: the same number of trivial tasks on a private local Ray (own temp dir, ``address=
+"local"``, 2 CPUs), shut down afterwards. Only processes this script started are stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+from rich.console import Console
+from rich.table import Table
+
+from fray import Entrypoint, JobRequest, wait_all
+from fray.cluster.client import ClusterClient
+from fray.cluster.launcher import LocalCluster
+
+
+def noop() -> None:
+    pass
+
+
+def burst(client: ClusterClient, count: int, name: str) -> float:
+    requests = [JobRequest(name=f"{name}{i}", entrypoint=Entrypoint.from_callable(noop)) for i in range(count)]
+    started = time.perf_counter()
+    handles = client.submit_many(requests)
+    wait_all(handles, timeout=1800)
+    return time.perf_counter() - started
+
+
+def fray_rows(jobs: int, rss_jobs: int, profile: str | None) -> dict[str, float]:
+    with (
+        tempfile.TemporaryDirectory(prefix="fray-bench-controller-") as directory,
+        LocalCluster(Path(directory) / "cluster") as cluster,
+    ):
+        cluster.start(2, "--cpu", "8")
+        assert cluster.controller is not None
+        controller = psutil.Process(cluster.controller.pid)
+        client = ClusterClient(cluster.address, token=cluster.token)
+        burst(client, 50, "warm")
+        rss_before = controller.memory_info().rss
+        cpu_before = sum(controller.cpu_times()[:2])
+        spy = None
+        if profile:
+            spy = subprocess.Popen(
+                ["py-spy", "record", "-o", f"{profile}.txt", "-f", "raw", "-p", str(controller.pid), "-r", "200"],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        elapsed = burst(client, jobs, "b")
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)
+            spy.wait(timeout=60)
+        cpu = sum(controller.cpu_times()[:2]) - cpu_before
+        rss_burst = controller.memory_info().rss
+        done = 0
+        while done < rss_jobs:
+            burst(client, min(2000, rss_jobs - done), f"r{done}-")
+            done += 2000
+        rss_after = controller.memory_info().rss
+        client.shutdown(wait=False)
+    return {
+        "rate": jobs / elapsed,
+        "cpu_ms": 1000 * cpu / jobs,
+        "rss_before": rss_before / 2**20,
+        "rss_burst": rss_burst / 2**20,
+        "rss_after": rss_after / 2**20,
+    }
+
+
+def ray_rate(jobs: int) -> float:
+    import ray
+
+    with tempfile.TemporaryDirectory(prefix="fray-bench-ray-") as directory:
+        ray.init(address="local", num_cpus=2, include_dashboard=False, _temp_dir=directory, log_to_driver=False)
+        try:
+            task = ray.remote(noop)
+            ray.get([task.remote() for _ in range(50)])
+            started = time.perf_counter()
+            ray.get([task.remote() for _ in range(jobs)])
+            return jobs / (time.perf_counter() - started)
+        finally:
+            ray.shutdown()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--jobs", type=int, default=2000)
+    parser.add_argument("--rss-jobs", type=int, default=10_000)
+    parser.add_argument("--no-ray", action="store_true")
+    parser.add_argument("--profile", default=None)
+    args = parser.parse_args()
+    fray = fray_rows(args.jobs, args.rss_jobs, args.profile)
+    ray = None if args.no_ray else ray_rate(args.jobs)
+    table = Table(title=f"Controller under a backlog: {args.jobs} queued trivial callable jobs, 2 workers")
+    for column in ("measure", "fray", "ray tasks", "fray / ray"):
+        table.add_column(column)
+    table.add_row(
+        "jobs/s",
+        f"{fray['rate']:.0f}",
+        "-" if ray is None else f"{ray:.0f}",
+        "-" if ray is None else f"{fray['rate'] / ray:.2f}x",
+    )
+    table.add_row("controller CPU per job", f"{fray['cpu_ms']:.2f} ms", "", "")
+    table.add_row(
+        "controller RSS: warm / after burst", f"{fray['rss_before']:.0f} / {fray['rss_burst']:.0f} MiB", "", ""
+    )
+    table.add_row(f"controller RSS after {args.rss_jobs:,} more jobs", f"{fray['rss_after']:.0f} MiB", "", "")
+    Console().print(table)
+
+
+if __name__ == "__main__":
+    main()

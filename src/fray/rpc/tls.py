@@ -1,0 +1,154 @@
+"""TLS for connections that leave the machine: a cluster CA, server certificates, and the rule for using them.
+
+The rule: a connection between two addresses of one machine (loopback) is plain; any
+other is TLS, with the server's certificate checked against the *cluster CA* -- a CA made
+for this one cluster (:func:`ensure_cluster_tls`), so only servers it signed are trusted.
+Both ends apply the same rule from the addresses alone, so they always agree. The Fray
+handshake (and, on the controller's protocol, per-frame integrity) runs inside the TLS
+channel as before.
+
+Certificates are made with the ``cryptography`` package (``pip install 'fray[tls]'``);
+:mod:`ssl` from the standard library does the rest.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+import socket
+import ssl
+from pathlib import Path
+
+from fray.errors import ConfigError
+
+__all__ = [
+    "CA_FILE",
+    "TlsFiles",
+    "client_context",
+    "default_ca",
+    "ensure_cluster_tls",
+    "is_loopback_address",
+    "server_context",
+]
+
+#: Where a client looks for the cluster CA when ``FRAY_TLS_CA`` is not set.
+CA_FILE = Path.home() / ".config" / "fray" / "ca.pem"
+
+
+def is_loopback_address(host: str) -> bool:
+    """True for addresses that never leave the machine (127.0.0.0/8, ::1, localhost)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+class TlsFiles:
+    """The files of one cluster's TLS set-up in ``directory``: CA certificate and key, server certificate and key."""
+
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        self.directory = Path(directory)
+        self.ca_cert = self.directory / "ca.pem"
+        self.ca_key = self.directory / "ca.key"
+        self.cert = self.directory / "server.pem"
+        self.key = self.directory / "server.key"
+
+    def exist(self) -> bool:
+        return all(p.exists() for p in (self.ca_cert, self.cert, self.key))
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.chmod(path, 0o600)
+
+
+def ensure_cluster_tls(directory: str | os.PathLike[str], hosts: list[str]) -> TlsFiles:
+    """Make (once) a cluster CA and a server certificate for ``hosts`` in ``directory`` (0700, keys 0600)."""
+    files = TlsFiles(directory)
+    if files.exist():
+        return files
+    try:
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.x509.oid import NameOID
+    except ImportError:  # pragma: no cover - depends on the installation
+        raise ConfigError(
+            "a controller listening beyond this machine needs TLS certificates, which Fray makes with the "
+            "'cryptography' package: pip install 'fray[tls]'"
+        ) from None
+    files.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(files.directory, 0o700)
+    now = datetime.datetime.now(datetime.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "Fray cluster CA")])
+    ca_cert = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=3650))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    names: list[x509.GeneralName] = [x509.DNSName("localhost")]
+    for host in dict.fromkeys([*hosts, socket.gethostname()]):
+        try:
+            names.append(x509.IPAddress(ipaddress.ip_address(host)))
+        except ValueError:
+            names.append(x509.DNSName(host))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "Fray controller")]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=3650))
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    no_password = serialization.NoEncryption()
+    pem = serialization.Encoding.PEM
+    pkcs8 = serialization.PrivateFormat.PKCS8
+    _write_private(files.ca_key, ca_key.private_bytes(pem, pkcs8, no_password))
+    _write_private(files.key, key.private_bytes(pem, pkcs8, no_password))
+    _write_private(files.cert, cert.public_bytes(pem))
+    _write_private(files.ca_cert, ca_cert.public_bytes(pem))
+    return files
+
+
+def server_context(files: TlsFiles) -> ssl.SSLContext:
+    """The server side: present the controller's certificate (TLS 1.2 or later)."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(files.cert, files.key)
+    return context
+
+
+def client_context(ca_file: str | os.PathLike[str]) -> ssl.SSLContext:
+    """The client side: trust only servers whose certificate the cluster CA signed."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    # The CA is this cluster's own: any certificate it signed is the cluster's, whatever
+    # address a worker or client reaches it by.
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_REQUIRED
+    context.load_verify_locations(ca_file)
+    return context
+
+
+def default_ca() -> Path | None:
+    """``FRAY_TLS_CA``, else ``~/.config/fray/ca.pem`` if it exists, else None."""
+    configured = os.environ.get("FRAY_TLS_CA")
+    if configured:
+        return Path(configured)
+    return CA_FILE if CA_FILE.exists() else None

@@ -1,0 +1,73 @@
+"""TLS beyond this machine (issue 10, case 5): a controller bound to a non-loopback address speaks only TLS there."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fray import AuthenticationError, ConfigError, Entrypoint, JobRequest, JobStatus
+from fray.cluster.client import ClusterClient
+from fray.cluster.controller_client import controller_client
+from fray.cluster.launcher import LocalCluster
+from fray.rpc.tls import ensure_cluster_tls
+
+
+def outside_address() -> str | None:
+    """An address of this machine that is not loopback (None if it has none)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.254", 9))  # no packet is sent: this only picks a route
+        except OSError:
+            return None
+        address = str(probe.getsockname()[0])
+    return None if address.startswith("127.") else address
+
+
+@pytest.fixture
+def exposed(tmp_path: Path) -> Iterator[LocalCluster]:
+    host = outside_address()
+    if host is None:
+        pytest.skip("this machine has no non-loopback address")
+    tests_dir = str(Path(__file__).resolve().parents[1])
+    env = {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p.startswith(tests_dir))}
+    with LocalCluster(tmp_path / "cluster", worker_timeout=2.0, env=env, host=host) as cluster:
+        cluster.start_controller()
+        yield cluster
+
+
+def test_a_controller_beyond_loopback_requires_tls_with_the_cluster_ca(
+    exposed: LocalCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert not exposed.address.startswith("127.")
+    assert exposed.ca_file is not None and exposed.ca_file.exists()
+    assert oct(os.stat(exposed.ca_file.parent / "server.key").st_mode & 0o777) == "0o600"
+    exposed.add_worker("w-a", "--cpu", "2")
+    exposed.wait_for_workers(1)  # the worker reached it over TLS
+    monkeypatch.setenv("FRAY_TLS_CA", str(exposed.ca_file))
+    job = ClusterClient(exposed.address, token=exposed.token).submit(
+        JobRequest(name="over-tls", entrypoint=Entrypoint.from_binary("true"))
+    )
+    assert job.wait(timeout=60) == JobStatus.SUCCEEDED
+
+    # A plaintext peer never even sees the Fray handshake.
+    host, port = exposed.address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(b"FRAY" * 32)
+        received = b""
+        with contextlib.suppress(OSError):
+            while chunk := sock.recv(4096):
+                received += chunk
+    assert b"FRAY" not in received
+
+    monkeypatch.delenv("FRAY_TLS_CA")
+    with pytest.raises(ConfigError, match="must use TLS"):
+        controller_client(exposed.address, exposed.token, ca=None).health()
+    other = ensure_cluster_tls(tmp_path / "other-ca", ["127.0.0.1"])
+    with pytest.raises(AuthenticationError, match="CA"):
+        controller_client(exposed.address, exposed.token, ca=other.ca_cert).health()
