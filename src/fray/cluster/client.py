@@ -31,9 +31,11 @@ from fray.cluster._shipping import ship_environment
 from fray.cluster.controller_client import CredentialLike, connect_controller, resolve_credential
 from fray.cluster.credentials import Credential
 from fray.cluster.messages import JobSpec, JobView
+from fray.cluster.queue import ClusterQueue
 from fray.cluster.records import TaskKey
 from fray.errors import ActorDiedError, ActorUnavailableError, ConfigError, FrayError, SerializationError
 from fray.job import Entrypoint, JobRequest, JobStatus, current_job
+from fray.queue import check_queue_name
 from fray.resources import ResourceConfig
 from fray.rpc.client import ActorClient, RpcOptions
 from fray.rpc.namespace import resolve_namespace
@@ -560,6 +562,22 @@ class ClusterClient:
             list_hint=f"list them: fray job list --namespace {self.namespace}",
             stop_hint=f"stop them: fray job stop --namespace {self.namespace}",
         )
+
+    # ----- queues ------------------------------------------------------------------------------
+
+    def create_queue(self, name: str, *, exist_ok: bool = False) -> ClusterQueue[Any]:
+        """A durable queue with leases in the controller, named ``name`` in this client's namespace.
+
+        ``exist_ok`` attaches to the namespace's queue of that name (a job of this client's
+        namespace does so to reach its submitter's queue). See :mod:`fray.cluster.queue`.
+        """
+        check_terminated()
+        if self._closed:
+            raise FrayError("this ClusterClient is shut down; create a new one")
+        check_queue_name(name)
+        key = f"{self.namespace}/{name}"
+        self._controller.queue("create", key, exist_ok, uuid.uuid4().hex, self.user)
+        return ClusterQueue(self.address, key, name, self._token)
 
     def shutdown(self, wait: bool = True) -> None:
         """Stop this client's actors (and, unless ``wait``, its running jobs); refuse new work."""
