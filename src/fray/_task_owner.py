@@ -56,7 +56,7 @@ from fray._task_records import (
     WorkerRecord,
 )
 from fray._task_worker import value_of
-from fray._taskwire import ONCE, Dep, ProcessObjectRef, dumps, function_blob, receive, send
+from fray._taskwire import ONCE, Dep, ProcessObjectRef, dumps, function_blob, no_delay, receive, send
 from fray.context import (
     check_callable,
     check_num_returns,
@@ -137,6 +137,9 @@ class TaskOwner:
         """Where workers come from; they connect to ``address`` with ``authkey``."""
         raise NotImplementedError
 
+    def _check_task_resources(self, resources: ResourceConfig | None) -> None:
+        """Refuse a task that asks for more than a worker has (here: anything goes)."""
+
     def _worker_request(self, wid: int) -> dict[str, Any]:
         """What a new worker is told (a launcher may add to it)."""
         assert self._listener is not None
@@ -186,6 +189,7 @@ class TaskOwner:
         while not self._closed:
             try:
                 conn = listener.accept()
+                no_delay(conn)
                 (kind, wid, pid), _ = receive(conn)
             except Exception:  # a peer without the key, or the listener closing
                 continue
@@ -480,7 +484,7 @@ class TaskOwner:
         """Run ``fn(*args, **kwargs)`` in a worker process once the refs among its arguments are ready."""
         check_terminated()
         check_callable(fn)
-        check_resources(resources)
+        self._check_task_resources(check_resources(resources))
         deps = [
             one_ref(d, ProcessObjectRef, "create_task: argument", self._owns) for d in find_refs(args, kwargs, _is_ref)
         ]

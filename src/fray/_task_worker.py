@@ -36,7 +36,7 @@ import cloudpickle
 from fray import _objects
 from fray._remote import RemoteFailure, remote_error
 from fray._serialization import call_parts, check_picklable, refused
-from fray._taskwire import ONCE, Dep, ProcessObjectRef, dumps, function_blob, receive, send
+from fray._taskwire import ONCE, Dep, ProcessObjectRef, dumps, function_blob, no_delay, receive, send
 from fray.context import (
     bind_context,
     check_callable,
@@ -313,6 +313,7 @@ def serve_owner(request: dict[str, Any], authkey: bytes) -> None:
     address = request["address"]
     family = request.get("family", "AF_UNIX")
     conn = Client(tuple(address) if family == "AF_INET" else address, family=family, authkey=authkey)
+    no_delay(conn)
     worker = _Worker(conn, request["context"], request["wid"])
     worker.send(("hello", worker.wid, os.getpid()))
     threading.Thread(target=worker.read, name="fray-task-reader", daemon=True).start()

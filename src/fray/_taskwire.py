@@ -21,10 +21,12 @@ worker -> owner
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import os
 import pickle
+import socket
 import threading
 import types
 import uuid
@@ -37,7 +39,7 @@ import cloudpickle
 
 from fray._serialization import plain_data
 
-__all__ = ["Dep", "ProcessObjectRef", "dumps", "function_blob", "receive", "send"]
+__all__ = ["Dep", "ProcessObjectRef", "dumps", "function_blob", "no_delay", "receive", "send"]
 
 
 class ProcessObjectRef:
@@ -78,6 +80,13 @@ class Dep:
 
     def __reduce__(self) -> tuple[object, ...]:
         return (Dep, (self.ref_id,))
+
+
+def no_delay(conn: Connection) -> None:
+    """Turn off Nagle's algorithm on a TCP connection: a message is several writes, which must not wait for ACKs."""
+    with contextlib.suppress(OSError), socket.socket(fileno=os.dup(conn.fileno())) as sock:
+        if sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
 # Frames above this size bypass the connection's framing (which reads in small chunks into growing buffers):

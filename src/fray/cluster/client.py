@@ -28,6 +28,7 @@ from fray._serialization import check_call_picklable
 from fray.actor import ActorFuture, ActorGroup, check_actor_method, check_actor_request, group_member_names
 from fray.client import ClientSpec
 from fray.cluster._shipping import ship_environment
+from fray.cluster.context import ClusterJobContext
 from fray.cluster.controller_client import CredentialLike, connect_controller, resolve_credential
 from fray.cluster.credentials import Credential
 from fray.cluster.messages import JobSpec, JobView
@@ -417,6 +418,7 @@ class ClusterClient:
             namespace or (os.environ.get("FRAY_NAMESPACE") if inside else None) or f"{self.user}-{uuid.uuid4().hex[:8]}"
         )
         self._owned: list[tuple[str, bool, bool]] = []  # (job id, is actor, detached)
+        self._job_context: ClusterJobContext | None = None
         self._lock = threading.Lock()
         self._closed = False
         _live_clients.add(self)
@@ -563,6 +565,17 @@ class ClusterClient:
             stop_hint=f"stop them: fray job stop --namespace {self.namespace}",
         )
 
+    # ----- the job level -------------------------------------------------------------------------
+
+    def _fray_job_context(self) -> ClusterJobContext:
+        """This client's job context (``fray.get_job_context()`` inside its jobs): tasks on executor jobs."""
+        with self._lock:
+            if self._job_context is None:
+                if self._closed:
+                    raise FrayError("this ClusterClient is shut down; create a new one")
+                self._job_context = ClusterJobContext(self)
+            return self._job_context
+
     # ----- queues ------------------------------------------------------------------------------
 
     def create_queue(self, name: str, *, exist_ok: bool = False) -> ClusterQueue[Any]:
@@ -582,6 +595,10 @@ class ClusterClient:
     def shutdown(self, wait: bool = True) -> None:
         """Stop this client's actors (and, unless ``wait``, its running jobs); refuse new work."""
         self._closed = True
+        with self._lock:
+            context, self._job_context = self._job_context, None
+        if context is not None:  # its executors serve until told: stop them before waiting for jobs
+            context.shutdown()
         with self._lock:
             owned = list(self._owned)
         for job_id, is_actor, _ in owned:
