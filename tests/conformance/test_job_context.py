@@ -316,3 +316,30 @@ def test_create_actor_through_the_context(ctx, uid):
     assert counter.add(2) == 7
     anonymous = ctx.create_actor(Counter)
     assert anonymous.add(1) == 1
+
+
+# ----- a job gets its backend's context ------------------------------------------------------------
+
+EXPECTED_CONTEXT = {
+    "LocalClient": "LocalJobContext",
+    "RayClient": "RayJobContext",
+    "ClusterClient": "ClusterJobContext",
+    "MonarchClient": "MonarchJobContext",
+    "IrisClient": "LocalJobContext",
+}
+
+
+def write_context_kind(path: str) -> None:
+    context = get_job_context()
+    Path(path).write_text(f"{type(context).__name__} {context.get(context.create_task(add, 20, 22))}")
+
+
+def test_a_job_gets_its_backends_context(client, uid, tmp_path):
+    out = tmp_path / "kind"
+    job = client.submit(
+        fray.JobRequest(
+            name=f"kind-{uid}", entrypoint=fray.Entrypoint.from_callable(write_context_kind, args=(str(out),))
+        )
+    )
+    job.wait(timeout=300)
+    assert out.read_text() == f"{EXPECTED_CONTEXT[type(client).__name__]} 42"
