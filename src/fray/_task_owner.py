@@ -303,10 +303,11 @@ class TaskOwner:
             send(worker.conn, worker.lock, header, blobs)
 
     def _lost(self, worker: WorkerRecord) -> None:
-        """A worker's connection closed: it died (or exited); fail its task, forget what it held."""
-        with self._lock:
-            known = worker.wid in self._workers
-        how = self._launcher.death_note(worker.wid, worker.pid) if known and self._launcher is not None else ""
+        """A worker's connection closed: it died (or exited); forget it now, fail its task once we know how it ended.
+
+        Learning how it ended may take a moment (the fork server's word, a cluster job's
+        state): that happens on a thread of its own, so the other workers are not held up.
+        """
         with self._lock:
             if self._workers.pop(worker.wid, None) is None:
                 return
@@ -322,17 +323,21 @@ class TaskOwner:
                 obj = self._objects.get(ref_id)
                 if obj is not None:
                     obj.holders.discard(worker.wid)
-            task = worker.task
+            task, worker.task = worker.task, None
             if task is not None:
                 self._busy -= 1
-                self._finish(
-                    task,
-                    "lost",
-                    [
-                        f"task {task.name!r} was lost: its worker process (pid {worker.pid}) died"
-                        f"{f' ({how})' if how else ''} while running it; Fray does not run it again".encode()
-                    ],
-                )
+            self._dispatch()
+        if task is not None:
+            threading.Thread(target=self._fail_lost, args=(worker, task), name="fray-lost-task", daemon=True).start()
+
+    def _fail_lost(self, worker: WorkerRecord, task: TaskRecord) -> None:
+        how = self._launcher.death_note(worker.wid, worker.pid) if self._launcher is not None else ""
+        message = (
+            f"task {task.name!r} was lost: its worker process (pid {worker.pid}) died"
+            f"{f' ({how})' if how else ''} while running it; Fray does not run it again"
+        )
+        with self._lock:
+            self._finish(task, "lost", [message.encode()])
             self._dispatch()
 
     # ----- scheduling (all with the lock held) ---------------------------------------------------
