@@ -4,10 +4,13 @@ The whole public surface is re-exported here; see ``docs/architecture.md`` for w
 each concept lives.
 """
 
+from fray._local_context import LocalJobContext
+from fray._process_context import ProcessJobContext
 from fray.actor import ActorFuture, ActorGroup, ActorHandle, ActorMethod
 from fray.actor_config import ActorConfig
 from fray.actor_context import ActorContext, current_actor
 from fray.client import Client, client_from_spec, current_client, set_current_client
+from fray.context import JobContext, ObjectRef, clear_job_context, get_job_context, set_job_context
 from fray.errors import (
     ActorContextError,
     ActorDiedError,
@@ -20,14 +23,19 @@ from fray.errors import (
     JobAlreadyExists,
     JobFailed,
     JobTerminated,
+    LeaseError,
+    LeaseExpired,
     NotFound,
+    ObjectLostError,
     PermissionDenied,
     ProtocolError,
+    QueueAlreadyExists,
     RemoteError,
     RpcTimeoutError,
     SerializationError,
     StorageError,
     StoreError,
+    TaskLostError,
 )
 from fray.job import (
     BinaryEntrypoint,
@@ -41,6 +49,8 @@ from fray.job import (
     current_job,
     wait_all,
 )
+from fray.pool import WorkerPool
+from fray.queue import Lease, Queue
 from fray.resources import (
     GPU_TYPES,
     TPU_TOPOLOGIES,
@@ -81,28 +91,43 @@ __all__ = [
     "GpuConfig",
     "IllegalTransition",
     "JobAlreadyExists",
+    "JobContext",
     "JobFailed",
     "JobHandle",
     "JobInfo",
     "JobRequest",
     "JobStatus",
     "JobTerminated",
+    "Lease",
+    "LeaseError",
+    "LeaseExpired",
+    "LocalJobContext",
     "NotFound",
+    "ObjectLostError",
+    "ObjectRef",
     "PermissionDenied",
+    "ProcessJobContext",
     "ProtocolError",
+    "Queue",
+    "QueueAlreadyExists",
     "RemoteError",
     "ResourceConfig",
     "RpcTimeoutError",
     "SerializationError",
     "StorageError",
     "StoreError",
+    "TaskLostError",
     "TpuConfig",
     "TpuTopology",
+    "WorkerPool",
+    "clear_job_context",
     "client_from_spec",
     "current_actor",
     "current_client",
     "current_job",
+    "get_job_context",
     "parse_size",
     "set_current_client",
+    "set_job_context",
     "wait_all",
 ]

@@ -51,6 +51,11 @@ def _surely_picklable(value: Any) -> bool:
     return True
 
 
+def plain_data(value: Any) -> bool:
+    """True when ``value`` is plain data (builtin scalars in builtin containers, small), so the standard pickle takes it."""
+    return _surely_picklable(value)
+
+
 def check_picklable(what: str, parts: Mapping[str, Any]) -> None:
     """Raise SerializationError naming the first of ``parts`` that cloudpickle cannot pickle.
 

@@ -18,6 +18,7 @@ from fray.actor import ActorGroup, ActorHandle
 from fray.actor_config import ActorConfig
 from fray.errors import ConfigError
 from fray.job import JobHandle, JobRequest
+from fray.queue import Queue
 from fray.resources import ResourceConfig
 
 __all__ = [
@@ -73,6 +74,13 @@ class Client(Protocol):
         **kwargs: Any,
     ) -> ActorGroup:
         """Create ``count`` actors named ``{name}-0`` ... ``{name}-{count-1}``, each its own job."""
+        ...
+
+    def create_queue(self, name: str, *, exist_ok: bool = False) -> Queue[Any]:
+        """A named queue with leases (see :mod:`fray.queue`); ``exist_ok`` attaches to an existing one.
+
+        Backends without queues refuse with ``ConfigError`` naming the alternatives.
+        """
         ...
 
     def shutdown(self, wait: bool = True) -> None:

@@ -28,15 +28,20 @@ __all__ = [
     "JobAlreadyExists",
     "JobFailed",
     "JobTerminated",
+    "LeaseError",
+    "LeaseExpired",
     "NotFound",
+    "ObjectLostError",
     "PermissionDenied",
     "ProtocolError",
+    "QueueAlreadyExists",
     "RemoteError",
     "RemoteTraceback",
     "RpcTimeoutError",
     "SerializationError",
     "StorageError",
     "StoreError",
+    "TaskLostError",
 ]
 
 
@@ -271,3 +276,36 @@ class NotFound(StoreError, KeyError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
+
+
+class TaskLostError(FrayError):
+    """A task did not finish because what ran it went away: its worker process died (killed, crashed,
+    out of memory), or its context was shut down before it ran.
+
+    Raised by ``get`` of the task's ref (and of refs of tasks that took it as an argument).
+    Fray does not run a task twice behind your back: submit it again if it is safe to.
+    """
+
+
+class ObjectLostError(FrayError):
+    """An object of a job context is gone: its owner (the job's process or object server) ended or freed it."""
+
+
+class QueueAlreadyExists(FrayError):
+    """``create_queue(name)`` for a name that already has a queue.
+
+    Pass the existing :class:`~fray.queue.Queue` handle along (handles are picklable), use
+    ``create_queue(name, exist_ok=True)`` to attach to it, or pick another name.
+    """
+
+
+class LeaseError(FrayError):
+    """``done(lease)`` for a lease that is no longer held: already done, or unknown to the queue."""
+
+
+class LeaseExpired(LeaseError):
+    """``done(lease)`` after the lease timed out: the item went back to the queue for redelivery.
+
+    Another consumer may process (or have processed) the item again; make the work
+    idempotent, or use a longer ``lease_timeout``.
+    """

@@ -27,6 +27,7 @@ from typing import Any
 from fray._driver_exit import report_leftovers
 from fray._lifecycle import Failure
 from fray._local_actor import LocalActor, LocalActorHandle
+from fray._local_context import LocalJobContext
 from fray._local_job import Attempt, LocalJob, LocalJobHandle, stop_deadline, wait_for_stop
 from fray._logcapture import capture_to
 from fray._runtime import check_terminated, terminating_on
@@ -45,6 +46,7 @@ from fray.job import (
     _current_job,
     replica_env,
 )
+from fray.queue import LocalQueue, check_queue_name, queue_exists
 from fray.resources import CpuConfig, ResourceConfig, device_name
 
 __all__ = ["LocalActorHandle", "LocalClient", "LocalJobHandle"]
@@ -209,6 +211,8 @@ class LocalClient:
         self._slots = threading.Condition(self._lock)
         self._busy_threads = 0
         self._closed = False
+        self._job_context: LocalJobContext | None = None
+        self._queues: dict[str, LocalQueue[Any]] = {}
         _live_clients.add(self)
 
     @classmethod
@@ -501,6 +505,30 @@ class LocalClient:
             if self._actors_by_name.get(actor.name) is actor:
                 del self._actors_by_name[actor.name]
 
+    # ----- the job level ----------------------------------------------------------------------
+
+    def _fray_job_context(self) -> LocalJobContext:
+        """This client's job context (``fray.get_job_context()`` here): tasks on threads, made once."""
+        with self._lock:
+            if self._job_context is None:
+                self._job_context = LocalJobContext(client=self)
+            return self._job_context
+
+    def create_queue(self, name: str, *, exist_ok: bool = False) -> LocalQueue[Any]:
+        """A queue with leases in this process (see :mod:`fray.queue`); ``exist_ok`` returns the existing one."""
+        check_terminated()
+        check_queue_name(name)
+        with self._lock:
+            if self._closed:
+                raise FrayError("this LocalClient is shut down; create a new one")
+            queue = self._queues.get(name)
+            if queue is not None:
+                if not exist_ok:
+                    raise queue_exists(name, "in this LocalClient")
+                return queue
+            queue = self._queues[name] = LocalQueue(name)
+            return queue
+
     # ----- lifecycle --------------------------------------------------------------------------
 
     def shutdown(self, wait: bool = True) -> None:
@@ -509,6 +537,7 @@ class LocalClient:
             self._closed = True
             jobs = list(self._jobs.values())
             actors = dict(self._actors_by_job)
+            job_context, self._job_context = self._job_context, None
         plain = [job for job in jobs if job.job_id not in actors]
         # Detached actors outlive the client (not the process: nothing of this backend can).
         hosts = [job for job in jobs if job.job_id in actors and not actors[job.job_id].config.detached]
@@ -522,6 +551,8 @@ class LocalClient:
                 if not job.lifecycle.finished:
                     job.request_stop()
             wait_for_stop(group, deadline)
+        if job_context is not None:
+            job_context.shutdown()
 
 
 def _device(resources: ResourceConfig) -> str:

@@ -58,6 +58,7 @@ def test_status_shows_resources_in_use_jobs_and_actors(fray_cluster: LocalCluste
     ).strip()
     client = ClusterClient(fray_cluster.address, token=fray_cluster.token)
     actor = client.create_actor(Greeter, name="greeter")
+    client.create_queue("inbox").push("first")
     try:
         assert actor.hello() == "hi"
         wait_until(lambda: client._controller.job(job_id).state.value == "running", what="the job to run")
@@ -69,7 +70,8 @@ def test_status_shows_resources_in_use_jobs_and_actors(fray_cluster: LocalCluste
         assert data["jobs"]["running"] >= 2
         greeters = [a for a in data["actors"] if a["name"] == "greeter" and a["namespace"] == client.namespace]
         assert greeters and greeters[0]["endpoints"] and greeters[0]["endpoints"][0]["address"].startswith("actor://")
-        assert data["queues"] is None
+        queues = {q["queue"]: q for q in data["queues"]}
+        assert queues[f"{client.namespace}/inbox"]["pending"] == 1
         assert data["controller"]["address"] == fray_cluster.address
         assert data["controller"]["retention"]["max_jobs"] == 10_000
         text = run("status")

@@ -33,9 +33,11 @@ from fray.client import ClientSpec
 from fray.cluster._actor_host import CONTROL_SUFFIX, control_url, host_actor
 from fray.cluster._shipping import ship_environment
 from fray.cluster.capacity import WorkerInfo
+from fray.cluster.context import ClusterJobContext
 from fray.cluster.controller_client import CredentialLike, connect_controller, resolve_credential
 from fray.cluster.credentials import Credential
 from fray.cluster.messages import JobSpec, JobView
+from fray.cluster.queue import ClusterQueue
 from fray.errors import (
     ActorDiedError,
     ActorUnavailableError,
@@ -45,6 +47,7 @@ from fray.errors import (
     SerializationError,
 )
 from fray.job import Entrypoint, EnvironmentConfig, JobRequest, JobStatus
+from fray.queue import check_queue_name
 from fray.resources import DeviceConfig, GpuConfig, ResourceConfig, TpuConfig, device_name
 from fray.rpc.client import ActorClient, RpcOptions
 from fray.rpc.namespace import resolve_namespace
@@ -575,6 +578,7 @@ class ClusterClient:
             namespace or (os.environ.get("FRAY_NAMESPACE") if inside else None) or f"{self.user}-{uuid.uuid4().hex[:8]}"
         )
         self._owned: list[tuple[str, bool, bool]] = []  # (job id, is actor, detached)
+        self._job_context: ClusterJobContext | None = None
         self._lock = threading.Lock()
         self._closed = False
         _live_clients.add(self)
@@ -785,6 +789,33 @@ class ClusterClient:
             stop_hint=f"stop them: fray job stop --namespace {self.namespace}",
         )
 
+    # ----- the job level -------------------------------------------------------------------------
+
+    def _fray_job_context(self) -> ClusterJobContext:
+        """This client's job context (``fray.get_job_context()`` inside its jobs): tasks on executor jobs."""
+        with self._lock:
+            if self._job_context is None:
+                if self._closed:
+                    raise FrayError("this ClusterClient is shut down; create a new one")
+                self._job_context = ClusterJobContext(self)
+            return self._job_context
+
+    # ----- queues ------------------------------------------------------------------------------
+
+    def create_queue(self, name: str, *, exist_ok: bool = False) -> ClusterQueue[Any]:
+        """A durable queue with leases in the controller, named ``name`` in this client's namespace.
+
+        ``exist_ok`` attaches to the namespace's queue of that name (a job of this client's
+        namespace does so to reach its submitter's queue). See :mod:`fray.cluster.queue`.
+        """
+        check_terminated()
+        if self._closed:
+            raise FrayError("this ClusterClient is shut down; create a new one")
+        check_queue_name(name)
+        key = f"{self.namespace}/{name}"
+        self._controller.queue("create", key, exist_ok, uuid.uuid4().hex, self.user)
+        return ClusterQueue(self.address, key, name, self._token)
+
     def shutdown(self, wait: bool = True) -> None:
         """Stop this client's actors (and, unless ``wait``, its running jobs); refuse new work.
 
@@ -792,6 +823,10 @@ class ClusterClient:
         so that no call made afterwards reaches one.
         """
         self._closed = True
+        with self._lock:
+            context, self._job_context = self._job_context, None
+        if context is not None:  # its executors serve until told: stop them before waiting for jobs
+            context.shutdown()
         with self._lock:
             owned = list(self._owned)
         stopped: list[ClusterJobHandle] = []

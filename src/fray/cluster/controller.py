@@ -26,6 +26,7 @@ from fray.cluster._api import ControllerAPI
 from fray.cluster._database import ReadOnlyMode
 from fray.cluster._ops_api import OpsAPI
 from fray.cluster._pending import PendingSet
+from fray.cluster._queues import QueueAPI, QueueService, with_queues
 from fray.cluster._retention import RetentionPolicy
 from fray.cluster._specs import DEFAULT_MAX_SPECS, SpecCache
 from fray.cluster.capacity import WorkerInfo
@@ -122,6 +123,14 @@ class ControllerService:
         self._epochs: dict[str, int] = {}
         self._heartbeat_written: dict[str, float] = {}
         self._last_pass = 0.0  # seconds the last scheduling pass took (sets the debounce)
+
+    # ----- queues (kept by fray.cluster._queues; the Controller sets ``queues``) -------------------
+
+    queues: QueueService | None = None
+
+    def queue_stats(self) -> list[dict[str, Any]]:
+        """Every queue with its backlog (the operator API's status and the dashboard read this)."""
+        return self.queues.stats() if self.queues is not None else []
 
     def _notify_changed(self) -> None:
         """Wake long-polls waiting for a job or endpoint to change (call with ``_lock`` held)."""
@@ -657,8 +666,12 @@ class Controller:
             controller=self.service,
             retention=retention,
         )
+        # Durable queues with leases: their own state and tables, "queue.*" methods (fray.cluster._queues).
+        self.queues = QueueService(self.store)
+        self.service.queues = self.queues
+        api = ControllerAPI(self.service, ops=OpsAPI(self.ops))
         self.server = DataServer(
-            ControllerAPI(self.service, ops=OpsAPI(self.ops)),
+            with_queues(api, QueueAPI(self.queues, self.service.storage_failed), self.service),
             host,
             port,
             self.service.key_for,

@@ -181,6 +181,10 @@ class ControllerProxy:
     def resolve(self, namespace: str, name: str) -> list[str]:
         return [str(url) for url in self._call("resolve", namespace, name)]
 
+    def queue(self, method: str, *args: Any) -> Any:
+        """Call ``queue.METHOD`` (durable queues, :mod:`fray.cluster.queue`): plain data in and out."""
+        return self._call(f"queue.{method}", *args)
+
     def namespace_token(self, namespace: str) -> bytes:
         """The token of ``namespace``'s actor servers, as their tasks have it in ``FRAY_TOKEN``.
 

@@ -283,6 +283,8 @@ def queues_page(queues: list[dict[str, Any]] | None, csrf: str) -> str:
     """Queues and their backlog, when this controller has queues."""
     if queues is None:
         return page("Queues", '<h1>Queues</h1><p class="muted">This controller has no queues.</p>', csrf=csrf)
-    headers = list(queues[0].keys()) if queues else ["queue"]
+    if not queues:
+        return page("Queues", '<h1>Queues</h1><p class="muted">There are no queues yet.</p>', csrf=csrf)
+    headers = list(queues[0].keys())
     rows = ([escape(str(q.get(h, ""))) for h in headers] for q in queues)
     return page("Queues", f"<h1>Queues</h1>{_table(headers, rows)}", csrf=csrf)

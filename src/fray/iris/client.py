@@ -22,6 +22,7 @@ from connectrpc.errors import ConnectError
 from iris.client import JobAlreadyExists as IrisJobAlreadyExists
 from iris.cluster.types import Entrypoint as IrisEntrypoint
 
+from fray._local_context import LocalJobContext
 from fray._runtime import check_terminated
 from fray._serialization import call_parts, check_picklable
 from fray.actor import ActorGroup, check_actor_request, group_member_names
@@ -95,6 +96,7 @@ class IrisClient:
         self._owned: list[tuple[IrisJobHandle, bool]] = []  # (job, is an actor)
         self._lock = threading.Lock()
         self._closed = False
+        self._job_context: LocalJobContext | None = None
         _live_clients.add(self)
 
     @classmethod
@@ -271,6 +273,24 @@ class IrisClient:
             for index, member in enumerate(members)
         ]
         return ActorGroup(handles, [handle.job for handle in handles], name)
+
+    # ----- the job level ------------------------------------------------------------------------------
+
+    def _fray_job_context(self) -> LocalJobContext:
+        """The job context inside an Iris job: tasks on threads of the job's process (made once)."""
+        with self._lock:
+            if self._job_context is None:
+                self._job_context = LocalJobContext(client=self)
+            return self._job_context
+
+    # ----- queues -------------------------------------------------------------------------------------
+
+    def create_queue(self, name: str, *, exist_ok: bool = False) -> Any:
+        """Refused: the Iris backend has no queue of its own yet (the message names the alternative)."""
+        raise ConfigError(
+            f"create_queue({name!r}): the Iris backend has no queue with leases yet; keep one in an actor with "
+            "fray.queue.actor_queue(client, name), or run the pool on a Fray cluster or Ray"
+        )
 
     # ----- shutdown -----------------------------------------------------------------------------------
 

@@ -33,8 +33,10 @@ from fray.errors import ConfigError, FrayError, JobAlreadyExists
 from fray.job import CallableEntrypoint, EnvironmentConfig, JobInfo, JobRequest, current_job
 from fray.monarch import supervision
 from fray.monarch.actors import ActorRecord, HostMesh, MonarchActorHandle
+from fray.monarch.context import MonarchJobContext
 from fray.monarch.host import FrayHost, MemberSpec
 from fray.monarch.jobs import MonarchJob, MonarchJobHandle
+from fray.queue import ActorQueue, actor_queue
 from fray.resources import CpuConfig, ResourceConfig
 
 __all__ = ["MonarchClient"]
@@ -119,6 +121,7 @@ class MonarchClient:
         self._actors: dict[str, ActorRecord] = {}  # live actors by name
         self._all_actors: list[ActorRecord] = []
         self._meshes: list[HostMesh] = []
+        self._job_context: MonarchJobContext | None = None
         self._closed = False
 
     @classmethod
@@ -294,6 +297,21 @@ class MonarchClient:
         with self._lock:
             if self._actors.get(record.name) is record:
                 del self._actors[record.name]
+
+    # ----- the job level -------------------------------------------------------------------------
+
+    def _fray_job_context(self) -> MonarchJobContext:
+        """This client's job context: tasks on a pool of ``procs`` Monarch processes (made once, on first use)."""
+        with self._lock:
+            if self._job_context is None:
+                self._job_context = MonarchJobContext(self, self.procs)
+            return self._job_context
+
+    # ----- queues --------------------------------------------------------------------------------
+
+    def create_queue(self, name: str, *, exist_ok: bool = False) -> ActorQueue[Any]:
+        """A queue with leases kept by one of this client's actors (:func:`fray.queue.actor_queue`)."""
+        return actor_queue(self, name, exist_ok=exist_ok)
 
     # ----- lifecycle ---------------------------------------------------------------------------
 

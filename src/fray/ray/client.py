@@ -17,6 +17,7 @@ process and every ``RayClient`` of the process shares it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 import types
@@ -40,7 +41,9 @@ from fray.ray._driver_exit import track
 from fray.ray._launch import Launcher, short_id
 from fray.ray.actors import RayActorHandle, disown, own
 from fray.ray.binary import BinaryJob
+from fray.ray.context import RayJobContext, context_for
 from fray.ray.jobs import ActorJob, CallableJob, RayJobHandle
+from fray.ray.queue import RayQueue, create_queue
 from fray.ray.resources import choose_device, ray_options
 from fray.ray.tpu import TpuJob
 from fray.resources import ResourceConfig, TpuConfig, device_name
@@ -90,6 +93,7 @@ class RayClient:
         # alive through whoever drives them (the reaper, a binary job's watcher thread).
         self._jobs: weakref.WeakValueDictionary[str, RayJobHandle] = weakref.WeakValueDictionary()
         self._actor_jobs: dict[str, ActorJob] = {}
+        self._queues: list[RayQueue[Any]] = []
         self._lock = threading.Lock()
         self._closed = False
         self._actor_classes: weakref.WeakKeyDictionary[type, Any] = weakref.WeakKeyDictionary()
@@ -319,6 +323,24 @@ class RayClient:
         if job is not None:
             disown(job._handle)
 
+    # ----- the job level ----------------------------------------------------------------------
+
+    def _fray_job_context(self) -> RayJobContext:
+        """This client's job context (``fray.get_job_context()`` inside its jobs): Ray tasks and objects."""
+        return context_for(self.namespace, self)
+
+    def create_queue(self, name: str, *, exist_ok: bool = False) -> RayQueue[Any]:
+        """A queue with leases kept by a Ray actor of this client (see :mod:`fray.ray.queue`).
+
+        ``exist_ok`` attaches to the namespace's queue of that name if there is one.
+        """
+        self._check_open()
+        queue, created = create_queue(name, self.namespace, exist_ok=exist_ok)
+        if created:  # ends with this client, like its actors; an attached queue is its creator's
+            with self._lock:
+                self._queues.append(queue)
+        return queue
+
     # ----- lifecycle --------------------------------------------------------------------------
 
     def shutdown(self, wait: bool = True) -> None:
@@ -332,6 +354,7 @@ class RayClient:
             self._closed = True
             jobs = [j for j in self._jobs.values() if not isinstance(j, ActorJob)]
             actors = [job for job in self._actor_jobs.values() if not job.detached]
+            queues, self._queues = self._queues, []
         # Jobs first, actors after: running jobs may still be calling the actors.
         for job in jobs:
             if wait:
@@ -340,6 +363,9 @@ class RayClient:
                 job.terminate()
         for actor in actors:
             actor.terminate()
+        for queue in queues:
+            with contextlib.suppress(Exception):  # attached to a queue someone else already ended
+                queue._kill()
         self._launcher.shutdown()
         if _CLIENTS.get(self.namespace) is self:
             del _CLIENTS[self.namespace]

@@ -1,0 +1,315 @@
+"""The job level: :class:`JobContext` (tasks, objects, wait) and how code finds its context.
+
+Inside a job, work fans out as *tasks* (``create_task(fn, *args)``: a function passed
+directly, no decorators) whose results are :class:`ObjectRef`\\ s; ``get`` turns refs into
+values, ``wait`` returns the first ``num_returns`` that are ready, ``put`` stores an
+object once so that many tasks can take it by reference. ``create_actor`` delegates to
+the client's actors.
+
+:func:`get_job_context` returns the context set with :func:`set_job_context`, else the
+context of the backend the code runs on (inside a ``fray://`` job the cluster's, inside
+a Ray job Ray's, inside a task the context that runs the task), else a local threaded
+one. Implementations (see ``docs/job-level.md``):
+
+* :class:`~fray._local_context.LocalJobContext` -- threads of this process;
+* :class:`~fray._process_context.ProcessJobContext` -- worker processes on this machine;
+* ``fray.ray.RayJobContext`` -- Ray tasks and Ray's object store;
+* ``fray.cluster.context.ClusterJobContext`` -- tasks on a Fray cluster's workers.
+
+What every implementation provides, and this module's helpers implement once:
+
+* ObjectRefs passed as task arguments are resolved before the task runs: at the top
+  level of ``args``/``kwargs`` and one level inside a list, tuple or dict argument
+  (``f([ref1, ref2])`` receives values; ``f([[ref]])`` receives the inner ref itself);
+* a task that raised re-raises at ``get`` in the one error form
+  (:func:`fray._remote.remote_error`: a :class:`~fray.errors.RemoteError` that is also
+  of the user's class); a task whose worker died raises :class:`~fray.errors.TaskLostError`;
+* bad input raises a typed error saying how to fix it.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import itertools
+import os
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Protocol, TypeVar, runtime_checkable
+
+from fray._runtime import check_terminated
+from fray.errors import ConfigError
+from fray.resources import ResourceConfig
+
+__all__ = [
+    "JobContext",
+    "ObjectRef",
+    "bind_context",
+    "check_num_returns",
+    "check_resources",
+    "clear_job_context",
+    "get_job_context",
+    "ref_list",
+    "resolve_arguments",
+    "set_job_context",
+    "task_name",
+]
+
+T = TypeVar("T")
+
+
+@runtime_checkable
+class ObjectRef(Protocol):
+    """A reference to an object of one :class:`JobContext`: a task's result or a ``put`` value.
+
+    Refs are picklable: pass them to tasks (resolved before the task runs, see the
+    module docstring) or inside data. ``ref_id`` is unique within the context.
+    """
+
+    @property
+    def ref_id(self) -> str:
+        """The object's id, unique within its context."""
+        ...
+
+
+@runtime_checkable
+class JobContext(Protocol):
+    """Tasks, objects and waits inside a job, on one backend."""
+
+    def create_task(
+        self, fn: Callable[..., Any], *args: Any, resources: ResourceConfig | None = None, **kwargs: Any
+    ) -> ObjectRef:
+        """Run ``fn(*args, **kwargs)`` as a task; returns the ref of its result at once.
+
+        ObjectRefs among the arguments are replaced by their values first. ``resources``
+        (a :class:`~fray.resources.ResourceConfig`) is where the backend places tasks;
+        the keyword is Fray's, so ``fn`` cannot take an argument called ``resources``.
+        """
+        ...
+
+    def get(self, refs: Any, timeout: float | None = None) -> Any:
+        """The value of a ref, or the list of values of a list of refs; blocks until ready.
+
+        Raises the task's exception (the shared dual form), :class:`~fray.errors.TaskLostError`
+        when the task's worker died, ``TimeoutError`` after ``timeout`` seconds.
+        """
+        ...
+
+    def wait(
+        self, refs: Sequence[Any], num_returns: int = 1, timeout: float | None = None
+    ) -> tuple[list[Any], list[Any]]:
+        """Block until ``num_returns`` of ``refs`` are ready (or ``timeout``); return ``(ready, not_ready)``.
+
+        A failed task counts as ready (its ``get`` raises). Both lists keep the input order.
+        """
+        ...
+
+    def put(self, obj: Any) -> ObjectRef:
+        """Store ``obj`` in the job's objects; tasks given the ref receive the value."""
+        ...
+
+    def create_actor(self, actor_class: type, *args: Any, name: str | None = None, **kwargs: Any) -> Any:
+        """Create an actor through the context's client (a unique name when ``name`` is None)."""
+        ...
+
+
+# ----- finding the context -------------------------------------------------------------------
+
+_current: contextvars.ContextVar[JobContext | None] = contextvars.ContextVar("fray_job_context", default=None)
+
+
+def get_job_context() -> JobContext:
+    """The job context of the calling code.
+
+    In order: the one set with :func:`set_job_context` (or bound by the task that is
+    running); else the context of the current client's backend (:func:`fray.current_client`:
+    inside a job, the backend running it), which the client creates once; with no client
+    configured that is the embedded local backend, whose context runs tasks on threads.
+    """
+    check_terminated()
+    context = _current.get()
+    if context is not None:
+        return context
+    from fray.client import current_client
+
+    client = current_client()
+    hook = getattr(client, "_fray_job_context", None)
+    if hook is None:
+        raise ConfigError(
+            f"{type(client).__name__} has no job context; set one with "
+            "fray.set_job_context(fray.LocalJobContext()) (tasks on threads of this process)"
+        )
+    found: JobContext = hook()
+    return found
+
+
+def set_job_context(context: JobContext) -> contextvars.Token[JobContext | None]:
+    """Make ``context`` the job context of this thread (and of tasks and threads started from it).
+
+    Returns a token; :func:`clear_job_context` removes the setting again.
+    """
+    if not isinstance(context, JobContext):
+        raise ConfigError(
+            f"set_job_context needs a JobContext (create_task, get, wait, put, create_actor), "
+            f"got {type(context).__name__}"
+        )
+    return _current.set(context)
+
+
+def clear_job_context(token: contextvars.Token[JobContext | None] | None = None) -> None:
+    """Undo :func:`set_job_context`: back to the value before ``token``, or to none at all."""
+    if token is not None:
+        _current.reset(token)
+    else:
+        _current.set(None)
+
+
+def bind_context(context: JobContext) -> contextvars.Token[JobContext | None]:
+    """Backends call this where a task runs, so that ``get_job_context()`` there is the task's context."""
+    return _current.set(context)
+
+
+# ----- helpers every implementation shares ---------------------------------------------------
+
+_ids = itertools.count(1)
+_PROCESS_TAG = uuid.uuid4().hex[:8]
+
+
+def new_context_id(kind: str) -> str:
+    """A unique id for a new context of ``kind`` (unique across processes too)."""
+    return f"{kind}-{os.getpid()}-{_PROCESS_TAG}-{next(_ids)}"
+
+
+def task_name(fn: Any) -> str:
+    """How messages name a task's function: its qualified name, or its type's for callable objects."""
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
+    return str(name) if name else type(fn).__name__
+
+
+def check_callable(fn: Any) -> None:
+    """Refuse a task that is not callable, saying what was given."""
+    if not callable(fn):
+        raise ConfigError(
+            f"create_task needs a function (or any callable) as its first argument, got "
+            f"{type(fn).__name__}: {fn!r}; pass the function itself, not its result"
+        )
+
+
+def check_resources(resources: object) -> ResourceConfig | None:
+    """Check ``create_task(resources=...)``: None or a :class:`~fray.resources.ResourceConfig`."""
+    if resources is not None and not isinstance(resources, ResourceConfig):
+        raise ConfigError(
+            f"create_task(resources={resources!r}) must be a fray.ResourceConfig (e.g. ResourceConfig(cpu=2)) or None"
+        )
+    return resources
+
+
+def ref_list(refs: object, ref_type: type[T], what: str, owner: Callable[[T], bool]) -> list[T]:
+    """``refs`` as a list of this context's refs; a typed error naming the first that is not one.
+
+    ``owner(ref)`` says whether a ref of the right type belongs to this context.
+    """
+    items: Iterable[object]
+    if isinstance(refs, list | tuple):
+        items = refs
+    else:
+        raise ConfigError(
+            f"{what} takes a list of ObjectRefs (from create_task or put), got {type(refs).__name__}: {refs!r}"
+        )
+    out: list[T] = []
+    for index, item in enumerate(items):
+        out.append(one_ref(item, ref_type, f"{what}: item {index}", owner))
+    return out
+
+
+def one_ref(item: object, ref_type: type[T], what: str, owner: Callable[[T], bool]) -> T:
+    """``item`` checked to be a ref of this context (see :func:`ref_list`)."""
+    if isinstance(item, ref_type):
+        if not owner(item):
+            raise ConfigError(
+                f"{what}: {item!r} belongs to another job context; get its value there (or pass the value, "
+                "not the ref) -- refs are valid only in the context that made them"
+            )
+        return item
+    if isinstance(item, ObjectRef):
+        raise ConfigError(
+            f"{what}: {item!r} is an ObjectRef of another kind of job context ({type(item).__name__}); "
+            "refs are valid only in the context that made them"
+        )
+    raise ConfigError(
+        f"{what} must be an ObjectRef returned by create_task or put, got {type(item).__name__}: {item!r}"
+        + ("; wrap plain values with put() or use them directly" if not isinstance(item, list | tuple) else "")
+    )
+
+
+def check_num_returns(num_returns: object, count: int) -> int:
+    """Check ``wait(num_returns=...)`` against the number of refs given."""
+    if isinstance(num_returns, bool) or not isinstance(num_returns, int) or num_returns < 0:
+        raise ConfigError(f"wait(num_returns={num_returns!r}) must be a whole number >= 0")
+    if num_returns > count:
+        raise ConfigError(
+            f"wait(num_returns={num_returns}) asks for more refs than the {count} given; "
+            f"pass num_returns <= {count} (num_returns=len(refs) waits for all)"
+        )
+    return num_returns
+
+
+def check_timeout(timeout: object, what: str) -> float | None:
+    """Check a ``timeout`` argument: None (forever) or seconds >= 0."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout < 0:
+        raise ConfigError(f"{what}(timeout={timeout!r}) must be None (wait forever) or a number of seconds >= 0")
+    return float(timeout)
+
+
+def not_ready_error(what: str, missing: int, total: int, timeout: float | None) -> TimeoutError:
+    """The ``TimeoutError`` of a ``get`` whose objects were not all ready in time."""
+    return TimeoutError(f"{what}: {missing} of {total} objects not ready after {timeout}s")
+
+
+# One level of nesting: refs in a list, tuple or dict argument are resolved; deeper ones are not.
+_NESTABLE = (list, tuple, dict)
+
+
+def find_refs(args: tuple[Any, ...], kwargs: Mapping[str, Any], is_ref: Callable[[Any], bool]) -> list[Any]:
+    """The refs among ``args``/``kwargs`` (top level, and one level inside lists, tuples and dicts), in order."""
+    found: list[Any] = []
+    for value in itertools.chain(args, kwargs.values()):
+        if is_ref(value):
+            found.append(value)
+        elif type(value) in _NESTABLE:
+            inner = value.values() if type(value) is dict else value
+            found.extend(item for item in inner if is_ref(item))
+    return found
+
+
+def resolve_arguments(
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+    is_ref: Callable[[Any], bool],
+    value_of: Callable[[Any], Any],
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``args``/``kwargs`` with each ref (as :func:`find_refs` finds them) replaced by ``value_of(ref)``."""
+
+    def one(value: Any) -> Any:
+        if is_ref(value):
+            return value_of(value)
+        kind = type(value)
+        if kind is list:
+            return [value_of(v) if is_ref(v) else v for v in value]
+        if kind is tuple:
+            return tuple(value_of(v) if is_ref(v) else v for v in value)
+        if kind is dict:
+            return {k: value_of(v) if is_ref(v) else v for k, v in value.items()}
+        return value
+
+    return tuple(one(a) for a in args), {k: one(v) for k, v in kwargs.items()}
+
+
+def create_actor_via(client: Any, actor_class: type, args: tuple[Any, ...], name: str | None, kwargs: Any) -> Any:
+    """``create_actor`` of a context: the client's, with a unique name when none is given."""
+    check_terminated()
+    if name is None:
+        base = getattr(actor_class, "__name__", "actor")
+        name = f"{base}-{uuid.uuid4().hex[:8]}"
+    return client.create_actor(actor_class, *args, name=name, **kwargs)

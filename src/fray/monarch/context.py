@@ -1,0 +1,349 @@
+"""``MonarchJobContext``: tasks as calls on a pool of pre-spawned Monarch processes (``monarch?procs=N``).
+
+The pool is one Fray actor group of ``procs`` stateless :class:`TaskRunner` actors
+(one Monarch process mesh, :class:`~fray.monarch.host.FrayHost` on each rank),
+spawned once, on first use. ``create_task(fn, ...)`` queues the task here; each
+free rank gets one call ``run(fn, args, kwargs)`` at a time (a rank runs its calls
+in order, so a second call sent to a busy rank would wait behind the first: the
+queue stays here instead). Calls complete through Monarch's bridge
+(:mod:`fray.monarch.futures`), which frees the rank and sends the next task: no
+polling loop anywhere. A task's exception is the one error form; a rank that died
+fails its task with :class:`~fray.errors.TaskLostError` and is replaced by a new
+actor.
+
+Monarch has no object store (see the seed design): ``put`` raises ``ConfigError``
+naming the alternatives. Refs are futures of this process: refs among a task's
+arguments (top level, one level in) are resolved here before the call is sent, so
+the values travel with the call. Inside a task, ``get_job_context()`` is a context
+on the same pool that sends to the *other* ranks (each process queues its own
+tasks); a task waiting on nested tasks holds its rank meanwhile, so nesting as deep
+as the pool has ranks waits forever: keep nesting shallow, or use
+``ProcessJobContext`` for recursive fan-out.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import functools
+import itertools
+import threading
+import time
+import uuid
+import weakref
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from fray._runtime import check_terminated
+from fray._serialization import call_parts, check_picklable
+from fray.context import (
+    bind_context,
+    check_callable,
+    check_num_returns,
+    check_resources,
+    check_timeout,
+    clear_job_context,
+    create_actor_via,
+    find_refs,
+    new_context_id,
+    not_ready_error,
+    one_ref,
+    ref_list,
+    resolve_arguments,
+    task_name,
+)
+from fray.errors import ActorDiedError, ConfigError, TaskLostError
+from fray.resources import ResourceConfig
+
+__all__ = ["MonarchJobContext", "MonarchObjectRef", "TaskRunner"]
+
+_REFS: weakref.WeakValueDictionary[str, MonarchObjectRef] = weakref.WeakValueDictionary()
+
+
+class TaskRunner:
+    """The stateless actor on each rank of the pool: runs one task per call."""
+
+    def run(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], context: Any, rank: int
+    ) -> Any:
+        context._pool.exclude = rank  # nested tasks go to the other ranks: this one is busy with the caller
+        token = bind_context(context)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            clear_job_context(token)
+
+
+class MonarchObjectRef:
+    """A ref of a :class:`MonarchJobContext`: the future of one task's call, valid in the process that made it."""
+
+    __slots__ = ("__weakref__", "_context_id", "_future", "_here", "name", "ref_id")
+
+    def __init__(
+        self, context_id: str, ref_id: str, future: concurrent.futures.Future[Any], name: str, here: bool = True
+    ) -> None:
+        self._context_id = context_id
+        self.ref_id = ref_id
+        self._future = future
+        self._here = here  # False for a ref unpickled in another process: its value is not known there
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"MonarchObjectRef({self.ref_id!r})"
+
+    def __reduce__(self) -> tuple[object, ...]:
+        _REFS[self.ref_id] = self
+        return (_find_ref, (self._context_id, self.ref_id, self.name))
+
+
+def _find_ref(context_id: str, ref_id: str, name: str) -> MonarchObjectRef:
+    """The ref itself in the process that made it; elsewhere a ref whose value cannot be fetched."""
+    ref = _REFS.get(ref_id)
+    return ref if ref is not None else MonarchObjectRef(context_id, ref_id, concurrent.futures.Future(), name, False)
+
+
+def _check_here(refs: list[MonarchObjectRef]) -> None:
+    for ref in refs:
+        if not ref._here:
+            raise ConfigError(
+                f"ObjectRef {ref.ref_id!r} was made in another process; Monarch has no object store, so a ref's value "
+                "is only known where it was made: pass the value itself (refs in a task's arguments, at the top level "
+                "and one level inside lists and dicts, are replaced by their values before the call is sent)"
+            )
+
+
+_Job = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any], "concurrent.futures.Future[Any]", str]
+
+
+class _Pool:
+    """The runner actors and this process's queue of tasks for them."""
+
+    def __init__(self, client: Any, name: str, runners: list[Any], deferred: concurrent.futures.Executor) -> None:
+        self.client = client  # None inside a task: dead ranks are then not replaced from there
+        self.name = name
+        self.runners = runners
+        self.busy = [False] * len(runners)
+        self.exclude: int | None = None
+        self.queue: deque[_Job] = deque()
+        self.lock = threading.Lock()
+        self.replacements = itertools.count(1)
+        self.deferred = deferred
+
+    def submit(self, job: _Job, context: Any) -> None:
+        with self.lock:
+            self.queue.append(job)
+            self._pump(context)
+
+    def _pump(self, context: Any) -> None:
+        # With the lock held: one call per free rank.
+        for rank in range(len(self.runners)):
+            if not self.queue:
+                return
+            if self.busy[rank] or rank == self.exclude or self.runners[rank] is None:
+                continue
+            fn, args, kwargs, future, name = self.queue.popleft()
+            if not future.set_running_or_notify_cancel():
+                continue
+            self.busy[rank] = True
+            try:
+                call = self.runners[rank].run.remote(fn, args, kwargs, context, rank)
+            except BaseException as exc:
+                self.busy[rank] = False
+                future.set_exception(exc)
+                continue
+            call.add_done_callback(functools.partial(self._done, rank, future, name, context))
+
+    def _done(self, rank: int, future: concurrent.futures.Future[Any], name: str, context: Any, call: Any) -> None:
+        error = call.exception()
+        dead = isinstance(error, ActorDiedError)
+        if dead:
+            lost = TaskLostError(
+                f"task {name!r} was lost: its Monarch process died ({error}); Fray does not run it again"
+            )
+            lost.__cause__ = error
+            future.set_exception(lost)
+        elif error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(call.result())
+        with self.lock:
+            if dead:
+                self.runners[rank] = None
+                if self.client is not None:  # a new actor takes the rank (made off Monarch's bridge thread)
+                    self.deferred.submit(self._replace, rank, context)
+            else:
+                self.busy[rank] = False
+            self._pump(context)
+
+    def _replace(self, rank: int, context: Any) -> None:
+        runner = self.client.create_actor(TaskRunner, name=f"{self.name}-r{next(self.replacements)}")
+        with self.lock:
+            self.runners[rank] = runner
+            self.busy[rank] = False
+            self._pump(context)
+
+
+class MonarchJobContext:
+    """The job level on a pool of Monarch processes: see the module docstring.
+
+    ``procs`` is the pool's size (``MonarchClient(procs=N)`` / ``monarch?procs=N``;
+    default 2). ``resources`` of ``create_task`` are accepted and not enforced (the
+    pool's processes are spawned once).
+    """
+
+    def __init__(self, client: Any, procs: int | None = None) -> None:
+        size = 2 if procs is None else procs
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ConfigError(f"MonarchJobContext(procs={procs!r}) must be a whole number >= 1")
+        self._client = client
+        self.procs = size
+        self.context_id = new_context_id("monarch")
+        self._pool: _Pool | None = None
+        self._pool_lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._deferred = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fray-monarch-deps")
+
+    def __repr__(self) -> str:
+        return f"MonarchJobContext(procs={self.procs})"
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Inside a task: a context on the same pool (its runners' handles travel), without a client.
+        pool = self._ensure_pool()
+        return (_remote_context, (self.context_id, self.procs, pool.name, pool.runners))
+
+    def _ensure_pool(self) -> _Pool:
+        with self._pool_lock:
+            if self._pool is None:
+                name = f"tasks-{uuid.uuid4().hex[:8]}"
+                group = self._client.create_actor_group(TaskRunner, name=name, count=self.procs)
+                self._pool = _Pool(self._client, name, list(group._handles), self._deferred)
+            return self._pool
+
+    def _owns(self, ref: MonarchObjectRef) -> bool:
+        return ref._context_id == self.context_id
+
+    def _is_ref(self, value: Any) -> bool:
+        return isinstance(value, MonarchObjectRef)
+
+    # ----- tasks ---------------------------------------------------------------------------------
+
+    def create_task(
+        self, fn: Callable[..., Any], *args: Any, resources: ResourceConfig | None = None, **kwargs: Any
+    ) -> MonarchObjectRef:
+        """Queue ``run(fn, args, kwargs)`` for the next free rank once the refs among the arguments are ready."""
+        check_terminated()
+        check_callable(fn)
+        check_resources(resources)
+        deps = [
+            one_ref(d, MonarchObjectRef, "create_task: argument", self._owns)
+            for d in find_refs(args, kwargs, self._is_ref)
+        ]
+        _check_here(deps)
+        name = task_name(fn)
+        parts = call_parts(fn, args, kwargs, "the function")
+        if deps:  # the refs are checked as the values they stand for, when they are known
+            parts = {"the function": fn}
+        check_picklable(f"task {name!r}", parts)
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        ref = MonarchObjectRef(self.context_id, f"{self.context_id}/{next(self._ids)}", future, name)
+        if not deps:
+            self._ensure_pool().submit((fn, args, kwargs, future, name), self)
+            return ref
+        remaining = [len(deps)]
+        lock = threading.Lock()
+
+        def one_done(_: concurrent.futures.Future[Any]) -> None:
+            with lock:
+                remaining[0] -= 1
+                if remaining[0]:
+                    return
+            try:
+                values = resolve_arguments(args, kwargs, self._is_ref, _value)
+            except BaseException as exc:  # an argument's task failed: this one fails the same way, unrun
+                future.set_exception(exc)
+                return
+            self._ensure_pool().submit((fn, *values, future, name), self)
+
+        for dep in deps:
+            dep._future.add_done_callback(one_done)
+        return ref
+
+    def put(self, obj: Any) -> MonarchObjectRef:
+        """Refused: Monarch has no object store (the message names the alternatives)."""
+        raise ConfigError(
+            "MonarchJobContext.put: the Monarch backend has no object store; pass the value to create_task directly "
+            "(it travels with the call), or keep shared state in an actor (ctx.create_actor)"
+        )
+
+    # ----- results -------------------------------------------------------------------------------
+
+    def get(self, refs: Any, timeout: float | None = None) -> Any:
+        """The value of one ref, or the values of a list of refs, in order (see :class:`~fray.JobContext`)."""
+        check_terminated()
+        timeout = check_timeout(timeout, "get")
+        if isinstance(refs, MonarchObjectRef) or not isinstance(refs, list | tuple):
+            return self._values([one_ref(refs, MonarchObjectRef, "get()", self._owns)], timeout)[0]
+        return self._values(ref_list(refs, MonarchObjectRef, "get()", self._owns), timeout)
+
+    def _values(self, refs: list[MonarchObjectRef], timeout: float | None) -> list[Any]:
+        _check_here(refs)
+        _, not_done = concurrent.futures.wait([ref._future for ref in refs], timeout)
+        if not_done:
+            raise not_ready_error("get", len(not_done), len(refs), timeout)
+        return [_value(ref) for ref in refs]
+
+    def wait(
+        self, refs: Sequence[MonarchObjectRef], num_returns: int = 1, timeout: float | None = None
+    ) -> tuple[list[MonarchObjectRef], list[MonarchObjectRef]]:
+        """The first ``num_returns`` refs to be ready, without polling (see :class:`~fray.JobContext`)."""
+        check_terminated()
+        items = ref_list(refs, MonarchObjectRef, "wait()", self._owns)
+        want = check_num_returns(num_returns, len(items))
+        timeout = check_timeout(timeout, "wait")
+        _check_here(items)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pending = {ref._future for ref in items if not ref._future.done()}
+        while pending and len(items) - len(pending) < want:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                break
+            done, _ = concurrent.futures.wait(pending, remaining, concurrent.futures.FIRST_COMPLETED)
+            pending -= done
+        ready: list[MonarchObjectRef] = []
+        not_ready: list[MonarchObjectRef] = []
+        for ref in items:
+            (ready if ref._future.done() and len(ready) < want else not_ready).append(ref)
+        return ready, not_ready
+
+    def create_actor(self, actor_class: type, *args: Any, name: str | None = None, **kwargs: Any) -> Any:
+        """An actor of this context's client (inside a task: the current client of that process)."""
+        client = self._client
+        if client is None:
+            from fray.client import current_client
+
+            client = current_client()
+        return create_actor_via(client, actor_class, args, name, kwargs)
+
+    def shutdown(self) -> None:
+        """Stop the pool's processes."""
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        self._deferred.shutdown(wait=False)
+        if pool is not None and pool.client is not None:
+            for runner in pool.runners:
+                job = getattr(runner, "_record", None)
+                if job is not None:
+                    job.terminate()
+
+
+def _value(ref: MonarchObjectRef) -> Any:
+    """A done ref's value, or its task's error."""
+    return ref._future.result()
+
+
+def _remote_context(context_id: str, procs: int, name: str, runners: list[Any]) -> MonarchJobContext:
+    """The context a task sees: the same pool, reached through its runners' handles, and its own queue."""
+    context = MonarchJobContext(None, procs)
+    context.context_id = context_id
+    context._pool = _Pool(None, name, list(runners), context._deferred)
+    return context

@@ -1,0 +1,313 @@
+"""``RayJobContext``: the job level on Ray (``ray.remote`` tasks, ``ray.put/get/wait``).
+
+A task is a Ray task: plain functions become one ``ray.remote`` function each, made
+once per function (Ray exports it once, as for ``@ray.remote``); other callables
+travel pickled with each call. Refs among the arguments -- top level and one level
+inside a list, tuple or dict -- are handed to Ray as top-level arguments, so Ray
+resolves them all before the task runs (Ray alone resolves only the top level).
+Inside the task, ``get_job_context()`` is this context (so nested tasks work, and Ray
+lends a blocked task's CPU to them). A task's exception is captured where it was
+raised and re-raised at ``get`` in the one error form; a task whose worker died
+raises :class:`~fray.errors.TaskLostError`. Ray retries nothing (``max_retries=0``):
+Fray never runs a task twice behind your back.
+"""
+
+from __future__ import annotations
+
+import threading
+import types
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+from urllib.parse import quote
+
+import cloudpickle
+import ray.exceptions
+
+import ray
+from fray._remote import RemoteFailure, remote_error
+from fray._runtime import check_terminated
+from fray._serialization import call_parts, check_picklable, refused
+from fray.client import client_from_spec
+from fray.context import (
+    bind_context,
+    check_callable,
+    check_num_returns,
+    check_resources,
+    check_timeout,
+    clear_job_context,
+    create_actor_via,
+    find_refs,
+    not_ready_error,
+    one_ref,
+    ref_list,
+    resolve_arguments,
+    task_name,
+)
+from fray.errors import ObjectLostError, TaskLostError
+from fray.ray._errors import translate
+from fray.ray.resources import head_node_resource, ray_options
+from fray.resources import ResourceConfig
+
+__all__ = ["RayJobContext", "RayObjectRef", "context_for"]
+
+
+class RayObjectRef:
+    """A ref of a :class:`RayJobContext`: a ``ray.ObjectRef`` (``.ray_ref``) and the task it came from."""
+
+    __slots__ = ("name", "ray_ref")
+
+    def __init__(self, ray_ref: Any, name: str = "") -> None:
+        self.ray_ref = ray_ref
+        self.name = name  # the task's function, for messages; empty for put objects
+
+    @property
+    def ref_id(self) -> str:
+        """Ray's object id."""
+        return str(self.ray_ref.hex())
+
+    def __repr__(self) -> str:
+        return f"RayObjectRef({self.ref_id!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RayObjectRef) and other.ray_ref == self.ray_ref
+
+    def __hash__(self) -> int:
+        return hash(self.ray_ref)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (RayObjectRef, (self.ray_ref, self.name))
+
+
+class _Slot:
+    """Stands for the ``index``-th resolved ref in a task's arguments."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_Slot, (self.index,))
+
+
+class _TaskError(Exception):
+    """What a task raises to Ray when the user's code raised: the failure encoded where it happened."""
+
+    def __init__(self, encoded: bytes) -> None:
+        super().__init__("task failed")
+        self.encoded = encoded
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_TaskError, (self.encoded,))
+
+
+def _is_slot(value: Any) -> bool:
+    return isinstance(value, _Slot)
+
+
+def _run(fn: Callable[..., Any], namespace: str, packed: tuple[Any, dict[str, Any]], values: tuple[Any, ...]) -> Any:
+    """The body of every task, in a Ray worker: bind the context, put the values in, call, capture."""
+    args, kwargs = packed
+    if values:
+        args, kwargs = resolve_arguments(args, kwargs, _is_slot, lambda slot: values[slot.index])
+    token = bind_context(context_for(namespace))
+    try:
+        return fn(*args, **kwargs)
+    except BaseException as exc:
+        raise _TaskError(RemoteFailure.capture(exc).encode()) from None
+    finally:
+        clear_job_context(token)
+
+
+def _task_for(fn: Callable[..., Any]) -> Callable[..., Any]:
+    def task(namespace: str, packed: tuple[Any, dict[str, Any]], *values: Any) -> Any:
+        return _run(fn, namespace, packed, values)
+
+    task.__name__ = task.__qualname__ = task_name(fn)
+    return task
+
+
+def _pickled_task(pickled_fn: bytes, namespace: str, packed: tuple[Any, dict[str, Any]], *values: Any) -> Any:
+    return _run(cloudpickle.loads(pickled_fn), namespace, packed, values)
+
+
+class RayJobContext:
+    """The job level on the Ray cluster of a :class:`~fray.ray.RayClient`: see the module docstring.
+
+    ``create_task(resources=...)`` maps to Ray's task options as for jobs
+    (``num_cpus``, ``memory``, GPUs, non-preemptible placement); without it a task
+    takes Ray's default of one CPU. Actors are the client's.
+    """
+
+    def __init__(self, client: Any = None, *, namespace: str | None = None) -> None:
+        self._client = client
+        self.namespace: str = client.namespace if client is not None else str(namespace)
+        self._lock = threading.Lock()
+        self._remotes: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+        self._generic: Any = None
+        self._pin: str | None = None
+
+    @property
+    def client(self) -> Any:
+        """The RayClient behind ``create_actor`` (inside a task: one made for this namespace, once)."""
+        with self._lock:
+            if self._client is None:
+                self._client = client_from_spec(f"ray?namespace={quote(self.namespace)}")
+            return self._client
+
+    def _pin_resource(self) -> str:
+        if self._pin is None:
+            self._pin = head_node_resource(ray.cluster_resources())
+        return self._pin
+
+    def __repr__(self) -> str:
+        return f"RayJobContext(namespace={self.namespace!r})"
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (context_for, (self.namespace,))
+
+    def _remote_for(self, fn: Callable[..., Any]) -> tuple[Any, tuple[Any, ...]]:
+        """The Ray remote function for ``fn``, and the leading arguments it takes."""
+        if isinstance(fn, types.FunctionType):
+            with self._lock:
+                remote = self._remotes.get(fn)
+                if remote is None:
+                    remote = self._remotes[fn] = ray.remote(max_retries=0)(_task_for(fn))
+            return remote, ()
+        with self._lock:
+            if self._generic is None:
+                self._generic = ray.remote(max_retries=0)(_pickled_task)
+        return self._generic, (bytes(cloudpickle.dumps(fn)),)
+
+    # ----- the JobContext API ------------------------------------------------------------------
+
+    def create_task(
+        self, fn: Callable[..., Any], *args: Any, resources: ResourceConfig | None = None, **kwargs: Any
+    ) -> RayObjectRef:
+        """Submit ``fn(*args, **kwargs)`` as a Ray task; returns its ref at once."""
+        check_terminated()
+        check_callable(fn)
+        check_resources(resources)
+        found = [one_ref(r, RayObjectRef, "create_task: argument", _ours) for r in find_refs(args, kwargs, _is_ref)]
+        refs: list[Any] = []
+        slots: dict[Any, _Slot] = {}
+
+        def slot(ref: RayObjectRef) -> _Slot:
+            if ref.ray_ref not in slots:
+                slots[ref.ray_ref] = _Slot(len(refs))
+                refs.append(ref.ray_ref)
+            return slots[ref.ray_ref]
+
+        packed = resolve_arguments(args, kwargs, _is_ref, slot) if found else (args, dict(kwargs))
+        name = task_name(fn)
+        try:
+            remote, leading = self._remote_for(fn)
+            if resources is not None:
+                remote = remote.options(**ray_options(resources, pin_resource=self._pin_resource()))
+            ray_ref = remote.remote(*leading, self.namespace, packed, *refs)
+        except Exception as exc:
+            if "pickle" not in str(exc).lower() and "serializ" not in str(exc).lower():
+                raise
+            check_picklable(f"task {name!r}", call_parts(fn, args, kwargs, "the function"))
+            raise
+        return RayObjectRef(ray_ref, name)
+
+    def put(self, obj: Any) -> RayObjectRef:
+        """``ray.put(obj)``: a copy in Ray's object store."""
+        check_terminated()
+        return RayObjectRef(ray.put(obj))
+
+    def get(self, refs: Any, timeout: float | None = None) -> Any:
+        """``ray.get``, with Ray's errors turned into Fray's (see :class:`~fray.JobContext`)."""
+        check_terminated()
+        timeout = check_timeout(timeout, "get")
+        if isinstance(refs, RayObjectRef) or not isinstance(refs, list | tuple):
+            return self._values([one_ref(refs, RayObjectRef, "get()", _ours)], timeout)[0]
+        return self._values(ref_list(refs, RayObjectRef, "get()", _ours), timeout)
+
+    def _values(self, refs: list[RayObjectRef], timeout: float | None) -> list[Any]:
+        try:
+            return list(ray.get([ref.ray_ref for ref in refs], timeout=timeout))
+        except ray.exceptions.GetTimeoutError:
+            ready, _ = ray.wait([r.ray_ref for r in _unique(refs)], num_returns=len(_unique(refs)), timeout=0)
+            raise not_ready_error("get", len(_unique(refs)) - len(ready), len(refs), timeout) from None
+        except ray.exceptions.RayError as exc:
+            raise _translate(exc, refs) from None
+
+    def wait(
+        self, refs: Sequence[RayObjectRef], num_returns: int = 1, timeout: float | None = None
+    ) -> tuple[list[RayObjectRef], list[RayObjectRef]]:
+        """``ray.wait`` (Ray blocks; nothing polls), both lists in input order."""
+        check_terminated()
+        items = ref_list(refs, RayObjectRef, "wait()", _ours)
+        want = check_num_returns(num_returns, len(items))
+        timeout = check_timeout(timeout, "wait")
+        unique = [r.ray_ref for r in _unique(items)]
+        if want == 0 or not unique:
+            return [], list(items)
+        done, _ = ray.wait(unique, num_returns=min(want, len(unique)), timeout=timeout)
+        done_set = set(done)
+        ready: list[RayObjectRef] = []
+        not_ready: list[RayObjectRef] = []
+        for ref in items:
+            (ready if ref.ray_ref in done_set and len(ready) < want else not_ready).append(ref)
+        return ready, not_ready
+
+    def create_actor(self, actor_class: type, *args: Any, name: str | None = None, **kwargs: Any) -> Any:
+        """An actor of this context's RayClient."""
+        return create_actor_via(self.client, actor_class, args, name, kwargs)
+
+
+# The context of each Ray namespace in this process: a client's, or (in a Ray worker) one made on first use.
+_CONTEXTS: dict[str, RayJobContext] = {}
+_CONTEXTS_LOCK = threading.Lock()
+
+
+def context_for(namespace: str, client: Any = None) -> RayJobContext:
+    """This process's context for ``namespace``: ``client``'s own when given (made once), else any."""
+    with _CONTEXTS_LOCK:
+        context = _CONTEXTS.get(namespace)
+        if context is None or (client is not None and context._client not in (None, client)):
+            context = _CONTEXTS[namespace] = RayJobContext(client, namespace=namespace)
+        elif client is not None and context._client is None:
+            context._client = client
+        return context
+
+
+def _is_ref(value: Any) -> bool:
+    return isinstance(value, RayObjectRef)
+
+
+def _ours(_: RayObjectRef) -> bool:
+    # Every RayJobContext of this process talks to the one Ray connection: their refs mix freely.
+    return True
+
+
+def _unique(refs: list[RayObjectRef]) -> list[RayObjectRef]:
+    return list({ref.ray_ref: ref for ref in refs}.values())
+
+
+def _translate(exc: BaseException, refs: list[RayObjectRef]) -> BaseException:
+    """The Fray error for a Ray error raised by ``ray.get`` of task results."""
+    cause: BaseException | None = exc
+    while cause is not None:  # a dependent's error wraps its argument's
+        if isinstance(cause, _TaskError):
+            return remote_error(RemoteFailure.decode(cause.encoded))
+        if isinstance(cause, ray.exceptions.WorkerCrashedError | ray.exceptions.NodeDiedError):
+            return TaskLostError(f"a task was lost: the Ray worker running it died ({_first_line(cause)})")
+        nested = getattr(cause, "cause", None)
+        cause = nested if isinstance(nested, BaseException) and nested is not cause else None
+    if isinstance(exc, ray.exceptions.ObjectLostError | ray.exceptions.OwnerDiedError):
+        return ObjectLostError(f"Ray lost an object: {_first_line(exc)}")
+    if isinstance(exc, ray.exceptions.RayTaskError):
+        inner = getattr(exc, "cause", None)
+        if isinstance(inner, TypeError | AttributeError) and "pickl" in str(inner).lower():
+            name = next((r.name for r in refs if r.name), "")
+            return refused(f"task {name!r}", "the return value", inner)
+    return translate(exc)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

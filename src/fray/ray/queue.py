@@ -1,0 +1,168 @@
+"""Queues with leases on Ray: each queue is one named async Ray actor holding a :class:`~fray.queue.QueueCore`.
+
+The actor is async so that a blocking ``pop`` waits inside it (on an asyncio
+condition, woken by a push or by the earliest lease running out) without holding up
+other callers. It lives in the client's Ray namespace as ``fray-queue-NAME`` and,
+like the client's actors, ends when the client that created it shuts down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import Any, Generic, TypeVar
+
+import ray
+from fray._runtime import check_terminated
+from fray.queue import (
+    DEFAULT_LEASE_TIMEOUT,
+    Lease,
+    QueueCore,
+    check_lease,
+    check_pop_arguments,
+    check_queue_name,
+    lease_error,
+    queue_exists,
+)
+from fray.ray._errors import translate
+
+__all__ = ["RayQueue", "create_queue"]
+
+T = TypeVar("T")
+
+
+class _QueueActor:
+    """The Ray actor behind a :class:`RayQueue` (async: many callers may wait in ``pop`` at once)."""
+
+    def __init__(self, name: str) -> None:
+        self._core = QueueCore(name)
+        self._changed: asyncio.Condition | None = None
+
+    def _condition(self) -> asyncio.Condition:
+        if self._changed is None:  # made on the actor's event loop, at the first call
+            self._changed = asyncio.Condition()
+        return self._changed
+
+    async def push(self, item: Any) -> None:
+        self._core.push(item)
+        changed = self._condition()
+        async with changed:
+            changed.notify()
+
+    async def peek(self) -> tuple[bool, Any]:
+        return self._core.peek(time.monotonic())
+
+    async def pop(self, lease_timeout: float, timeout: float | None) -> Lease[Any] | None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        changed = self._condition()
+        while True:
+            now = time.monotonic()
+            lease = self._core.pop(lease_timeout, now)
+            if lease is not None or (deadline is not None and now >= deadline):
+                return lease
+            wake = [t for t in (deadline, self._core.next_deadline()) if t is not None]
+            async with changed:
+                with contextlib.suppress(TimeoutError):  # woken by the clock: a lease may have run out
+                    await asyncio.wait_for(changed.wait(), max(0.0, min(wake) - now) if wake else None)
+
+    async def done(self, lease_id: str) -> str:
+        return self._core.done(lease_id, time.monotonic())
+
+    async def counts(self) -> tuple[int, int]:
+        now = time.monotonic()
+        return self._core.pending(now), self._core.in_flight(now)
+
+
+_REMOTE: Any = None
+
+
+def _actor_class() -> Any:
+    global _REMOTE
+    if _REMOTE is None:
+        _REMOTE = ray.remote(_QueueActor)
+    return _REMOTE
+
+
+def _actor_name(name: str) -> str:
+    return f"fray-queue-{name}"
+
+
+class RayQueue(Generic[T]):
+    """A queue with leases on Ray (see :mod:`fray.queue`); picklable, usable from any task or actor."""
+
+    def __init__(self, name: str, namespace: str, actor: Any) -> None:
+        self._name = name
+        self._namespace = namespace
+        self._actor = actor
+
+    @property
+    def name(self) -> str:
+        """The queue's name."""
+        return self._name
+
+    def __repr__(self) -> str:
+        return f"RayQueue({self._name!r}, namespace={self._namespace!r})"
+
+    def _call(self, method: str, *args: Any) -> Any:
+        check_terminated()
+        try:
+            return ray.get(getattr(self._actor, method).remote(*args))
+        except ray.exceptions.RayError as exc:
+            raise translate(exc, actor=_actor_name(self._name), method=method) from None
+
+    def push(self, item: T) -> None:
+        """Append ``item``."""
+        self._call("push", item)
+
+    def peek(self) -> T | None:
+        """The next item without leasing it, or None."""
+        found, item = self._call("peek")
+        return item if found else None
+
+    def pop(self, lease_timeout: float = DEFAULT_LEASE_TIMEOUT, *, timeout: float | None = 0.0) -> Lease[T] | None:
+        """Lease the next item (see :meth:`fray.queue.Queue.pop`)."""
+        lease_timeout, timeout = check_pop_arguments(lease_timeout, timeout)
+        lease: Lease[T] | None = self._call("pop", lease_timeout, timeout)
+        return lease
+
+    def done(self, lease: Lease[T]) -> None:
+        """Remove the leased item for good (see :meth:`fray.queue.Queue.done`)."""
+        check_lease(lease, self._name)
+        status = self._call("done", lease.lease_id)
+        if status != "ok":
+            raise lease_error(status, lease.lease_id, self._name)
+
+    def pending(self) -> int:
+        """Items waiting to be popped."""
+        return int(self._call("counts")[0])
+
+    def in_flight(self) -> int:
+        """Items leased and not done."""
+        return int(self._call("counts")[1])
+
+    def _kill(self) -> None:
+        ray.kill(self._actor, no_restart=True)
+
+
+def create_queue(name: str, namespace: str, *, exist_ok: bool) -> tuple[RayQueue[Any], bool]:
+    """Create (or with ``exist_ok`` attach to) the queue ``name`` in ``namespace``; True if it was created."""
+    check_queue_name(name)
+    if exist_ok:
+        try:
+            return RayQueue(name, namespace, ray.get_actor(_actor_name(name), namespace=namespace)), False
+        except ValueError:
+            pass  # not there yet: create it below (a creator that wins the race is attached to then)
+    try:
+        actor = (
+            _actor_class()
+            .options(name=_actor_name(name), namespace=namespace, num_cpus=0, max_restarts=0, max_concurrency=1000)
+            .remote(name)
+        )
+    except ValueError as exc:
+        if "already" not in str(exc) and "taken" not in str(exc):
+            raise
+        if exist_ok:
+            return RayQueue(name, namespace, ray.get_actor(_actor_name(name), namespace=namespace)), False
+        raise queue_exists(name, f"in Ray namespace {namespace!r}") from None
+    return RayQueue(name, namespace, actor), True
