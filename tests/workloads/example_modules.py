@@ -1,0 +1,26 @@
+"""Loading ``examples/NAME.py`` in tests: ``from example_modules import load_example``."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import cloudpickle
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def load_example(name: str) -> ModuleType:
+    """Import ``examples/NAME.py`` (once) and have cloudpickle send its functions and classes by value."""
+    module_name = f"fray_example_{name}"
+    module = sys.modules.get(module_name)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(module_name, EXAMPLES / f"{name}.py")
+        assert spec is not None and spec.loader is not None, f"no example {name}"
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module
+        spec.loader.exec_module(module)
+        cloudpickle.register_pickle_by_value(module)
+    return module
