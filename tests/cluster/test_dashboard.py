@@ -111,7 +111,7 @@ def test_log_in_watch_a_job_run_follow_its_output_and_see_it_succeed(
 
         page.goto(f"http://{address}/jobs/{job.job_id}")
         assert "History" in page.content() and "succeeded" in page.locator("table").first.inner_text()
-        for path, text in (("/workers", "worker-0"), ("/actors", "Actors"), ("/queues", "no queues")):
+        for path, text in (("/workers", "worker-0"), ("/actors", "Actors"), ("/queues", "<h1>Queues</h1>")):
             page.goto(f"http://{address}{path}")
             assert text in page.content()
     finally:
