@@ -218,13 +218,16 @@ def test_call_in_flight_is_retried_on_the_restarted_actor(client, uid, tmp_path)
 
 
 def test_detached_actor_outlives_its_client(client, uid):
-    actor = client.create_actor(Worker, name=f"detached-{uid}", actor_config=ActorConfig(lifetime="detached"))
+    group = client.create_actor_group(
+        Worker, name=f"detached-{uid}", count=1, actor_config=ActorConfig(lifetime="detached")
+    )
+    actor = group.wait_ready(timeout=120)[0]
     pid = actor.pid()
     client.shutdown(wait=False)
     try:
         assert actor.pid() == pid
-    finally:
-        kill_actor(actor)
+    finally:  # nothing else will stop it
+        group.jobs[0].terminate()
 
 
 def test_owned_actor_ends_with_its_client(client, uid):

@@ -154,7 +154,7 @@ def test_an_idle_handle_lets_its_sender_thread_go_and_starts_another(iris_client
     monkeypatch.setattr(iris_actor, "SENDER_IDLE", 0.2)
     counter = iris_client.create_actor(Counter, name=f"idle-{uid}")
     assert counter.add(1) == 1
-    wait_until(lambda: counter._sender is None, timeout=30, what="the idle sender to end")
+    wait_until(lambda: counter._senders == 0, timeout=30, what="the idle sender to end")
     assert counter.add(1) == 2
 
 

@@ -23,4 +23,10 @@ def load_example(name: str) -> ModuleType:
         sys.modules[module_name] = module
         spec.loader.exec_module(module)
         cloudpickle.register_pickle_by_value(module)
+        try:  # Ray pickles actor classes with its own copy of cloudpickle, which keeps its own list
+            import ray.cloudpickle
+        except ImportError:
+            pass
+        else:
+            ray.cloudpickle.register_pickle_by_value(module)
     return module

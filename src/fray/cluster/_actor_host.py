@@ -67,9 +67,13 @@ class _Host:
             if death is None:
                 self._running += 1
                 return
-        copy = ActorDiedError(*death.args)
-        copy.__cause__ = death.__cause__
-        raise copy
+        raise _copy(death)
+
+    def withheld(self) -> ActorDiedError | None:
+        """Once the job is being terminated, every call still running is answered: the actor died."""
+        with self._idle:
+            death = self._death if self.terminating else None
+        return None if death is None else _copy(death)
 
     def ended(self) -> None:
         with self._idle:
@@ -102,6 +106,13 @@ class _Host:
         with self._idle:
             while self._running > 0 and (remaining := deadline - time.monotonic()) > 0:
                 self._idle.wait(remaining)
+
+
+def _copy(death: ActorDiedError) -> ActorDiedError:
+    # Each caller gets an exception of its own (a raised exception collects its traceback).
+    copy = ActorDiedError(*death.args)
+    copy.__cause__ = death.__cause__
+    return copy
 
 
 def _death(name: str, end: ActorEnd) -> ActorDiedError:

@@ -322,13 +322,22 @@ class IrisActorHandle:
             failure = RemoteFailure.decode(blob)
             original = failure.original()
             if isinstance(original, ActorDiedError):  # the actor ended itself: say so, with its cause
-                raise original
+                raise self._ended(original)
             raise remote_error(failure, original=original)
         try:
             return cloudpickle.loads(blob)
         except Exception as exc:
             label = actor_call_label(self._name, method)
             raise SerializationError(f"{label}: the return value cannot be unpickled here ({exc})") from exc
+
+    def _ended(self, refusal: ActorDiedError) -> ActorDiedError:
+        # The host's refusal crossed the wire pickled, which drops its __cause__ (why the actor
+        # failed itself); once its job has finished, the job's failure says it again.
+        try:
+            status = self._job.status()
+        except Exception:
+            return refusal
+        return self._death(status) if status.finished else refusal
 
     def _explain_unreachable(self, method: str, exc: Exception) -> BaseException:
         try:

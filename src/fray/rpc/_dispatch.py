@@ -162,7 +162,7 @@ class Call:
         """Run the method and send its result or exception (between the actor's hooks, if it has any)."""
         hooks = self.actor.hooks
         if hooks is None:
-            self._run()
+            self._run(None)
             return
         try:
             hooks.started()
@@ -170,16 +170,20 @@ class Call:
             self.conn.send_error(self.rid, ErrorCode.RAISED, exc)
             return
         try:
-            self._run()
+            self._run(hooks)
         finally:
             hooks.ended()
 
-    def _run(self) -> None:
+    def _run(self, hooks: CallHooks | None) -> None:
         conn, actor = self.conn, self.actor
         try:
             result = invoke(actor.obj, self.method, self.args, self.kwargs, actor.runner.loop)
         except BaseException as exc:  # the caller gets every exception, SystemExit included
-            conn.send_error(self.rid, ErrorCode.RAISED, exc)
+            withheld = hooks.withheld() if hooks is not None else None
+            conn.send_error(self.rid, ErrorCode.RAISED, withheld or exc)
+            return
+        if hooks is not None and (withheld := hooks.withheld()) is not None:
+            conn.send_error(self.rid, ErrorCode.RAISED, withheld)
             return
         try:
             segments = wire.encode(result)
@@ -333,6 +337,14 @@ class CallHooks(Protocol):
 
     def started(self) -> None:
         """A call is about to run; raising refuses it (the caller gets the exception, nothing runs)."""
+        ...
+
+    def withheld(self) -> BaseException | None:
+        """The call has run: an exception returned here is the caller's answer instead of the call's own.
+
+        A host being terminated says its actor died: the answer of a call that was still
+        running then must not depend on whether it beat the server's stop to the socket.
+        """
         ...
 
     def ended(self) -> None:
