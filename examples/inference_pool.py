@@ -90,7 +90,8 @@ def serve(
 ) -> None:
     """One model server (a pool worker job): pop, infer, push the result, then acknowledge."""
     while True:
-        lease = requests.pop(lease_timeout=lease_timeout, timeout=1)
+        # A short wait: a stopped local server (a thread) notices at its next Fray call.
+        lease = requests.pop(lease_timeout=lease_timeout, timeout=0.25)
         if lease is None:
             continue
         request = lease.item
