@@ -34,6 +34,7 @@ import argparse
 import concurrent.futures
 import dataclasses
 import json
+import posixpath
 import tempfile
 import time
 import zlib
@@ -84,7 +85,7 @@ class PipelineResult:
 
 def write_jsonl(url: str, rows: Iterable[dict[str, Any]]) -> None:
     fs, path = fsspec.core.url_to_fs(url)
-    fs.makedirs(fs._parent(path), exist_ok=True)
+    fs.makedirs(posixpath.dirname(path), exist_ok=True)  # fsspec paths are '/'-separated everywhere
     with fs.open(path, "w") as out:
         for row in rows:
             out.write(json.dumps(row) + "\n")
