@@ -37,6 +37,7 @@ import json
 import posixpath
 import tempfile
 import time
+import uuid
 import zlib
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -265,7 +266,9 @@ def main() -> None:
     args = parser.parse_args()
     client = fray.current_client()
     with tempfile.TemporaryDirectory(prefix="fray-pipeline-") as scratch:
-        result = run(client, args.storage or scratch, kill_worker_on_shard=args.kill_worker_on_shard)
+        # A fresh name per run: actor names and storage prefixes of earlier runs stay taken.
+        name = f"pipeline-{uuid.uuid4().hex[:6]}"
+        result = run(client, args.storage or scratch, name=name, kill_worker_on_shard=args.kill_worker_on_shard)
         print(f"backend: {client!r}")
         print(
             f"{result.records} records in {result.shards} shards -> {result.partitions} partitions "

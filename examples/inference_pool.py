@@ -47,6 +47,7 @@ import signal
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -227,7 +228,8 @@ def main() -> None:
     args = parser.parse_args()
     client = fray.current_client()
     fault = Fault(args.kill_during_request) if args.kill_during_request is not None else None
-    result = run(client, requests=args.requests, fault=fault)
+    # Queues outlive a run on a Fray cluster (they are durable there): a fresh name each run.
+    result = run(client, name=f"infer-{uuid.uuid4().hex[:6]}", requests=args.requests, fault=fault)
     print(f"backend: {client!r}")
     print(f"{len(result.outputs)} of {args.requests} requests answered; missing: {list(result.missing)}")
     print(f"duplicate results: {list(result.duplicates)}; redelivered: {list(result.redelivered)}")
