@@ -21,6 +21,7 @@ The scaling rule, checked every ``interval`` seconds::
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import itertools
 import math
@@ -183,11 +184,14 @@ class WorkerPool:
         with self._lock:
             workers, self._workers = self._workers, []
         errors: list[Exception] = []
-        for job in workers:
-            try:
-                job.terminate()
-            except FrayError as exc:
-                errors.append(exc)
+        if workers:  # side by side: a terminate may wait for the worker's code to notice (local threads)
+            with concurrent.futures.ThreadPoolExecutor(min(len(workers), 16), "fray-pool-stop") as stopper:
+                for future in [stopper.submit(job.terminate) for job in workers]:
+                    error = future.exception()
+                    if isinstance(error, FrayError):
+                        errors.append(error)
+                    elif error is not None:
+                        raise error
         if wait:
             for job in workers:
                 try:
