@@ -11,6 +11,9 @@
 2. Recovery: a controller database holding ``--db-jobs`` finished jobs (default 10,000)
    and 100 queued ones; the controller is killed with SIGKILL mid-run and restarted.
    Reported: restart until it serves, until the first queued job finishes, until all do.
+3. Flood: a legitimate client's call latency (p50, p99) on the controller's data-only RPC
+   server, idle and while 1,000 connections trickle bytes without finishing a handshake
+   and another thread connects and drops as fast as it can.
 
 Everything runs on 127.0.0.1 with its own ports and temporary directories, and stops
 only the processes it started.
@@ -170,17 +173,93 @@ def recovery(db_jobs: int, console: Console) -> None:
     console.print(table)
 
 
+def _latencies(address: str, token: bytes, calls: int) -> list[float]:
+    from fray.rpc.datarpc import DataClient
+
+    client = DataClient(address, token)
+    samples = []
+    for _ in range(calls):
+        started = time.perf_counter()
+        client.call("ping", [], {})
+        samples.append(time.perf_counter() - started)
+    return sorted(samples)
+
+
+def flood(console: Console, calls: int = 2000) -> None:
+    """Legitimate calls' latency, idle and under a handshake-trickle and connect flood."""
+    import resource
+    import socket
+    import threading
+
+    from fray.rpc.datarpc import DataServer
+
+    token = b"k" * 32
+    server = DataServer(lambda principal, method, args, kwargs: "pong", keys=token).start()
+    host, port = server.address.rsplit(":", 1)
+    stop = threading.Event()
+    attackers: list[socket.socket] = []
+
+    def trickle() -> None:
+        while not stop.is_set() and len(attackers) < 1000:
+            try:
+                attackers.append(socket.create_connection((host, int(port)), timeout=5))
+            except OSError:
+                stop.wait(0.01)
+        while not stop.wait(1.0):
+            for sock in list(attackers):
+                try:
+                    sock.send(b"F")
+                except OSError:
+                    attackers.remove(sock)
+
+    def connect_and_drop() -> None:
+        while not stop.is_set():
+            try:
+                socket.create_connection((host, int(port)), timeout=5).close()
+            except OSError:
+                stop.wait(0.01)
+
+    old = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(old[1], 8192), old[1]))
+    try:
+        idle = _latencies(server.address, token, calls)
+        threads = [threading.Thread(target=f, daemon=True) for f in (trickle, connect_and_drop)]
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + 120
+        while len(attackers) < 1000 and time.monotonic() < deadline:
+            stop.wait(0.1)
+        attacked = _latencies(server.address, token, calls)
+    finally:
+        stop.set()
+        for sock in attackers:
+            sock.close()
+        server.stop()
+        resource.setrlimit(resource.RLIMIT_NOFILE, old)
+    table = Table(title=f"Flood: {calls} legitimate calls, idle vs {len(attackers)} trickling connections + a flood")
+    for column in ("", "p50", "p99", "p99 / idle p99"):
+        table.add_column(column, justify="right")
+    for label, samples in (("idle", idle), ("under attack", attacked)):
+        p50, p99 = samples[len(samples) // 2], samples[int(len(samples) * 0.99) - 1]
+        table.add_row(
+            label, f"{p50 * 1e3:.2f} ms", f"{p99 * 1e3:.2f} ms", f"{p99 / idle[int(len(idle) * 0.99) - 1]:.1f}x"
+        )
+    console.print(table)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base", default=DEFAULT_BASE, help="commit to compare throughput against")
     parser.add_argument("--jobs", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--db-jobs", type=int, default=10_000)
-    parser.add_argument("--only", choices=["cost", "recovery"], default=None)
+    parser.add_argument("--only", choices=["cost", "recovery", "flood"], default=None)
     args = parser.parse_args()
     console = Console()
     if args.only in (None, "recovery"):
         recovery(args.db_jobs, console)
+    if args.only in (None, "flood"):
+        flood(console)
     if args.only in (None, "cost"):
         durability_cost(args.base, args.jobs, args.rounds, console)
 
