@@ -18,7 +18,6 @@ import contextvars
 import itertools
 import os
 import threading
-import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
@@ -34,6 +33,7 @@ from fray.context import (
     check_timeout,
     create_actor_via,
     find_refs,
+    first_ready,
     new_context_id,
     not_ready_error,
     one_ref,
@@ -328,31 +328,14 @@ class LocalJobContext:
         items = ref_list(refs, LocalObjectRef, "wait()", self._owns)
         want = check_num_returns(num_returns, len(items))
         timeout = check_timeout(timeout, "wait")
-        deadline = None if timeout is None else time.monotonic() + timeout
-        pending = {ref._future for ref in items if not ref._future.done()}
         with self._threads.waiting():
-            while pending and len(items) - len(pending) < want:
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    break
-                done, _ = concurrent.futures.wait(pending, remaining, concurrent.futures.FIRST_COMPLETED)
-                pending -= done
-        ready: list[LocalObjectRef] = []
-        not_ready: list[LocalObjectRef] = []
-        for ref in items:
-            (ready if ref._future.done() and len(ready) < want else not_ready).append(ref)
-        return ready, not_ready
+            return first_ready(items, [ref._future for ref in items], want, timeout)
 
     # ----- actors -------------------------------------------------------------------------------
 
     def create_actor(self, actor_class: type, *args: Any, name: str | None = None, **kwargs: Any) -> Any:
         """An actor of this context's client (the current client when none was given)."""
-        client = self._client
-        if client is None:
-            from fray.client import current_client
-
-            client = current_client()
-        return create_actor_via(client, actor_class, args, name, kwargs)
+        return create_actor_via(self._client, actor_class, args, name, kwargs)
 
 
 def _value(ref: LocalObjectRef) -> Any:

@@ -33,7 +33,6 @@ import os
 import shutil
 import tempfile
 import threading
-import time
 import traceback
 import weakref
 from collections import deque
@@ -64,6 +63,7 @@ from fray.context import (
     check_timeout,
     create_actor_via,
     find_refs,
+    first_ready,
     new_context_id,
     not_ready_error,
     one_ref,
@@ -572,28 +572,11 @@ class TaskOwner:
         want = check_num_returns(num_returns, len(items))
         timeout = check_timeout(timeout, "wait")
         records = self._records(items)
-        deadline = None if timeout is None else time.monotonic() + timeout
-        pending = {record.future for record in records if not record.future.done()}
-        while pending and len(items) - len(pending) < want:
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
-                break
-            done, _ = concurrent.futures.wait(pending, remaining, concurrent.futures.FIRST_COMPLETED)
-            pending -= done
-        ready: list[ProcessObjectRef] = []
-        not_ready: list[ProcessObjectRef] = []
-        for ref, record in zip(items, records, strict=True):
-            (ready if record.future.done() and len(ready) < want else not_ready).append(ref)
-        return ready, not_ready
+        return first_ready(items, [record.future for record in records], want, timeout)
 
     def create_actor(self, actor_class: type, *args: Any, name: str | None = None, **kwargs: Any) -> Any:
         """An actor of this context's client (the current client when none was given)."""
-        client = self._client
-        if client is None:
-            from fray.client import current_client
-
-            client = current_client()
-        return create_actor_via(client, actor_class, args, name, kwargs)
+        return create_actor_via(self._client, actor_class, args, name, kwargs)
 
     # ----- shutdown ------------------------------------------------------------------------------
 

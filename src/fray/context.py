@@ -29,14 +29,17 @@ What every implementation provides, and this module's helpers implement once:
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextvars
 import itertools
 import os
+import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from fray._runtime import check_terminated
+from fray.client import current_client
 from fray.errors import ConfigError
 from fray.resources import ResourceConfig
 
@@ -306,9 +309,37 @@ def resolve_arguments(
     return tuple(one(a) for a in args), {k: one(v) for k, v in kwargs.items()}
 
 
-def create_actor_via(client: Any, actor_class: type, args: tuple[Any, ...], name: str | None, kwargs: Any) -> Any:
-    """``create_actor`` of a context: the client's, with a unique name when none is given."""
+def first_ready(
+    items: Sequence[T], futures: Sequence[concurrent.futures.Future[Any]], want: int, timeout: float | None
+) -> tuple[list[T], list[T]]:
+    """What ``wait`` returns: the first ``want`` of ``items`` whose future (same position) is done, and the rest.
+
+    Blocks on the futures themselves (no polling loop) until ``want`` are done or ``timeout``
+    seconds have passed.
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    pending = {future for future in futures if not future.done()}
+    while pending and len(futures) - len(pending) < want:
+        remaining = None if deadline is None else deadline - time.monotonic()
+        if remaining is not None and remaining <= 0:
+            break
+        done, _ = concurrent.futures.wait(pending, remaining, concurrent.futures.FIRST_COMPLETED)
+        pending -= done
+    ready: list[T] = []
+    not_ready: list[T] = []
+    for item, future in zip(items, futures, strict=True):
+        (ready if future.done() and len(ready) < want else not_ready).append(item)
+    return ready, not_ready
+
+
+def create_actor_via(
+    client: Any | None, actor_class: type, args: tuple[Any, ...], name: str | None, kwargs: Any
+) -> Any:
+    """``create_actor`` of a context: the client's (the current client's when ``client`` is None),
+    with a unique name when none is given."""
     check_terminated()
+    if client is None:
+        client = current_client()
     if name is None:
         base = getattr(actor_class, "__name__", "actor")
         name = f"{base}-{uuid.uuid4().hex[:8]}"

@@ -27,7 +27,6 @@ import concurrent.futures
 import functools
 import itertools
 import threading
-import time
 import uuid
 import weakref
 from collections import deque
@@ -45,6 +44,7 @@ from fray.context import (
     clear_job_context,
     create_actor_via,
     find_refs,
+    first_ready,
     new_context_id,
     not_ready_error,
     one_ref,
@@ -301,28 +301,11 @@ class MonarchJobContext:
         want = check_num_returns(num_returns, len(items))
         timeout = check_timeout(timeout, "wait")
         _check_here(items)
-        deadline = None if timeout is None else time.monotonic() + timeout
-        pending = {ref._future for ref in items if not ref._future.done()}
-        while pending and len(items) - len(pending) < want:
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
-                break
-            done, _ = concurrent.futures.wait(pending, remaining, concurrent.futures.FIRST_COMPLETED)
-            pending -= done
-        ready: list[MonarchObjectRef] = []
-        not_ready: list[MonarchObjectRef] = []
-        for ref in items:
-            (ready if ref._future.done() and len(ready) < want else not_ready).append(ref)
-        return ready, not_ready
+        return first_ready(items, [ref._future for ref in items], want, timeout)
 
     def create_actor(self, actor_class: type, *args: Any, name: str | None = None, **kwargs: Any) -> Any:
         """An actor of this context's client (inside a task: the current client of that process)."""
-        client = self._client
-        if client is None:
-            from fray.client import current_client
-
-            client = current_client()
-        return create_actor_via(client, actor_class, args, name, kwargs)
+        return create_actor_via(self._client, actor_class, args, name, kwargs)
 
     def shutdown(self) -> None:
         """Stop the pool's processes."""
