@@ -186,6 +186,16 @@ class Change:
         self.create_tasks(job, attempt)
         self._retried.append(job.job_id)
 
+    def preempt(self, job: JobRecord, task: TaskRecord, reason: str) -> None:
+        """``task``'s host is lost on purpose (``fray.testing.preempt``) while its worker lives on.
+
+        The gang is retried under the preemption budget (or the job fails), as for any lost
+        task; the worker is also told to kill the task's process, which is still running there.
+        """
+        self.gang_fail(job, task, TaskState.LOST, Failure.lost(f"task {task.task_index} lost: {reason}"))
+        if task.state.active and task.worker_id is not None:
+            self._kill.append(KillOrder(task.key, task.worker_id))
+
     def record_exit(self, current: tuple[JobRecord, TaskRecord] | None, exit_code: int, failure: bytes | None) -> bool:
         """Record a task's exit: success (the job's too once all its tasks succeeded) or a gang failure.
 
