@@ -11,8 +11,10 @@ import pytest
 
 from fray import ConfigError, Entrypoint, FrayError, JobFailed, JobRequest, JobStatus, ResourceConfig, current_job
 from fray.cluster.client import ClusterClient
+from fray.cluster.controller_client import controller_client
+from fray.cluster.credentials import WORKER, Credential, user_principal
 from fray.cluster.launcher import LocalCluster
-from fray.errors import NotFound
+from fray.errors import NotFound, PermissionDenied
 from fray.testing import kill_worker, preempt
 from support import wait_until
 
@@ -142,6 +144,24 @@ def test_preempt_is_refused_by_name_on_monarch(monarch_client, uid):
             preempt(job)
     finally:
         job.terminate()
+
+
+def test_only_the_jobs_user_or_the_administrator_may_preempt_it_on_a_cluster(fray_cluster, uid):
+    master = fray_cluster.token.encode()
+    owner = ClusterClient(fray_cluster.address, token=Credential.mint(master, user_principal(f"owner{uid}")))
+    job = owner.submit(JobRequest(name=f"victim-{uid}", entrypoint=Entrypoint.from_binary("sleep", ["300"])))
+    try:
+        wait_until(lambda: job.status() == JobStatus.RUNNING, timeout=120, what="the job running")
+        other = controller_client(fray_cluster.address, Credential.mint(master, user_principal(f"other{uid}")))
+        with pytest.raises(PermissionDenied, match=f"belongs to user 'owner{uid}'"):
+            other.preempt(job.job_id)
+        worker = controller_client(fray_cluster.address, Credential.mint(master, WORKER))
+        with pytest.raises(PermissionDenied):
+            worker.preempt(job.job_id)
+        assert job.view().attempt == 0 and job.status() == JobStatus.RUNNING
+    finally:
+        job.terminate()
+        owner.shutdown(wait=False)
 
 
 def test_kill_worker_is_only_for_a_fray_cluster(client, request):
