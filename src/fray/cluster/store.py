@@ -74,9 +74,8 @@ from fray.cluster.records import (
     check_worker_transition,
 )
 from fray.cluster.scheduler import PendingJob, SchedulingDecision
-from fray.errors import FrayError, NotFound, StoreError
+from fray.errors import NotFound, StoreError
 from fray.job import JobStatus, validate_name
-from fray.testing import replicas_to_preempt
 
 __all__ = ["ClusterStore"]
 
@@ -478,19 +477,10 @@ class ClusterStore:
         )
 
     def preempt(self, job_id: str, replica: int | None, now: float) -> Effects:
-        """``fray.testing.preempt``: lose the running ``replica`` of ``job_id`` (or the whole gang) as a preemption.
-
-        Raises :class:`~fray.errors.NotFound` for an unknown job, :class:`~fray.errors.FrayError`
-        for one with nothing running, :class:`~fray.errors.ConfigError` for a replica it does not have.
-        """
+        """``fray.testing.preempt``: lose the job's running ``replica`` (its whole gang if None); see ``Change.preempt``."""
         with self._db.txn() as cur:
-            job = read_job(cur, job_id)
-            wanted = set(replicas_to_preempt(job_id, job.replicas, replica))
-            tasks = [t for t in read_tasks(cur, job_id, job.attempt) if t.state.active and t.replica_index in wanted]
-            if job.state != JobStatus.RUNNING or not tasks:
-                raise FrayError(f"job {job_id!r} is {job.state.value} with no attempt running: nothing to preempt")
             change = self._change(cur, now)
-            change.preempt(job, tasks[0], "preempted (fray.testing.preempt)")
+            change.preempt(job_id, replica)
             return change.effects()
 
     # -- workers ---------------------------------------------------------------------------
