@@ -22,8 +22,9 @@ from fray._lifecycle import JobLifecycle
 from fray._logcapture import LogBuffer
 from fray._process import kill_process_group
 from fray._runtime import StoppableRun, check_terminated
-from fray.errors import ActorUnavailableError
+from fray.errors import ActorUnavailableError, FrayError
 from fray.job import JobStatus, _current_job
+from fray.testing import replicas_to_preempt
 
 __all__ = ["STOP_GRACE", "Attempt", "LocalJob", "LocalJobHandle", "stop_deadline", "wait_for_stop"]
 
@@ -42,42 +43,61 @@ def _notify_finished(_: JobLifecycle) -> None:
 
 
 class Attempt:
-    """One attempt of a job: what runs for it, and the flag that stops it all."""
+    """One attempt of a job: what runs for it, and the flag that stops it all.
 
-    def __init__(self) -> None:
+    ``preempted`` holds the replicas that :meth:`preempt` ended: their end is a lost
+    host's (preemption budget), not a failure of their code.
+    """
+
+    def __init__(self, replicas: int = 1) -> None:
         self.stopping = threading.Event()
+        self.replicas = replicas
+        self.preempted: set[int] = set()
         self._lock = threading.Lock()
-        self._runs: list[StoppableRun] = []
-        self._processes: list[subprocess.Popen[bytes]] = []
+        self._runs: dict[int, StoppableRun] = {}
+        self._processes: dict[int, subprocess.Popen[bytes]] = {}
 
-    def stoppable(self) -> StoppableRun:
-        """A new :class:`StoppableRun` for one replica thread (already stopped if the attempt is)."""
+    def stoppable(self, index: int = 0) -> StoppableRun:
+        """A new :class:`StoppableRun` for replica ``index``'s thread (already stopped if the attempt is)."""
         run = StoppableRun()
         with self._lock:
-            self._runs.append(run)
-            stopping = self.stopping.is_set()
+            self._runs[index] = run
+            stopping = self.stopping.is_set() or index in self.preempted
         if stopping:
             run.stop()
         return run
 
-    def add_process(self, proc: subprocess.Popen[bytes]) -> None:
-        """Track a binary replica's process (killed at once if the attempt is stopping)."""
+    def add_process(self, proc: subprocess.Popen[bytes], index: int = 0) -> None:
+        """Track replica ``index``'s process (killed at once if the attempt is stopping)."""
         with self._lock:
-            self._processes.append(proc)
-            stopping = self.stopping.is_set()
+            self._processes[index] = proc
+            stopping = self.stopping.is_set() or index in self.preempted
         if stopping:
             kill_process_group(proc)
+
+    def preempt(self, replicas: Sequence[int]) -> None:
+        """End ``replicas`` as a preemption would: stop their threads, SIGKILL their processes."""
+        with self._lock:
+            self.preempted.update(replicas)
+            runs = [self._runs[i] for i in replicas if i in self._runs]
+            processes = [self._processes[i] for i in replicas if i in self._processes]
+        for run in runs:
+            run.stop()
+        for proc in processes:
+            # A lost host gives no warning: SIGKILL, not terminate()'s SIGTERM first.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
 
     def processes(self) -> list[subprocess.Popen[bytes]]:
         """The processes started for this attempt."""
         with self._lock:
-            return list(self._processes)
+            return list(self._processes.values())
 
     def stop(self) -> None:
         """Stop every replica: an asynchronous JobTerminated in each thread, SIGTERM to each process group."""
         with self._lock:
             self.stopping.set()
-            runs, processes = list(self._runs), list(self._processes)
+            runs, processes = list(self._runs.values()), list(self._processes.values())
         for run in runs:
             run.stop()
         for proc in processes:
@@ -110,9 +130,9 @@ class LocalJob:
         self._on_stop: list[Callable[[], None]] = [wake]
         _JOBS[(client_id, job_id)] = self
 
-    def new_attempt(self) -> Attempt:
-        """Start tracking a new attempt (stopped from the outset if the job was terminated)."""
-        attempt = Attempt()
+    def new_attempt(self, replicas: int = 1) -> Attempt:
+        """Start tracking a new attempt of ``replicas`` replicas (stopped from the outset if the job was terminated)."""
+        attempt = Attempt(replicas)
         with self._lock:
             self._attempt = attempt
             cancelled = self.cancel.is_set()
@@ -125,6 +145,18 @@ class LocalJob:
         with self._lock:
             attempt = self._attempt
         return attempt.processes() if attempt is not None else []
+
+    def preempt(self, replica: int | None) -> None:
+        """End the current attempt's ``replica`` (every replica if None) as a preemption would."""
+        with self._lock:
+            attempt = self._attempt
+        running = self.lifecycle.status == JobStatus.RUNNING and attempt is not None
+        if not running or attempt is None or attempt.stopping.is_set():
+            raise FrayError(
+                f"job {self.job_id!r} is {self.lifecycle.status.value} with no attempt running: nothing to preempt "
+                "(an actor's job is crashed with fray.testing.kill_actor)"
+            )
+        attempt.preempt(replicas_to_preempt(self.job_id, attempt.replicas, replica))
 
     def on_stop(self, hook: Callable[[], None]) -> None:
         """Call ``hook()`` when the job is told to stop (e.g. to stop the actor it hosts)."""
@@ -201,6 +233,10 @@ class LocalJobHandle:
     def logs(self, max_lines: int | None = None) -> list[str]:
         """The job's output lines (all attempts, stdout and stderr interleaved)."""
         return self._job.logs.lines(max_lines)
+
+    def _fray_preempt(self, replica: int | None) -> None:
+        """End a replica's thread (or process) as a preemption would (see :func:`fray.testing.preempt`)."""
+        self._job.preempt(replica)
 
     @classmethod
     def _fray_wait_some(cls, jobs: Sequence[LocalJobHandle], timeout: float | None) -> list[JobStatus]:

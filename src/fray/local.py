@@ -159,7 +159,7 @@ def _binary_replica(
         )
     except OSError as exc:
         return Failure.from_exception(exc).with_message(f"cannot start {entry.command!r}: {exc}")
-    attempt.add_process(proc)
+    attempt.add_process(proc, info.replica_index)
     assert proc.stdout is not None
     writer = job.logs.writer()
     last: collections.deque[str] = collections.deque(maxlen=5)
@@ -179,7 +179,7 @@ class LocalClient:
 
     ``max_threads`` bounds how many callable replicas run at once (others stay PENDING);
     actors do not count against it. Limits of running in one process: resources are
-    not enforced; ``max_retries_preemption`` never applies (nothing is preempted);
+    not enforced; ``max_retries_preemption`` applies only to :func:`fray.testing.preempt`;
     ``docker_image`` is ignored (noted in the job's log); ``pip_packages`` must already
     be installed; env vars of callable jobs are set process-wide while they run.
 
@@ -373,9 +373,9 @@ class LocalClient:
         namespace: str,
     ) -> Failure | None:
         """Run all replicas of one attempt until every one has exited; the first failure, or None."""
-        attempt = job.new_attempt()
-        outcomes: queue.SimpleQueue[tuple[int, Failure | None]] = queue.SimpleQueue()
         count = request.replicas
+        attempt = job.new_attempt(count)
+        outcomes: queue.SimpleQueue[tuple[int, Failure | None]] = queue.SimpleQueue()
         threads = []
         for index in range(count):
             info = JobInfo(
@@ -398,6 +398,9 @@ class LocalClient:
         first: Failure | None = None
         for _ in range(count):
             index, failure = outcomes.get()
+            if index in attempt.preempted:
+                # fray.testing.preempt ended it: whatever it raised, its host was "lost".
+                failure = Failure.lost("preempted (fray.testing.preempt)")
             if failure is not None and first is None and not attempt.stopping.is_set():
                 first = failure.in_replica(index, count)
                 attempt.stop()  # a gang lives and dies together
@@ -412,7 +415,7 @@ class LocalClient:
         _current_job.set(info)
         bind_actor(None)  # a job started from an actor's method is not that actor
         env = dict(environment.env_vars)
-        run = attempt.stoppable()
+        run = attempt.stoppable(info.replica_index)
         with capture_to(job.logs), terminating_on(job.job_id, attempt.stopping):
             try:
                 _ENV.acquire(env)
@@ -422,7 +425,7 @@ class LocalClient:
                 run.run(entry.callable, *entry.args, **entry.kwargs)
             except BaseException as exc:
                 failure = Failure.from_exception(exc)
-                if failure.remote is not None and not attempt.stopping.is_set():
+                if failure.remote is not None and not attempt.stopping.is_set() and not run.stopped:
                     job.logs.write(failure.remote.traceback_text)
                 return failure
             finally:

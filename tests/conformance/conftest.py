@@ -36,8 +36,22 @@ _IRIS_NO_RESTARTS = (
 _IRIS_NO_ALTERNATIVES = (
     "Fray does not map ResourceConfig(device_alternatives) onto Iris's device variants yet: it is refused by name"
 )
+_MONARCH_NO_PREEMPT = (
+    "fray.testing.preempt is refused by name on Monarch: Monarch 0.7.0 exits the client's process about 30 s "
+    "after a process that had called an actor dies abruptly (tests/conformance/test_fault_injection.py)"
+)
+_IRIS_NO_PREEMPT = "Fray does not preempt Iris tasks: fray.testing.preempt is refused by name there"
+_PREEMPT_TESTS = (
+    "test_preempted_job_is_retried_within_its_preemption_budget",
+    "test_preemption_past_the_budget_fails_with_the_lifecycle_wording",
+    "test_preempting_one_replica_retries_the_whole_gang",
+    "test_a_preempted_replica_without_budget_fails_the_job_naming_it",
+    "test_preempt_refuses_what_it_cannot_preempt",
+    "test_preempt_names_a_replica_the_job_lacks",
+)
 NOT_APPLICABLE: dict[str, dict[str, str]] = {
     "monarch": {
+        **dict.fromkeys(_PREEMPT_TESTS, _MONARCH_NO_PREEMPT),
         "test_killed_actor_restarts_and_in_flight_calls_fail": _MONARCH_NO_RESTARTS,
         "test_killed_actor_without_restarts_stays_dead": _MONARCH_NO_RESTARTS,
         "test_call_in_flight_is_retried_on_the_restarted_actor": _MONARCH_NO_RESTARTS,
@@ -47,6 +61,7 @@ NOT_APPLICABLE: dict[str, dict[str, str]] = {
         ),
     },
     "iris": {
+        **dict.fromkeys(_PREEMPT_TESTS, _IRIS_NO_PREEMPT),
         "test_work_goes_to_an_alternative_the_backend_has": _IRIS_NO_ALTERNATIVES,
         "test_an_actor_reports_the_device_it_got": _IRIS_NO_ALTERNATIVES,
         "test_killed_actor_restarts_and_in_flight_calls_fail": _IRIS_NO_RESTARTS,

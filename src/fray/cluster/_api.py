@@ -113,6 +113,7 @@ class ControllerAPI:
             "submit": self._submit,
             "submit_many": self._submit_many,
             "terminate": self._terminate,
+            "preempt": self._preempt,
             "register_endpoint": self._register_endpoint,
             "namespace_token": self._namespace_token,
             "logs": self._logs,
@@ -165,6 +166,18 @@ class ControllerAPI:
                 f"job {job.job_id!r} belongs to user {job.user!r}; only they or the cluster's administrator may stop it"
             )
         return codec.view_data(self._service.terminate(str(job_id), str(reason)))
+
+    def _preempt(self, caller: Caller, job_id: Any, replica: Any = None) -> dict[str, Any]:
+        # Fault injection for tests (fray.testing.preempt): allowed to whoever may stop the job.
+        job = self._service.job(str(job_id))
+        if not caller.may_act_for(job.user):
+            raise PermissionDenied(
+                f"job {job.job_id!r} belongs to user {job.user!r}; only they or the cluster's administrator may "
+                "preempt it"
+            )
+        if replica is not None and (isinstance(replica, bool) or not isinstance(replica, int)):
+            raise ProtocolError(f"preempt: replica must be a whole number or nil, got {type(replica).__name__}")
+        return codec.view_data(self._service.preempt(job.job_id, replica))
 
     def _logs(self, caller: Caller, job_id: Any, last: Any = None, after_id: Any = 0) -> list[list[Any]]:
         job = self._service.job(str(job_id))

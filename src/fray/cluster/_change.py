@@ -30,8 +30,9 @@ from fray.cluster.records import (
     check_worker_transition,
 )
 from fray.cluster.scheduler import SchedulingDecision
-from fray.errors import StoreError
+from fray.errors import FrayError, StoreError
 from fray.job import JobStatus
+from fray.testing import replicas_to_preempt
 
 __all__ = ["STALE", "Change", "reported_failure"]
 
@@ -185,6 +186,25 @@ class Change:
         )
         self.create_tasks(job, attempt)
         self._retried.append(job.job_id)
+
+    def preempt(self, job_id: str, replica: int | None) -> None:
+        """``fray.testing.preempt``: the host of ``replica``'s task (any task if None) is lost while its worker lives.
+
+        The gang is retried under the preemption budget (or the job fails), as for any lost
+        task; the worker is also told to kill the task's process, which still runs there.
+        Raises FrayError for a job with nothing running, ConfigError for a replica it lacks.
+        """
+        job = read_job(self.cur, job_id)
+        wanted = set(replicas_to_preempt(job_id, job.replicas, replica))
+        tasks = [t for t in read_tasks(self.cur, job_id, job.attempt) if t.state.active and t.replica_index in wanted]
+        if job.state != JobStatus.RUNNING or not tasks:
+            raise FrayError(f"job {job_id!r} is {job.state.value} with no attempt running: nothing to preempt")
+        task = tasks[0]
+        self.gang_fail(
+            job, task, TaskState.LOST, Failure.lost(f"task {task.task_index} lost: preempted (fray.testing.preempt)")
+        )
+        if task.worker_id is not None:
+            self._kill.append(KillOrder(task.key, task.worker_id))
 
     def record_exit(self, current: tuple[JobRecord, TaskRecord] | None, exit_code: int, failure: bytes | None) -> bool:
         """Record a task's exit: success (the job's too once all its tasks succeeded) or a gang failure.

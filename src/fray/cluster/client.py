@@ -161,6 +161,10 @@ class ClusterJobHandle:
         """Stop the job's tasks (and its child jobs) on every worker."""
         self._controller.terminate(self._job_id)
 
+    def _fray_preempt(self, replica: int | None) -> None:
+        """Have the controller lose the replica's task as a preemption (see :func:`fray.testing.preempt`)."""
+        self._controller.preempt(self._job_id, replica)
+
     def logs(self, max_lines: int | None = None) -> list[str]:
         """The job's output lines, all replicas and attempts, in arrival order."""
         return [line for _, line in self._controller.logs(self._job_id, max_lines)]

@@ -541,6 +541,11 @@ class ControllerService:
         self._apply(self._store.terminate_job(job_id, self._clock(), reason))
         return self.job(job_id)
 
+    def preempt(self, job_id: str, replica: int | None = None) -> JobView:
+        """Lose the running ``replica`` of the job (all of it if None) as a preemption (``fray.testing.preempt``)."""
+        self._apply(self._store.preempt(job_id, replica, self._clock()))
+        return self.job(job_id)
+
     def logs(self, job_id: str, last: int | None = None, after_id: int = 0) -> list[tuple[int, str]]:
         """The job's output lines as ``(line_id, text)``; ``after_id`` to follow new output."""
         return [(line.line_id, line.line) for line in self._store.read_logs(job_id, after_id=after_id, last=last)]

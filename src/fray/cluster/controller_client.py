@@ -44,8 +44,8 @@ _TOKEN_FILE = Path.home() / ".config" / "fray" / "token"
 #: How long calls keep retrying while the controller is unreachable (e.g. restarting).
 CONTROLLER_RETRY_SECONDS = 60.0
 
-# Only submit() creates something; every other controller call can safely be repeated.
-_NOT_IDEMPOTENT = frozenset({"submit", "submit_many"})
+# submit() creates something and preempt() ends an attempt; every other controller call can safely be repeated.
+_NOT_IDEMPOTENT = frozenset({"submit", "submit_many", "preempt"})
 
 
 def load_token(token: str | bytes | None = None) -> bytes | None:
@@ -149,6 +149,9 @@ class ControllerProxy:
 
     def terminate(self, job_id: str, reason: str = "terminated") -> JobView:
         return codec.view_from(self._call("terminate", job_id, reason))
+
+    def preempt(self, job_id: str, replica: int | None = None) -> JobView:
+        return codec.view_from(self._call("preempt", job_id, replica))
 
     def logs(self, job_id: str, last: int | None = None, after_id: int = 0) -> list[tuple[int, str]]:
         return [(int(i), str(line)) for i, line in self._call("logs", job_id, last, after_id)]

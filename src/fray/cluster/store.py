@@ -476,6 +476,13 @@ class ClusterStore:
             key, now, lambda change, job, task: change.gang_fail(job, task, TaskState.LOST, lost)
         )
 
+    def preempt(self, job_id: str, replica: int | None, now: float) -> Effects:
+        """``fray.testing.preempt``: lose the job's running ``replica`` (its whole gang if None); see ``Change.preempt``."""
+        with self._db.txn() as cur:
+            change = self._change(cur, now)
+            change.preempt(job_id, replica)
+            return change.effects()
+
     # -- workers ---------------------------------------------------------------------------
 
     def register_worker(

@@ -28,7 +28,7 @@ from fray._lifecycle import Failure, JobLifecycle
 from fray._logcapture import LogBuffer
 from fray._process import KILL_GRACE
 from fray._procjob import ReplicaProcess, callable_argv
-from fray.errors import ActorUnavailableError
+from fray.errors import ActorUnavailableError, ConfigError
 from fray.job import (
     BinaryEntrypoint,
     CallableEntrypoint,
@@ -232,6 +232,14 @@ class MonarchJobHandle:
     def logs(self, max_lines: int | None = None) -> list[str]:
         """The job's output lines so far (the last ``max_lines`` if given)."""
         return self._get().logs(max_lines)
+
+    def _fray_preempt(self, replica: int | None) -> None:
+        """Refused by name: see :func:`fray.testing.preempt` and ``docs/testing.md``."""
+        raise ConfigError(
+            f"preempt({self!r}): the Monarch backend does not preempt replicas on purpose: Monarch (0.7.0) exits "
+            "the client's process about 30 s after a process that had called an actor dies abruptly (its actors' "
+            "supervision messages become undeliverable); test preemption on local, fray:// or Ray"
+        )
 
     @classmethod
     def _fray_wait_some(cls, jobs: Sequence[MonarchJobHandle], timeout: float | None) -> list[JobStatus]:

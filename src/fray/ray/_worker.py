@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
+import signal
 import sys
 import threading
 import time
@@ -24,7 +25,7 @@ import cloudpickle
 from fray._logcapture import TaskOutput, capture_to
 from fray._remote import RemoteFailure
 
-__all__ = ["STARTED_AFTER", "JobOutcome", "replica_arguments", "run_job_replica", "started_key"]
+__all__ = ["STARTED_AFTER", "JobOutcome", "kill_replica", "replica_arguments", "run_job_replica", "started_key"]
 
 STARTED_AFTER = 0.05
 """Seconds a replica must have been running before it reports itself started.
@@ -101,7 +102,7 @@ class _StartedReporter:
                 self._inflight.update(due)
             for key in due:
                 with contextlib.suppress(Exception):  # a status hint must never break the job
-                    internal_kv._internal_kv_put(key, b"1", namespace=KV_NAMESPACE)
+                    internal_kv._internal_kv_put(key, _whereabouts(), namespace=KV_NAMESPACE)
             if due:
                 with self._cond:
                     self._inflight.difference_update(due)
@@ -112,6 +113,31 @@ class _StartedReporter:
 
 
 _REPORTER = _StartedReporter()
+
+_WHEREABOUTS: list[bytes] = []
+
+
+def _whereabouts() -> bytes:
+    """What a started key holds: this worker process's pid and Ray node id (what preempt() needs to kill it)."""
+    if not _WHEREABOUTS:
+        import ray
+
+        _WHEREABOUTS.append(f"{os.getpid()} {ray.get_runtime_context().get_node_id()}".encode())
+    return _WHEREABOUTS[0]
+
+
+def kill_replica(key: bytes, pid: int) -> bool:
+    """SIGKILL worker process ``pid`` if it still runs the replica of ``key`` (a Ray task on pid's node).
+
+    This is ``fray.testing.preempt`` on Ray: the replica's worker dies as on a lost
+    host, and Ray reports the replica's task as a crashed worker (a preemption).
+    """
+    from ray.experimental import internal_kv
+
+    if not internal_kv._internal_kv_exists(key, namespace=KV_NAMESPACE):
+        return False  # the replica ended meanwhile (its key went with it)
+    os.kill(pid, signal.SIGKILL)
+    return True
 
 
 # Each variable's value in this process before any replica changed it. Every replica

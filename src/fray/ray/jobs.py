@@ -34,8 +34,12 @@ from fray.ray._launch import Launcher, unique_suffix, user_env
 from fray.ray.actors import RayActorHandle
 from fray.ray.resources import bundle
 from fray.resources import device_name
+from fray.testing import replicas_to_preempt
 
 __all__ = ["ActorJob", "CallableJob", "RayJobHandle"]
+
+# How long preempt() waits for a replica that was just launched to report where it runs.
+_PREEMPT_WAIT = 60.0
 
 # Every job handle of this process by id, so that an unpickled handle is the live one.
 _LIVE: weakref.WeakValueDictionary[str, RayJobHandle] = weakref.WeakValueDictionary()
@@ -437,6 +441,46 @@ class CallableJob(RayJobHandle):
         self._remove_placement_group()
         if self._lifecycle.stop():
             self._forget_started_keys()
+
+    # Fault injection ---------------------------------------------------------------------------
+
+    def _fray_preempt(self, replica: int | None) -> None:
+        """SIGKILL the replicas' Ray worker processes (see :func:`fray.testing.preempt`).
+
+        Ray reports each as a crashed worker, which :func:`~fray.ray._errors.is_preemption`
+        counts as a preemption. The pid and node come from the replica's started key, so a
+        replica is preempted once it has run for :data:`~fray.ray._worker.STARTED_AFTER`.
+        """
+        from ray.experimental import internal_kv
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        import ray
+
+        self.status()
+        attempt, refs, _ = self._pending_refs()
+        if self._lifecycle.finished or not refs or self._stopping:
+            raise FrayError(
+                f"job {self._job_id!r} is {self._lifecycle.status.value} with no attempt running: nothing to preempt"
+            )
+        targets: list[tuple[bytes, int, str]] = []
+        deadline = time.monotonic() + _PREEMPT_WAIT
+        for index in replicas_to_preempt(self._job_id, len(refs), replica):
+            key = _worker.started_key(self._uid, attempt, index)
+            while not (value := internal_kv._internal_kv_get(key, namespace=_worker.KV_NAMESPACE)):
+                with self._lock:
+                    ended = index in self._outcomes or self._refs is not refs
+                if ended or time.monotonic() > deadline:
+                    raise FrayError(f"job {self._job_id!r}: replica {index} of attempt {attempt} is not running")
+                time.sleep(0.02)
+            pid, node = value.decode().split()
+            targets.append((key, int(pid), node))
+        killer = ray.remote(num_cpus=0, max_retries=0)(_worker.kill_replica)
+        ray.get(
+            [
+                killer.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(key, pid)
+                for key, pid, node in targets
+            ]
+        )
 
     def _remove_placement_group(self) -> None:
         with self._lock:
