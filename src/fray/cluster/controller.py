@@ -256,8 +256,8 @@ class ControllerService:
             return {}
         slice_name = self._store.get_worker(task.worker_id).info.tpu_name or task.worker_id
         # The gang is placed as a unit, so host 0 of slice 0 has its worker by now.
-        first = next(t for t in self._store.get_tasks(task.job_id, task.attempt) if t.task_index == 0)
-        coordinator = self._store.get_worker(first.worker_id).address if first.worker_id else ""
+        first = next((t for t in self._store.get_tasks(task.job_id, task.attempt) if t.task_index == 0), None)
+        coordinator = self._store.get_worker(first.worker_id).address if first and first.worker_id else ""
         return tpu_host_env(
             slice_name,
             task.host_index,
