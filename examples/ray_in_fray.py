@@ -26,6 +26,7 @@ import asyncio
 import json
 import os
 import secrets
+import shutil
 import socket
 import subprocess
 import sys
@@ -111,6 +112,7 @@ class RayInFrayResult:
     program: dict[str, Any]  # what the user's program reported (client backend, Ray nodes, its job)
     ray_processes: tuple[tuple[int, int, str], ...]  # (replica, pid, process name), all the replicas started
     still_running: tuple[int, ...]  # of those, the PIDs still alive after the job ended
+    temp_dirs: tuple[str, ...]  # the Ray nodes' temp dirs (removed once nothing runs there)
 
 
 def ray_program(result_path: str, hold: bool) -> None:
@@ -147,35 +149,43 @@ def ray_node(rendezvous: Any, workdir: str, program: Callable[..., None], args: 
     assert info is not None
     temp_dir = tempfile.mkdtemp(prefix="fr-ray-")  # short: Ray's socket paths must fit in 107 bytes
     pid_file = Path(workdir) / f"pids-{info.replica_index}-{info.attempt}.json"
+    # Terminated replicas cannot clean up after themselves: the driver removes these too (see run()).
+    _write_atomically(Path(workdir) / f"tempdir-{info.replica_index}-{info.attempt}", temp_dir)
     ports = [f"--{flag}={_free_port()}" for flag in _NODE_PORT_FLAGS]
-    if info.replica_index == 0:
-        # The job's Ray has a token of its own, handed to the other replicas through Fray.
-        token = secrets.token_hex(32)
-        port = _free_port()
-        head = f"127.0.0.1:{port}"
-        head_args = [f"--port={port}", f"--ray-client-server-port={_free_port()}", f"--dashboard-port={_free_port()}"]
-        node = _RayNode(["--head", "--include-dashboard=false", *head_args, *ports], temp_dir, token)
-        node.track(pid_file)
-        rendezvous.publish_head(head, token)
-        if not _poll(lambda: rendezvous.all_joined(_CALL_WAIT), _RAY_START_SECONDS):
-            raise RuntimeError(f"not every replica's Ray node joined the head within {_RAY_START_SECONDS}s")
-        try:
-            _run_program(node, head, token, workdir, program, args)
-        finally:
-            rendezvous.finish()
+    node: _RayNode | None = None
+    try:
+        if info.replica_index == 0:
+            # The job's Ray has a token of its own, handed to the other replicas through Fray.
+            token = secrets.token_hex(32)
+            port = _free_port()
+            head = f"127.0.0.1:{port}"
+            head_args = [
+                f"--port={port}",
+                f"--ray-client-server-port={_free_port()}",
+                f"--dashboard-port={_free_port()}",
+            ]
+            node = _RayNode(["--head", "--include-dashboard=false", *head_args, *ports], temp_dir, token, pid_file)
+            rendezvous.publish_head(head, token)
+            try:
+                if not _poll(lambda: rendezvous.all_joined(_CALL_WAIT), _RAY_START_SECONDS):
+                    raise RuntimeError(f"not every replica's Ray node joined the head within {_RAY_START_SECONDS}s")
+                _run_program(node, head, token, workdir, program, args)
+            finally:
+                rendezvous.finish()
+        else:
+            found = _poll(lambda: rendezvous.head(_CALL_WAIT), _RAY_START_SECONDS)
+            if found is None:
+                raise RuntimeError(f"replica 0 published no Ray head within {_RAY_START_SECONDS}s")
+            head, token = found
+            node = _RayNode([f"--address={head}", *ports], temp_dir, token, pid_file)
+            rendezvous.join(info.replica_index)
+            while not rendezvous.finished(_CALL_WAIT):
+                if node.proc.poll() is not None:
+                    raise RuntimeError(f"this replica's Ray node exited with {node.proc.returncode}")
+    finally:  # a terminated job never gets here: its replicas' process groups are killed, Ray's with them
+        if node is not None:
             node.stop()
-    else:
-        found = _poll(lambda: rendezvous.head(_CALL_WAIT), _RAY_START_SECONDS)
-        if found is None:
-            raise RuntimeError(f"replica 0 published no Ray head within {_RAY_START_SECONDS}s")
-        head, token = found
-        node = _RayNode([f"--address={head}", *ports], temp_dir, token)
-        node.track(pid_file)
-        rendezvous.join(info.replica_index)
-        while not rendezvous.finished(_CALL_WAIT):
-            if node.proc.poll() is not None:
-                raise RuntimeError(f"this replica's Ray node exited with {node.proc.returncode}")
-        node.stop()
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 _NODE_PORT_FLAGS = (
@@ -191,7 +201,7 @@ _NODE_PORT_FLAGS = (
 class _RayNode:
     """One ``ray start --block`` and the PIDs of every process it started."""
 
-    def __init__(self, args: list[str], temp_dir: str, token: str) -> None:
+    def __init__(self, args: list[str], temp_dir: str, token: str, pid_file: Path) -> None:
         argv = [
             sys.executable, "-m", "ray.scripts.scripts", "start", "--block", "--node-ip-address=127.0.0.1",
             "--num-cpus=1", "--object-store-memory=80000000",
@@ -199,10 +209,12 @@ class _RayNode:
         ]  # fmt: skip
         env = {**os.environ, **_ray_auth(token), "RAY_USAGE_STATS_ENABLED": "0"}
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-        self._pids: dict[int, str] = {self.proc.pid: "ray start"}
+        self._labels: dict[int, str] = {self.proc.pid: "ray start"}  # processes named by what they are to us
+        self._pids: dict[int, str] = dict(self._labels)
         self._lock = threading.Lock()  # the tracking thread and the replica both add PIDs
         self._started = threading.Event()
         threading.Thread(target=self._forward_output, daemon=True).start()
+        self._track(pid_file)
         if not self._started.wait(_RAY_START_SECONDS):
             self.stop()
             raise RuntimeError(f"the Ray node did not start within {_RAY_START_SECONDS}s: {' '.join(argv)}")
@@ -217,7 +229,7 @@ class _RayNode:
                 self._started.set()
         self._started.set()  # it exited: let the starter see that
 
-    def track(self, pid_file: Path) -> None:
+    def _track(self, pid_file: Path) -> None:
         """Record the node's processes in ``pid_file`` now and every moment until it stops."""
         self._record(pid_file)
 
@@ -231,12 +243,15 @@ class _RayNode:
     def add(self, pid: int, name: str) -> None:
         """Track one more process that belongs with this node."""
         with self._lock:
+            self._labels[pid] = name
             self._pids[pid] = name
 
     def _record(self, pid_file: Path) -> None:
         found = {pid: _process_name(pid) for pid in _descendants(self.proc.pid)}
         with self._lock:
-            self._pids = {**found, **self._pids}
+            # A fresh name wins: a child seen between fork and exec still has its parent's name.
+            self._pids.update(found)
+            self._pids.update(self._labels)
             _write_atomically(pid_file, json.dumps(sorted(self._pids.items())))
 
     def stop(self) -> None:
@@ -371,11 +386,17 @@ def run(
     gone_by = time.monotonic() + 60  # the kills are sent; dying takes a moment on a busy machine
     while any(_pid_alive(pid) for _, pid, _ in processes) and time.monotonic() < gone_by:
         time.sleep(_STEP)
+    still_running = tuple(pid for _, pid, _ in processes if _pid_alive(pid))
+    temp_dirs = tuple(sorted(path.read_text() for path in workdir.glob("tempdir-*")))
+    if not still_running:  # Ray's session files (logs, sockets) of the job's nodes, on this machine
+        for path in temp_dirs:
+            shutil.rmtree(path, ignore_errors=True)
     return RayInFrayResult(
         fray_status=str(status),
         program=json.loads(result_path.read_text()),
         ray_processes=processes,
-        still_running=tuple(pid for _, pid, _ in processes if _pid_alive(pid)),
+        still_running=still_running,
+        temp_dirs=temp_dirs,
     )
 
 

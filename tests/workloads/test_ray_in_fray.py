@@ -35,6 +35,7 @@ def check_processes(result) -> None:
     assert (0, "gcs_server") in names
     assert (0, "ray program") in names  # the user's Ray driver
     assert result.still_running == ()
+    assert result.temp_dirs and not any(Path(d).exists() for d in result.temp_dirs)
 
 
 @pytest.mark.slow

@@ -220,6 +220,7 @@ def test_ray_a_user_error_fails_the_job_after_its_failure_retries(ray_sim):
 
 def _ray_main(output: str) -> None:
     """Start a simulated two-slice pod on Ray, run every scenario, write what happened to ``output``."""
+    import shutil
     import tempfile
 
     from ray.cluster_utils import Cluster
@@ -231,6 +232,7 @@ def _ray_main(output: str) -> None:
     from tpu_sim import tpu_host_args
 
     results: dict[str, Any] = {}
+    base = Path(tempfile.mkdtemp(prefix="fray-train-"))
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     try:
         nodes = {(s, h): cluster.add_node(**tpu_host_args(s, h)) for s in SLICES for h in range(HOSTS)}
@@ -238,10 +240,12 @@ def _ray_main(output: str) -> None:
         ray.init(address=cluster.address, log_to_driver=False)
         client = RayClient(namespace="train-on-slices")
 
-        workdir = tempfile.mkdtemp(prefix="fray-train-plain-")
+        workdir = str(base / "plain")
+        os.mkdir(workdir)
         results["plain"] = asdict(example.run(client, workdir, name="plain", timeout=240))
 
-        workdir = tempfile.mkdtemp(prefix="fray-train-preempt-")
+        workdir = str(base / "preempt")
+        os.mkdir(workdir)
 
         def preempt(job: JobHandle, replica: int) -> None:
             victim = next(r.slice_name for r in example.read_reports(workdir) if r.slice_index == replica)
@@ -254,7 +258,8 @@ def _ray_main(output: str) -> None:
         results["preempt"] = asdict(result)
         results["preempt_first_attempt_hosts"] = len([r for r in example.read_reports(workdir) if r.attempt == 0])
 
-        workdir = tempfile.mkdtemp(prefix="fray-train-bad-")
+        workdir = str(base / "bad")
+        os.mkdir(workdir)
         try:
             example.run(client, workdir, name="bad", learning_rate=-1.0, max_retries_failure=1, timeout=300)
             results["bad"] = {"error": None, "is_value_error": False}
@@ -265,6 +270,7 @@ def _ray_main(output: str) -> None:
     finally:
         ray.shutdown()
         cluster.shutdown()
+        shutil.rmtree(base, ignore_errors=True)
         Path(output).write_text(json.dumps(results, indent=1))
 
 
