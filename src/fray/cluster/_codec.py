@@ -234,6 +234,7 @@ def assignment_from(data: Any) -> TaskAssignment:
         values = dict(data)
         values["key"] = key_from(values["key"])
         values["spec"] = spec_from(values["spec"])
+        values["device_env"] = {_str(k): _str(v) for k, v in dict(values.get("device_env", {})).items()}
         return TaskAssignment(**values)
 
     return checked("task assignment", build)

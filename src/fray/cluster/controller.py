@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from fray._tpu_env import tpu_host_env
 from fray.cluster import _codec as codec
 from fray.cluster._api import ControllerAPI
 from fray.cluster._database import ReadOnlyMode
@@ -245,6 +246,25 @@ class ControllerService:
             spec=self._specs.get(task.job_id),
             credential=self._keys.job_credential(job.job_id),
             actor_token=self.namespace_token(job.namespace),
+            device_env=self._device_env(job, task),
+        )
+
+    def _device_env(self, job: JobRecord, task: TaskRecord) -> dict[str, str]:
+        """For a TPU task: its slice, host index and (multislice) the coordinator, host 0 of slice 0."""
+        topology = job.resources.tpu
+        if topology is None or task.worker_id is None:
+            return {}
+        slice_name = self._store.get_worker(task.worker_id).info.tpu_name or task.worker_id
+        # The gang is placed as a unit, so host 0 of slice 0 has its worker by now.
+        first = next((t for t in self._store.get_tasks(task.job_id, task.attempt) if t.task_index == 0), None)
+        coordinator = self._store.get_worker(first.worker_id).address if first and first.worker_id else ""
+        return tpu_host_env(
+            slice_name,
+            task.host_index,
+            topology.hosts,
+            slice_id=task.replica_index,
+            num_slices=job.replicas,
+            coordinator_ip=coordinator.rsplit(":", 1)[0],  # a worker's address is HOST:PID
         )
 
     # ----- credentials --------------------------------------------------------------------------

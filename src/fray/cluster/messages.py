@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import cloudpickle
@@ -145,6 +146,10 @@ class TaskAssignment:
     spec: JobSpec
     credential: str = ""
     actor_token: str = ""
+    #: What the placement tells the task about its device: for a TPU job the slice, the
+    #: host's index in it and, for a multislice job, the ``MEGASCALE_*`` coordinator
+    #: (see :mod:`fray._tpu_env`); empty otherwise.
+    device_env: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

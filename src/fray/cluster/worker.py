@@ -382,6 +382,7 @@ class Worker:
             FRAY_HOST_INDEX=str(assignment.host_index),
             FRAY_WORKER_ID=self.worker_id,
         )
+        env.update(assignment.device_env)
         if assignment.credential:
             env["FRAY_CREDENTIAL"] = assignment.credential
         if assignment.actor_token:

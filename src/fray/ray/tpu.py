@@ -28,6 +28,7 @@ import threading
 from typing import Any
 
 from fray._lifecycle import Failure
+from fray._tpu_env import MEGASCALE_PORT, megascale_env, tpu_host_env
 from fray.job import JobRequest
 from fray.ray._launch import Launcher
 from fray.ray.jobs import CallableJob
@@ -37,20 +38,7 @@ __all__ = ["MEGASCALE_PORT", "SLICE_NAME_LABEL", "WORKER_ID_LABEL", "TpuJob", "m
 
 SLICE_NAME_LABEL = "ray.io/tpu-slice-name"
 WORKER_ID_LABEL = "ray.io/tpu-worker-id"
-MEGASCALE_PORT = 8081
-"""The port of the multislice coordinator (the default of JAX's megascale runtime and of Ray)."""
-
 _WAIT_STEP = 0.5  # seconds between checks for terminate() while waiting for slices
-
-
-def megascale_env(coordinator_ip: str, num_slices: int, slice_id: int, port: int = MEGASCALE_PORT) -> dict[str, str]:
-    """The variables by which the processes of a multislice job find each other."""
-    return {
-        "MEGASCALE_COORDINATOR_ADDRESS": f"{coordinator_ip}:{port}",
-        "MEGASCALE_NUM_SLICES": str(num_slices),
-        "MEGASCALE_SLICE_ID": str(slice_id),
-        "MEGASCALE_PORT": str(port),
-    }
 
 
 class TpuJob(CallableJob):
@@ -135,14 +123,10 @@ class TpuJob(CallableJob):
         remote = self._launcher.replica_fn()
         refs = []
         for process, (k, h, i) in enumerate(order):
-            tpu_env = {
-                "FRAY_TPU_SLICE_NAME": slice_names[k],
-                "FRAY_TPU_HOST_INDEX": str(h),
-                "FRAY_TPU_HOST_COUNT": str(shape.hosts),
-                "FRAY_TPU_NODE_ID": bundle_nodes[i],
-            }
-            if slices > 1:
-                tpu_env.update(megascale_env(coordinator, slices, k))
+            tpu_env = tpu_host_env(
+                slice_names[k], h, shape.hosts, slice_id=k, num_slices=slices, coordinator_ip=coordinator
+            )
+            tpu_env["FRAY_TPU_NODE_ID"] = bundle_nodes[i]
             strategy = PlacementGroupSchedulingStrategy(hosts, placement_group_bundle_index=i)
             arguments = self._replica_arguments(process, self._replica_env(k, slices, tpu_env))
             refs.append(remote.options(**options, scheduling_strategy=strategy).remote(*arguments))
