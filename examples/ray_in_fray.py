@@ -13,6 +13,11 @@ node started (its ``ray start`` and all that process's descendants, by PID); whe
 Fray job ends -- normally, or terminated -- those processes are gone with it: Fray kills
 each replica's process group, and Ray's processes share their ``ray start``'s fate.
 
+Limits, as written: the head publishes itself as ``127.0.0.1:PORT`` and :func:`run`
+cleans the nodes' temp dirs from the driver's machine, so the replicas must share one
+machine (as on ``fray cluster up``); across machines the head would publish its host's
+address and each replica would clean its own temp dir.
+
 Run it (``fray://`` only: it is about Fray hosting Ray; on the local backend and on Ray
 itself it says so and exits):
 
