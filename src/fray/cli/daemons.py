@@ -95,8 +95,8 @@ def controller(
 ) -> None:
     """Run the cluster controller in the foreground (state in SQLite; needs FRAY_TOKEN)."""
     from fray.cluster._retention import RetentionPolicy
-    from fray.cluster.controller import Controller
     from fray.cluster.controller_client import load_token
+    from fray.cluster.server import Controller
 
     token = load_token()
     if token is None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -23,12 +22,9 @@ from typing import Any
 
 from fray._tpu_env import tpu_host_env
 from fray.cluster import _codec as codec
-from fray.cluster._api import ControllerAPI
 from fray.cluster._database import ReadOnlyMode
-from fray.cluster._ops_api import OpsAPI
 from fray.cluster._pending import PendingSet
-from fray.cluster._queues import QueueAPI, QueueService, with_queues
-from fray.cluster._retention import RetentionPolicy
+from fray.cluster._queues import QueueService
 from fray.cluster._specs import DEFAULT_MAX_SPECS, SpecCache
 from fray.cluster.capacity import WorkerInfo
 from fray.cluster.credentials import ClusterKeys
@@ -40,20 +36,16 @@ from fray.cluster.messages import (
     TaskExit,
     WorkerCommands,
     WorkerReport,
-    max_argument_bytes,
 )
-from fray.cluster.ops import OpsService
 from fray.cluster.records import Effects, Endpoint, JobRecord, TaskKey, TaskRecord, TaskState, WorkerRecord
 from fray.cluster.scheduler import schedule
 from fray.cluster.store import ClusterStore
-from fray.errors import ConfigError, FrayError, JobAlreadyExists, NotFound, StorageError
+from fray.errors import FrayError, JobAlreadyExists, NotFound, StorageError
 from fray.job import JobStatus
-from fray.rpc.datarpc import DataServer, pack, unpack
-from fray.rpc.namespace import default_token
+from fray.rpc.datarpc import pack, unpack
 from fray.rpc.registry import EndpointRegistry
-from fray.rpc.tls import TlsFiles, ensure_cluster_tls, is_loopback_address, server_context
 
-__all__ = ["CONTROLLER_ACTOR", "Controller", "ControllerService"]
+__all__ = ["CONTROLLER_ACTOR", "ControllerService"]
 
 logger = logging.getLogger(__name__)
 
@@ -639,94 +631,3 @@ class ControllerService:
         found = self._external.list(namespace)
         found.update({e.name: e.address for e in self._store.list_endpoints(namespace)})
         return found
-
-
-class Controller:
-    """A running controller: the store at ``db_path`` served on ``host:port``.
-
-    The token (default ``FRAY_TOKEN``) is required of every worker, client and
-    resolver before any request is decoded, and requests are plain data
-    (:mod:`fray.rpc.datarpc`): the controller never unpickles anything. Bound to an
-    address other than loopback, the controller makes (once) a cluster CA and its own
-    certificate in ``tls_dir`` (default: ``tls/`` beside the database) and requires TLS
-    of every peer beyond this machine; clients need the CA (``FRAY_TLS_CA``).
-    """
-
-    def __init__(
-        self,
-        db_path: str,
-        *,
-        host: str = "127.0.0.1",
-        port: int = 0,
-        token: str | bytes | None = None,
-        worker_timeout: float = 10.0,
-        advertise_host: str | None = None,
-        max_request_bytes: int | None = None,
-        tls_dir: str | None = None,
-        retention: RetentionPolicy | None = None,
-        dashboard_port: int | None = None,
-        dashboard_host: str = "127.0.0.1",
-    ) -> None:
-        resolved = default_token(token)
-        if resolved is None:
-            raise ConfigError("the controller needs a token (FRAY_TOKEN or token=): it never runs unauthenticated")
-        self._master = resolved
-        self._dashboard_at = None if dashboard_port is None else (dashboard_host, dashboard_port)
-        self.dashboard: Any = None
-        tls = None
-        if not is_loopback_address(host):
-            # Beyond this machine every connection is TLS, checked against this cluster's own CA.
-            directory = tls_dir or os.path.join(os.path.dirname(os.path.abspath(db_path)), "tls")
-            self.tls_files: TlsFiles | None = ensure_cluster_tls(directory, [h for h in (advertise_host, host) if h])
-            tls = server_context(self.tls_files)
-        else:
-            self.tls_files = None
-        self.store = ClusterStore(db_path)
-        self.service = ControllerService(self.store, worker_timeout=worker_timeout, master=resolved)
-        # The operator API (listings, status, retention, workspaces): its own object, served by the
-        # same data-only server under "ops." method names (see fray.cluster._ops_api).
-        self.ops = OpsService(
-            self.store,
-            spec_command=lambda job_id: self.service.job_spec(job_id).command,
-            controller=self.service,
-            retention=retention,
-        )
-        # Durable queues with leases: their own state and tables, "queue.*" methods (fray.cluster._queues).
-        self.queues = QueueService(self.store)
-        self.service.queues = self.queues
-        api = ControllerAPI(self.service, ops=OpsAPI(self.ops))
-        self.server = DataServer(
-            with_queues(api, QueueAPI(self.queues, self.service.storage_failed), self.service),
-            host,
-            port,
-            self.service.key_for,
-            advertise_host=advertise_host,
-            # A job's arguments, plus room for the rest of the request.
-            max_request_bytes=max_request_bytes or max_argument_bytes() + (16 << 20),
-            name="controller",
-            tls=tls,
-        )
-        self.ops.address = self.server.address
-
-    @property
-    def address(self) -> str:
-        """``host:port`` of the controller."""
-        return self.server.address
-
-    def start(self) -> Controller:
-        """Serve in background threads (and the dashboard, when one was asked for)."""
-        if self._dashboard_at is not None:
-            self.dashboard = self.ops.serve_dashboard(self._master, *self._dashboard_at)
-        self.service.start()
-        self.ops.start()
-        self.server.start()
-        return self
-
-    def stop(self) -> None:
-        """Stop serving and close the store."""
-        if self.dashboard is not None:
-            self.dashboard.stop()
-        self.service.stop()
-        self.ops.stop()
-        self.server.stop()
-        self.store.close()

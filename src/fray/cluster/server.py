@@ -1,0 +1,119 @@
+"""The controller as a running server: its store, API, operator API, queues and dashboard behind one port.
+
+:class:`Controller` composes the parts -- :class:`~fray.cluster.store.ClusterStore`,
+:class:`~fray.cluster.controller.ControllerService` (jobs, workers, scheduling),
+:class:`~fray.cluster.ops.OpsService` (the operator API and dashboard),
+:class:`~fray.cluster._queues.QueueService` (durable queues) -- and serves them with one
+data-only :class:`~fray.rpc.datarpc.DataServer` (TLS beyond loopback).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from fray.cluster._api import ControllerAPI
+from fray.cluster._ops_api import OpsAPI
+from fray.cluster._queues import QueueAPI, QueueService, with_queues
+from fray.cluster._retention import RetentionPolicy
+from fray.cluster.controller import ControllerService
+from fray.cluster.messages import max_argument_bytes
+from fray.cluster.ops import OpsService
+from fray.cluster.store import ClusterStore
+from fray.errors import ConfigError
+from fray.rpc.datarpc import DataServer
+from fray.rpc.namespace import default_token
+from fray.rpc.tls import TlsFiles, ensure_cluster_tls, is_loopback_address, server_context
+
+__all__ = ["Controller"]
+
+
+class Controller:
+    """A running controller: the store at ``db_path`` served on ``host:port``.
+
+    The token (default ``FRAY_TOKEN``) is required of every worker, client and
+    resolver before any request is decoded, and requests are plain data
+    (:mod:`fray.rpc.datarpc`): the controller never unpickles anything. Bound to an
+    address other than loopback, the controller makes (once) a cluster CA and its own
+    certificate in ``tls_dir`` (default: ``tls/`` beside the database) and requires TLS
+    of every peer beyond this machine; clients need the CA (``FRAY_TLS_CA``).
+    """
+
+    def __init__(
+        self,
+        db_path: str,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        token: str | bytes | None = None,
+        worker_timeout: float = 10.0,
+        advertise_host: str | None = None,
+        max_request_bytes: int | None = None,
+        tls_dir: str | None = None,
+        retention: RetentionPolicy | None = None,
+        dashboard_port: int | None = None,
+        dashboard_host: str = "127.0.0.1",
+    ) -> None:
+        resolved = default_token(token)
+        if resolved is None:
+            raise ConfigError("the controller needs a token (FRAY_TOKEN or token=): it never runs unauthenticated")
+        self._master = resolved
+        self._dashboard_at = None if dashboard_port is None else (dashboard_host, dashboard_port)
+        self.dashboard: Any = None
+        tls = None
+        if not is_loopback_address(host):
+            # Beyond this machine every connection is TLS, checked against this cluster's own CA.
+            directory = tls_dir or os.path.join(os.path.dirname(os.path.abspath(db_path)), "tls")
+            self.tls_files: TlsFiles | None = ensure_cluster_tls(directory, [h for h in (advertise_host, host) if h])
+            tls = server_context(self.tls_files)
+        else:
+            self.tls_files = None
+        self.store = ClusterStore(db_path)
+        self.service = ControllerService(self.store, worker_timeout=worker_timeout, master=resolved)
+        # The operator API (listings, status, retention, workspaces): its own object, served by the
+        # same data-only server under "ops." method names (see fray.cluster._ops_api).
+        self.ops = OpsService(
+            self.store,
+            spec_command=lambda job_id: self.service.job_spec(job_id).command,
+            controller=self.service,
+            retention=retention,
+        )
+        # Durable queues with leases: their own state and tables, "queue.*" methods (fray.cluster._queues).
+        self.queues = QueueService(self.store)
+        self.service.queues = self.queues
+        api = ControllerAPI(self.service, ops=OpsAPI(self.ops))
+        self.server = DataServer(
+            with_queues(api, QueueAPI(self.queues, self.service.storage_failed), self.service),
+            host,
+            port,
+            self.service.key_for,
+            advertise_host=advertise_host,
+            # A job's arguments, plus room for the rest of the request.
+            max_request_bytes=max_request_bytes or max_argument_bytes() + (16 << 20),
+            name="controller",
+            tls=tls,
+        )
+        self.ops.address = self.server.address
+
+    @property
+    def address(self) -> str:
+        """``host:port`` of the controller."""
+        return self.server.address
+
+    def start(self) -> Controller:
+        """Serve in background threads (and the dashboard, when one was asked for)."""
+        if self._dashboard_at is not None:
+            self.dashboard = self.ops.serve_dashboard(self._master, *self._dashboard_at)
+        self.service.start()
+        self.ops.start()
+        self.server.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving and close the store."""
+        if self.dashboard is not None:
+            self.dashboard.stop()
+        self.service.stop()
+        self.ops.stop()
+        self.server.stop()
+        self.store.close()
