@@ -167,6 +167,7 @@ def cluster_up(
     started = time.monotonic()
     launcher = LocalCluster(
         directory,
+        exit_with_owner=False,
         token=token,
         port=port,
         controller_args=_retention_args(retention_days, retention_jobs)
@@ -241,7 +242,11 @@ def cluster_restart() -> None:
         click.echo(f"nothing to restart: the cluster at {state['address']} is running")
         return
     launcher = LocalCluster(
-        state["directory"], token=_token(), port=int(state["port"]), controller_args=state.get("controller_args", [])
+        state["directory"],
+        token=_token(),
+        port=int(state["port"]),
+        controller_args=state.get("controller_args", []),
+        exit_with_owner=False,
     )
     launcher.address = state["address"]
     started = time.monotonic()

@@ -20,6 +20,7 @@ from fray.cli._errors import CliError
 from fray.cluster._environments import runtime_available
 from fray.cluster._retention import DEFAULT_MAX_JOBS
 from fray.cluster._shipping import CONTAINER_RUNTIME_ATTRIBUTE
+from fray.cluster.launcher import OWNER_ENV
 from fray.errors import ConfigError
 
 __all__ = ["DEFAULT_DB", "busy_port_error", "check_port_free", "controller", "worker"]
@@ -29,7 +30,7 @@ DEFAULT_DB = Path.home() / ".local" / "state" / "fray" / "controller.db"
 
 
 def wait_for_signal(stop: Callable[[], None]) -> None:
-    """Block until SIGTERM or SIGINT, then call ``stop``."""
+    """Block until SIGTERM or SIGINT (or the owner process named by ``FRAY_EXIT_WITH_PID`` is gone), then ``stop``."""
     done = threading.Event()
 
     def handler(signum: int, frame: object) -> None:
@@ -37,8 +38,23 @@ def wait_for_signal(stop: Callable[[], None]) -> None:
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
+    owner = os.environ.pop(OWNER_ENV, "")  # not passed on to the tasks of a worker
+    if owner.isdigit():
+        threading.Thread(target=_watch_owner, args=(int(owner), done), name="fray-owner-watch", daemon=True).start()
     done.wait()
     stop()
+
+
+def _watch_owner(pid: int, done: threading.Event) -> None:
+    # A test run killed before its fixtures' finalizers ran leaves its cluster without an
+    # owner: end with it, as a SIGTERM would, instead of serving nobody for ever.
+    while not done.wait(1.0):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            done.set()
+        except PermissionError:
+            pass  # alive, owned by someone else (a recycled PID cannot be told apart here)
 
 
 def busy_port_error(host: str, port: int, option: str = "--port") -> CliError:

@@ -16,7 +16,11 @@ from fray.cluster.credentials import WORKER, Credential, write_credential
 from fray.errors import FrayError
 from fray.rpc.tls import is_loopback_address
 
-__all__ = ["LocalCluster"]
+__all__ = ["OWNER_ENV", "LocalCluster"]
+
+#: Set in the environment of daemons that must not outlive the process that started them
+#: (tests, benchmarks): the PID they watch (see ``fray.cli.daemons.wait_for_signal``).
+OWNER_ENV = "FRAY_EXIT_WITH_PID"
 
 
 class LocalCluster:
@@ -25,7 +29,8 @@ class LocalCluster:
     The controller binds 127.0.0.1 and requires ``token`` (a fresh random one by
     default); its state goes to ``db_path`` (default ``directory/controller.db``); ``env``
     is added to every process's environment (and so to its tasks'); ``controller_args``
-    are more ``fray controller`` options. Processes are started detached (own session)
+    are more ``fray controller`` options. With ``exit_with_owner`` (the default) the daemons
+    end soon after this process does, even if :meth:`stop` never ran. Processes are started detached (own session)
     so that tests can kill them with SIGKILL one by one, as a machine failure would.
     """
 
@@ -40,8 +45,12 @@ class LocalCluster:
         controller_args: Sequence[str] = (),
         db_path: str | Path | None = None,
         host: str = "127.0.0.1",
+        exit_with_owner: bool = True,
     ) -> None:
         self.extra_env = dict(env or {})
+        # Daemons end when this process does, even if it never called stop() (a test run
+        # killed by a timeout); `fray cluster up` turns it off: its daemons outlive the command.
+        self.exit_with_owner = exit_with_owner
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(self.directory, 0o700)
@@ -73,6 +82,9 @@ class LocalCluster:
         env = {**os.environ, **self.extra_env, "FRAY_TOKEN": self.token, "PYTHONUNBUFFERED": "1"}
         env.pop("FRAY_CLIENT_SPEC", None)
         env.pop("FRAY_CREDENTIAL", None)
+        env.pop(OWNER_ENV, None)
+        if self.exit_with_owner:
+            env[OWNER_ENV] = str(os.getpid())
         if self.ca_file is not None:
             env["FRAY_TLS_CA"] = str(self.ca_file)
         if worker:
