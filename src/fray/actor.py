@@ -177,6 +177,10 @@ def constructor_error(exc: BaseException | None) -> BaseException | None:
     return None
 
 
+# How long wait_ready gives the handle of a member whose job FAILED to learn of it.
+_SETTLE_SECONDS = 10.0
+
+
 class ActorGroup:
     """``count`` instances of one actor class, each its own job, becoming ready independently.
 
@@ -247,16 +251,33 @@ class ActorGroup:
         while True:
             self._raise_if_broken(want)
             with self._lock:
-                if len(self._order) >= want:
+                enough = len(self._order) >= want
+                ready = len(self._order)
+            if enough:
+                self._settle_failed_members(deadline)
+                self._raise_if_broken(want)
+                with self._lock:
                     chosen = sorted(self._order[:want])
                     self._handed_out.update(chosen)
                     return [self._handles[i] for i in chosen]
-                ready = len(self._order)
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 raise TimeoutError(f"wait_ready: {ready} of {total} actors ready after {timeout}s, wanted {want}")
             pending = [f for f in self._ready if not f.done()]
             concurrent.futures.wait(pending, timeout=remaining, return_when=concurrent.futures.FIRST_COMPLETED)
+
+    def _settle_failed_members(self, deadline: float | None) -> None:
+        # A member whose job already FAILED may not have told its handle yet (a handle that
+        # polls its backend learns it a moment later): let it, so that a constructor that
+        # raised fails wait_ready even when enough other members are ready.
+        failed = [
+            future
+            for future, job in zip(self._ready, self._jobs, strict=True)
+            if not future.done() and job.status() == JobStatus.FAILED
+        ]
+        if failed:
+            grace = _SETTLE_SECONDS if deadline is None else max(0.0, min(_SETTLE_SECONDS, deadline - time.monotonic()))
+            concurrent.futures.wait(failed, timeout=grace)
 
     def _raise_if_broken(self, want: int) -> None:
         dead = [(i, f.exception()) for i, f in enumerate(self._ready) if f.done() and f.exception() is not None]

@@ -23,7 +23,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
 from typing import TYPE_CHECKING, Any
 
 import cloudpickle
@@ -195,6 +195,7 @@ class IrisActorHandle:
         self._ready: Future[None] = Future()
         self._calls: queue.SimpleQueue[tuple[ActorFuture, str, bytes]] = queue.SimpleQueue()
         self._senders = 0
+        self._awaiting = False
         self._rpc: ActorClient | None = None
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -257,7 +258,12 @@ class IrisActorHandle:
     # is one, which sends them one by one, in order; with N, up to N calls are in flight at once.
 
     def _send_loop(self) -> None:
-        self._await_endpoint()
+        with self._lock:  # one sender learns when the actor serves; the others wait for it
+            first, self._awaiting = not self._awaiting, True
+        if first:
+            self._await_endpoint()
+        else:
+            wait([self._ready])
         while True:
             try:
                 future, method, payload = self._calls.get(timeout=SENDER_IDLE)
@@ -300,6 +306,10 @@ class IrisActorHandle:
             delay = min(delay * 1.5, READY_POLL)
 
     def _client(self) -> ActorClient:
+        with self._lock:  # several senders: one client
+            return self._client_locked()
+
+    def _client_locked(self) -> ActorClient:
         if self._rpc is None:
             from iris.actor.client import ActorClient
 
@@ -317,7 +327,10 @@ class IrisActorHandle:
             ok, blob = self._client().fray_call(method, payload)
         except Exception as exc:
             self._rpc = None  # resolve again next time: a retried actor registers a new address
-            raise self._explain_unreachable(method, exc) from exc
+            error = self._explain_unreachable(method, exc)
+            if error.__cause__ is None:
+                raise error from exc
+            raise error from error.__cause__  # a dead actor's cause is why it died, not the refused connection
         if not ok:
             failure = RemoteFailure.decode(blob)
             original = failure.original()
