@@ -203,14 +203,11 @@ def _worker_has(info: WorkerInfo, device: DeviceConfig) -> bool:
     return True
 
 
-_live_clients = live_clients
-
-
 @atexit.register
 def _release_at_exit() -> None:
     # The driver-exit rule (fray._driver_exit): a script's actors and its detached=False jobs
     # end with it; its other jobs keep running, and it says which and how to stop them.
-    for client in list(_live_clients):
+    for client in list(live_clients):
         client._release_at_exit(timeout=2.0)
 
 
@@ -243,7 +240,7 @@ class ClusterClient:
         self._job_context: ClusterJobContext | None = None
         self._lock = threading.Lock()
         self._closed = False
-        _live_clients.add(self)
+        live_clients.add(self)
 
     @classmethod
     def from_spec(cls, spec: ClientSpec) -> ClusterClient:
