@@ -1,6 +1,6 @@
 """The Fray cluster against Ray and Fray-on-Iris, measured in one run on this machine.
 
-    python benchmarks/cluster.py                      # Fray, Ray and Iris, ~5 minutes
+    python benchmarks/cluster.py                      # Fray, Ray and Iris, ~3 minutes (+1 to build the 3.12 venv once)
     python benchmarks/cluster.py --no-ray --no-iris   # Fray only
 
 Prints one table: cluster start-up, trivial job submit -> SUCCEEDED, bursts of trivial
