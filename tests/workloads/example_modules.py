@@ -1,8 +1,10 @@
-"""Loading ``examples/NAME.py`` in tests: ``from example_modules import load_example``."""
+"""Examples in tests: ``load_example(NAME)`` imports ``examples/NAME.py``; ``run_script`` runs it as a user would."""
 
 from __future__ import annotations
 
 import importlib.util
+import os
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -30,3 +32,18 @@ def load_example(name: str) -> ModuleType:
         else:
             ray.cloudpickle.register_pickle_by_value(module)
     return module
+
+
+def run_script(
+    name: str, *args: str, cwd: Path | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    """``python examples/NAME.py ARGS`` on the local backend (no ``FRAY_CLIENT_SPEC``), as a user would run it."""
+    env = {k: v for k, v in os.environ.items() if k != "FRAY_CLIENT_SPEC"}
+    return subprocess.run(
+        [sys.executable, str(EXAMPLES / f"{name}.py"), *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import contextlib
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from example_modules import EXAMPLES, load_example
+from example_modules import load_example, run_script
 
 pipeline = load_example("data_pipeline")
 # Ray pickles actor classes and call arguments with its own copy of cloudpickle, whose by-value
@@ -66,14 +63,7 @@ def test_an_fsspec_url_works_unchanged(local_client, uid):
 
 @pytest.mark.slow
 def test_the_example_runs_as_a_script_on_the_local_backend():
-    env = {k: v for k, v in os.environ.items() if k != "FRAY_CLIENT_SPEC"}
-    out = subprocess.run(
-        [sys.executable, str(EXAMPLES / "data_pipeline.py"), "--kill-worker-on-shard", "5"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
+    out = run_script("data_pipeline", "--kill-worker-on-shard", "5")
     assert out.returncode == 0, out.stderr
     assert "backend: LocalClient" in out.stdout
     assert "1000 records in 16 shards -> 4 partitions on 4 workers" in out.stdout

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
-from example_modules import EXAMPLES, load_example
+from example_modules import load_example, run_script
 
 pipeline = load_example("experiment_pipeline")
 try:  # Ray pickles with its own copy of cloudpickle: send the module by value there too (as for __main__)
@@ -77,15 +73,7 @@ def test_a_failing_replica_of_the_gang_step_is_named(client, tmp_path, uid):
 
 
 def test_runs_as_a_script_on_the_local_backend(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "FRAY_CLIENT_SPEC"}
-    done = subprocess.run(
-        [sys.executable, str(EXAMPLES / "experiment_pipeline.py")],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = run_script("experiment_pipeline", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     reported = {f"{name}: succeeded" for name in STEPS}

@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
-from example_modules import EXAMPLES, load_example
+from example_modules import load_example, run_script
 
 inference = load_example("inference_pool")
 
@@ -61,14 +57,7 @@ def test_a_server_killed_between_push_and_done_gives_a_duplicate_that_is_counted
 
 @pytest.mark.slow
 def test_the_example_runs_as_a_script_on_the_local_backend():
-    env = {k: v for k, v in os.environ.items() if k != "FRAY_CLIENT_SPEC"}
-    out = subprocess.run(
-        [sys.executable, str(EXAMPLES / "inference_pool.py"), "--requests", "40", "--kill-during-request", "7"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
+    out = run_script("inference_pool", "--requests", "40", "--kill-during-request", "7")
     assert out.returncode == 0, out.stderr
     assert "backend: LocalClient" in out.stdout
     assert "40 of 40 requests answered; missing: []" in out.stdout

@@ -9,8 +9,6 @@ backend and on Ray the example refuses with a clear error (it is about Fray host
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -20,7 +18,7 @@ from fray import ConfigError
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from example_modules import load_example  # noqa: E402
+from example_modules import load_example, run_script  # noqa: E402
 
 pytest.importorskip("ray", reason='the example runs Ray: pip install "fray[ray]"')
 example = load_example("ray_in_fray")
@@ -67,9 +65,7 @@ def test_other_backends_refuse_clearly(backend, request, tmp_path):
 
 
 def test_the_example_run_as_a_script_on_the_local_backend_says_it_needs_fray():
-    env = {k: v for k, v in os.environ.items() if k != "FRAY_CLIENT_SPEC"}
-    script = HERE.parents[1] / "examples" / "ray_in_fray.py"
-    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    out = run_script("ray_in_fray", timeout=120)
     assert out.returncode == 1
     assert "runs on fray:// only, not on LocalClient" in out.stderr
     assert "FRAY_CLIENT_SPEC=fray://HOST:PORT" in out.stderr

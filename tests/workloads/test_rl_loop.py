@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
-from example_modules import EXAMPLES, load_example
+from example_modules import load_example, run_script
 
 from fray import JobFailed
 
@@ -54,15 +50,7 @@ def test_a_preempted_rollout_is_retried_and_the_run_completes(client, uid):
 
 
 def test_runs_as_a_script_on_the_local_backend(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "FRAY_CLIENT_SPEC"}
-    done = subprocess.run(
-        [sys.executable, str(EXAMPLES / "rl_loop.py")],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = run_script("rl_loop", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert "3 rollouts x 12 steps: 36 samples, weights up to version 4, rollout attempts [1, 1, 1]" in lines

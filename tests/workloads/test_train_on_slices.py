@@ -37,7 +37,7 @@ from fray.cluster.launcher import LocalCluster
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from example_modules import load_example  # noqa: E402
+from example_modules import load_example, run_script  # noqa: E402
 
 example = load_example("train_on_slices")
 
@@ -165,9 +165,7 @@ def test_local_user_error_fails_after_its_failure_retries(local_client, uid, tmp
 
 
 def test_the_example_runs_as_a_script_on_the_local_backend():
-    env = {k: v for k, v in os.environ.items() if k != "FRAY_CLIENT_SPEC"}
-    script = HERE.parents[1] / "examples" / "train_on_slices.py"
-    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=180)
+    out = run_script("train_on_slices", timeout=180)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "local backend: no TPU slices here" in out.stdout
     assert "training job finished after 1 attempt(s) on 2 host process(es)" in out.stdout
