@@ -9,7 +9,7 @@ killed. Iris allocates task ports itself, checking that each is free.
 
 Iris needs Python >= 3.12 and the rest of the benchmarks run on the README's Python.
 :func:`iris_python` finds an interpreter that can run Iris: the one given, this one
-if it can, else the venv that ``tests/iris_backend/test_iris_suite.py`` caches for
+if it can, else the venv that ``tests/iris_backend/iris_venv.py`` caches for
 this checkout under ``~/.cache/fray/iris-py312/`` (built with the same code if it is
 missing); :func:`run_json` runs a script there and reads the JSON figures it prints, and
 :func:`run_under_iris_python` re-runs the current script there.
@@ -181,9 +181,7 @@ def iris_python(explicit: str | None = None) -> str:
         print(f"building the Python 3.12 venv for Iris with {found} (once; 1-2 minutes)...", file=sys.stderr)
     try:
         venv, _ = suite.ensure_venv(python)
-    except BaseException as exc:  # ensure_venv reports a failed build with pytest.fail, not an Exception
-        if isinstance(exc, KeyboardInterrupt | SystemExit):
-            raise
+    except suite.VenvBuildError as exc:
         first = (str(exc).splitlines() or [type(exc).__name__])[0]
         raise IrisUnavailable(f"could not build the Python 3.12 venv: {first}") from exc
     venv_python = str(venv / "bin" / "python")
@@ -207,14 +205,11 @@ def run_under_iris_python() -> None:
 
 
 def _suite_venv_module() -> Any:
-    """The test suite's venv code (``find_python312``, ``venv_for``, ``ensure_venv``), so both use one venv."""
-    for path in (ROOT / "tests", ROOT / "tests" / "iris_backend"):
-        if str(path) not in sys.path:
-            sys.path.append(str(path))
-    try:
-        return importlib.import_module("test_iris_suite")
-    except ImportError as exc:  # pytest is in fray[test]; without it the venv code cannot be loaded
-        raise IrisUnavailable(f"cannot load the test suite's venv code: {exc}") from exc
+    """The venv code the Iris tests use (``tests/iris_backend/iris_venv.py``), so both run in one venv."""
+    path = str(ROOT / "tests" / "iris_backend")
+    if path not in sys.path:
+        sys.path.append(path)
+    return importlib.import_module("iris_venv")
 
 
 # The environment as it was when the benchmark started: by the time the Iris column runs, this process has
