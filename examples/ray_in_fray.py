@@ -236,11 +236,15 @@ class _RayNode:
 
     def _track(self, pid_file: Path) -> None:
         """Record the node's processes in ``pid_file`` now and every moment until it stops."""
+        self._pid_file = pid_file
         self._record(pid_file)
 
         def loop() -> None:
             while self.proc.poll() is None:
-                self._record(pid_file)
+                try:
+                    self._record(pid_file)
+                except OSError as exc:  # a full disk, say: keep looking, the next write may succeed
+                    print(f"[ray] could not record the node's processes: {exc}", flush=True)
                 time.sleep(_STEP)
 
         threading.Thread(target=loop, daemon=True).start()
@@ -261,6 +265,8 @@ class _RayNode:
 
     def stop(self) -> None:
         """Stop the node as ``ray start --block`` expects (SIGTERM), and wait for it."""
+        if self.proc.poll() is None and self._pid_file is not None:
+            self._record(self._pid_file)  # one last look, with every process's name final by now
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -298,20 +304,26 @@ def _poll(ask: Callable[[], Any], timeout: float) -> Any:
 
 
 def _descendants(root: int) -> list[int]:
-    """``root`` and every process below it, following /proc's children lists."""
+    """``root`` and every process below it, from every process's parent in /proc.
+
+    (Not /proc's per-thread ``children`` lists: the kernel documents them as unreliable
+    while threads come and go, and Ray's processes are full of threads.)
+    """
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])  # after "(comm)": state, then the parent's PID
+        children.setdefault(parent, []).append(int(entry))
     found, stack = [], [root]
     while stack:
         pid = stack.pop()
         found.append(pid)
-        try:
-            tasks = os.listdir(f"/proc/{pid}/task")
-        except OSError:
-            continue
-        for tid in tasks:
-            try:
-                stack += [int(c) for c in Path(f"/proc/{pid}/task/{tid}/children").read_text().split()]
-            except OSError:
-                continue
+        stack += children.get(pid, [])
     return found
 
 

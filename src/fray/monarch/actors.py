@@ -378,10 +378,10 @@ class MonarchActorHandle:
         record = self._record
         if record is not None and record.dead:  # Monarch cannot pickle a stopped mesh, and need not
             return (
-                MonarchActorHandle,
+                _restore_handle,
                 (self._name, self._cls, None, self._job_id, self._host, str(record.death_error())),
             )
-        return (MonarchActorHandle, (self._name, self._cls, self._ref, self._job_id, self._host, self._death))
+        return (_restore_handle, (self._name, self._cls, self._ref, self._job_id, self._host, self._death))
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, MonarchActorHandle) and other._job_id == self._job_id
@@ -466,3 +466,10 @@ class MonarchActorHandle:
             inner = getattr(exc, "exception", None)
             return remote_error(RemoteFailure.capture(inner if isinstance(inner, BaseException) else exc))
         return ActorUnavailableError(f"actor {self._name!r}: the call failed in Monarch: {type(exc).__name__}: {exc}")
+
+
+def _restore_handle(name: str, cls: type, ref: Any, job_id: str, host: str, death: str) -> MonarchActorHandle:
+    # Unpickled in another process (a job, another actor): that process now calls a Fray actor's
+    # mesh, and a failure of that mesh must become ActorDiedError for its calls, not end the process.
+    supervision.call_from_here()
+    return MonarchActorHandle(name, cls, ref, job_id, host, death)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -39,7 +40,17 @@ from typing import Any
 import monarch.actor
 from monarch._rust_bindings.monarch_hyperactor.config import reload_config_from_env
 
-__all__ = ["DEFAULT_POLL", "POLL_ENV", "SETTINGS", "configure", "handle", "reason_of", "unwatch", "watch"]
+__all__ = [
+    "DEFAULT_POLL",
+    "POLL_ENV",
+    "SETTINGS",
+    "call_from_here",
+    "configure",
+    "handle",
+    "reason_of",
+    "unwatch",
+    "watch",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +68,9 @@ _lock = threading.Lock()
 _configured = False
 _previous_hook: Callable[[Any], None] | None = None
 _watchers: dict[str, Callable[[str], None]] = {}
+# The spawn names Fray gives its actor meshes (see MonarchClient): "fray", letters and digits, 12 hex digits.
+_FRAY_MESH = re.compile(r"fray[A-Za-z0-9]*[0-9a-f]{12}")
+_calling = False  # this process calls Fray actors through handles it did not create
 
 
 def configure() -> None:
@@ -71,6 +85,18 @@ def configure() -> None:
         _previous_hook = monarch.actor.unhandled_fault_hook
         monarch.actor.unhandled_fault_hook = _fault_hook
         _configured = True
+
+
+def call_from_here() -> None:
+    """This process calls Fray actors it does not own (handles unpickled here, e.g. in a job).
+
+    Monarch tells every process that called an actor when its mesh fails, and its default
+    hook ends that process (a KeyboardInterrupt in the main thread). For a Fray actor the
+    failure is the call's business -- it raises ActorDiedError -- so Fray's hook takes it here too.
+    """
+    global _calling
+    configure()
+    _calling = True
 
 
 def watch(spawn_name: str, on_failure: Callable[[str], None]) -> None:
@@ -105,6 +131,9 @@ def handle(failure: Any) -> bool:
         watching = bool(_watchers)  # entries stay (as _expected) once a mesh was stopped
     if watcher is not None:
         watcher(reason_of(failure))
+        return True
+    if _calling and _FRAY_MESH.fullmatch(base):
+        logger.debug("a Fray actor this process called failed (its calls say so): %s", reason_of(failure))
         return True
     if base == "logger" and watching:
         logger.debug("monarch logger mesh failed (its processes' actor meshes report for themselves): %s", failure)
