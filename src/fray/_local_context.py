@@ -27,9 +27,8 @@ from fray._remote import RemoteFailure, remote_error
 from fray._runtime import check_terminated
 from fray.context import (
     bind_context,
-    check_callable,
     check_num_returns,
-    check_resources,
+    check_task,
     check_timeout,
     create_actor_via,
     find_refs,
@@ -230,9 +229,7 @@ class LocalJobContext:
         self, fn: Callable[..., Any], *args: Any, resources: ResourceConfig | None = None, **kwargs: Any
     ) -> LocalObjectRef:
         """Run ``fn(*args, **kwargs)`` on a thread once the refs among its arguments are ready."""
-        check_terminated()
-        check_callable(fn)
-        check_resources(resources)
+        check_task(fn, resources)
         deps = find_refs(args, kwargs, self._is_ref)
         for dep in deps:
             one_ref(dep, LocalObjectRef, "create_task: argument", self._owns)

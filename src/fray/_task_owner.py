@@ -57,9 +57,8 @@ from fray._task_records import (
 from fray._task_worker import value_of
 from fray._taskwire import ONCE, Dep, ProcessObjectRef, dumps, function_blob, no_delay, receive, send
 from fray.context import (
-    check_callable,
     check_num_returns,
-    check_resources,
+    check_task,
     check_timeout,
     create_actor_via,
     find_refs,
@@ -487,9 +486,7 @@ class TaskOwner:
         self, fn: Callable[..., Any], *args: Any, resources: ResourceConfig | None = None, **kwargs: Any
     ) -> ProcessObjectRef:
         """Run ``fn(*args, **kwargs)`` in a worker process once the refs among its arguments are ready."""
-        check_terminated()
-        check_callable(fn)
-        self._check_task_resources(check_resources(resources))
+        self._check_task_resources(check_task(fn, resources))
         deps = [
             one_ref(d, ProcessObjectRef, "create_task: argument", self._owns) for d in find_refs(args, kwargs, _is_ref)
         ]

@@ -39,9 +39,8 @@ from fray._serialization import call_parts, check_picklable, refused
 from fray._taskwire import ONCE, Dep, ProcessObjectRef, dumps, function_blob, no_delay, receive, send
 from fray.context import (
     bind_context,
-    check_callable,
     check_num_returns,
-    check_resources,
+    check_task,
     check_timeout,
     create_actor_via,
     find_refs,
@@ -227,8 +226,7 @@ class WorkerContext:
         self, fn: Callable[..., Any], *args: Any, resources: ResourceConfig | None = None, **kwargs: Any
     ) -> ProcessObjectRef:
         """Submit a nested task to the owner; returns its ref at once."""
-        check_callable(fn)
-        check_resources(resources)
+        check_task(fn, resources)
         deps = [
             one_ref(d, ProcessObjectRef, "create_task: argument", self._owns) for d in find_refs(args, kwargs, _is_ref)
         ]

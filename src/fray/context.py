@@ -188,6 +188,13 @@ def task_name(fn: Any) -> str:
     return str(name) if name else type(fn).__name__
 
 
+def check_task(fn: Any, resources: object) -> ResourceConfig | None:
+    """The checks of every ``create_task``: not after this job was terminated, a callable, valid resources."""
+    check_terminated()
+    check_callable(fn)
+    return check_resources(resources)
+
+
 def check_callable(fn: Any) -> None:
     """Refuse a task that is not callable, saying what was given."""
     if not callable(fn):

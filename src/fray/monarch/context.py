@@ -37,9 +37,8 @@ from fray._runtime import check_terminated
 from fray._serialization import call_parts, check_picklable
 from fray.context import (
     bind_context,
-    check_callable,
     check_num_returns,
-    check_resources,
+    check_task,
     check_timeout,
     clear_job_context,
     create_actor_via,
@@ -231,9 +230,7 @@ class MonarchJobContext:
         self, fn: Callable[..., Any], *args: Any, resources: ResourceConfig | None = None, **kwargs: Any
     ) -> MonarchObjectRef:
         """Queue ``run(fn, args, kwargs)`` for the next free rank once the refs among the arguments are ready."""
-        check_terminated()
-        check_callable(fn)
-        check_resources(resources)
+        check_task(fn, resources)
         deps = [
             one_ref(d, MonarchObjectRef, "create_task: argument", self._owns)
             for d in find_refs(args, kwargs, self._is_ref)

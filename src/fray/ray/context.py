@@ -31,9 +31,8 @@ from fray._serialization import call_parts, check_picklable, refused
 from fray.client import client_from_spec
 from fray.context import (
     bind_context,
-    check_callable,
     check_num_returns,
-    check_resources,
+    check_task,
     check_timeout,
     clear_job_context,
     create_actor_via,
@@ -186,9 +185,7 @@ class RayJobContext:
         self, fn: Callable[..., Any], *args: Any, resources: ResourceConfig | None = None, **kwargs: Any
     ) -> RayObjectRef:
         """Submit ``fn(*args, **kwargs)`` as a Ray task; returns its ref at once."""
-        check_terminated()
-        check_callable(fn)
-        check_resources(resources)
+        check_task(fn, resources)
         found = [one_ref(r, RayObjectRef, "create_task: argument", _ours) for r in find_refs(args, kwargs, _is_ref)]
         refs: list[Any] = []
         slots: dict[Any, _Slot] = {}
