@@ -57,13 +57,14 @@ class ActorLoop:
         """Run ``awaitable`` on the loop and block the calling thread until it is done."""
         return self.submit(awaitable).result()
 
-    def close(self, *, wait: bool = False) -> None:
+    def close(self, *, wait: bool = False, timeout: float | None = None) -> None:
         """Stop the loop; later calls raise RuntimeError.
 
         Coroutines still in flight are abandoned, and their futures cancelled, so a
         thread blocked in :meth:`run` gets ``concurrent.futures.CancelledError`` rather
         than waiting forever. With ``wait``, return only once the loop's thread has
-        ended (the step running when the loop was told to stop runs to its next await).
+        ended (the step running when the loop was told to stop runs to its next await), or
+        ``timeout`` seconds have passed.
         """
         with self._lock:
             self._closed = True
@@ -75,7 +76,7 @@ class ActorLoop:
         if loop is not None and not loop.is_closed():
             loop.call_soon_threadsafe(loop.stop)
         if wait and thread is not None and thread is not threading.current_thread():
-            thread.join()
+            thread.join(timeout)
 
 
 async def _as_coroutine(awaitable: Awaitable[Any]) -> Any:

@@ -62,6 +62,10 @@ class _Call:
         self.started = False
 
 
+# How long a terminated actor's last thread waits for its event loop's thread to end.
+_LOOP_STOP_SECONDS = 10.0
+
+
 class _Incarnation:
     """One instance of the actor with its threads, event loop and :class:`ActorContext`."""
 
@@ -248,7 +252,9 @@ class LocalActor:
             last = incarnation.threads == 0 and incarnation.dead
             final = last and self._incarnation is incarnation and self._terminated
         if last:
-            incarnation.loop.close(wait=False)
+            # Terminated: STOPPED only once the loop's thread has ended too (an async method stops
+            # at its next await; one that never awaits is not waited for beyond the grace).
+            incarnation.loop.close(wait=final, timeout=_LOOP_STOP_SECONDS)
         if final:
             self.job.lifecycle.stop()  # terminated: STOPPED once its last thread has ended
 
