@@ -17,7 +17,6 @@ missing); :func:`run_json` runs a script there and reads the JSON figures it pri
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import importlib.util
 import json
@@ -33,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from _own_processes import end, processes_marked, rss
 
 __all__ = [
     "IrisUnavailable",
@@ -103,26 +103,11 @@ class OwnIris:
 
     def processes(self) -> list[psutil.Process]:
         """The cluster process (its command line names our config file) and all its descendants."""
-        if not self.workdir:
-            return []
-        config = str(Path(self.workdir) / "cluster.yaml")
-        found: dict[int, psutil.Process] = {}
-        for proc in psutil.process_iter(["cmdline"]):
-            with contextlib.suppress(psutil.Error):
-                if any(config in part for part in proc.info["cmdline"] or ()):
-                    found[proc.pid] = proc
-                    for child in proc.children(recursive=True):
-                        found[child.pid] = child
-        found.pop(os.getpid(), None)
-        return list(found.values())
+        return processes_marked(str(Path(self.workdir) / "cluster.yaml")) if self.workdir else []
 
     def rss(self) -> int:
         """Resident memory of the cluster's processes, in bytes."""
-        total = 0
-        for proc in self.processes():
-            with contextlib.suppress(psutil.Error):
-                total += proc.memory_info().rss
-        return total
+        return rss(self.processes())
 
     def stop(self) -> None:
         """Stop the cluster (Iris's own shutdown), kill what of its processes is left, remove the temp dir."""
@@ -130,11 +115,7 @@ class OwnIris:
         if self._cluster is not None:
             self._cluster.stop()
             self._cluster = None
-        _, alive = psutil.wait_procs(procs, timeout=10)
-        for proc in alive:  # psutil checks the process is still the one we saw, not a reused PID
-            with contextlib.suppress(psutil.Error):
-                proc.kill()
-        psutil.wait_procs(alive, timeout=5)
+        end(procs, grace=10, terminate=False)
         if self.workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
         self.workdir = ""

@@ -10,10 +10,8 @@ stops every Ray cluster of the user on the machine.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -21,6 +19,7 @@ import tempfile
 import time
 
 import psutil
+from _own_processes import end, processes_marked, rss
 
 __all__ = ["OwnRay", "free_port"]
 
@@ -84,41 +83,15 @@ class OwnRay:
 
     def processes(self) -> list[psutil.Process]:
         """This cluster's processes: daemons naming our temp dir, and all their descendants."""
-        if not self.temp_dir:
-            return []
-        roots = []
-        for proc in psutil.process_iter(["cmdline"]):
-            with contextlib.suppress(psutil.Error):
-                if any(self.temp_dir in part for part in proc.info["cmdline"] or ()):
-                    roots.append(proc)
-        found: dict[int, psutil.Process] = {}
-        for root in roots:
-            found[root.pid] = root
-            with contextlib.suppress(psutil.Error):
-                for child in root.children(recursive=True):
-                    found[child.pid] = child
-        found.pop(os.getpid(), None)  # a driver started with our temp dir in its arguments is not the cluster
-        return list(found.values())
+        return processes_marked(self.temp_dir) if self.temp_dir else []
 
     def rss(self) -> int:
         """Resident memory of this cluster's processes, in bytes."""
-        total = 0
-        for proc in self.processes():
-            with contextlib.suppress(psutil.Error):
-                total += proc.memory_info().rss
-        return total
+        return rss(self.processes())
 
     def stop(self) -> None:
         """SIGTERM this cluster's processes, SIGKILL what is left after 15 s, remove the temp dir."""
-        procs = self.processes()
-        for proc in procs:
-            with contextlib.suppress(psutil.Error):
-                proc.send_signal(signal.SIGTERM)
-        _, alive = psutil.wait_procs(procs, timeout=15)
-        for proc in alive:
-            with contextlib.suppress(psutil.Error):
-                proc.kill()
-        psutil.wait_procs(alive, timeout=5)
+        end(self.processes(), grace=15)
         if self.temp_dir:
             shutil.rmtree(self.temp_dir, ignore_errors=True)
         self.temp_dir = ""

@@ -6,8 +6,11 @@
 
 Fray: a fresh controller and 2 workers on 127.0.0.1; ``--jobs`` trivial callable jobs
 submitted at once (``ClusterClient.submit_many``), then waited for. Reported: jobs/s from
-the first submit to the last completion, the controller's CPU seconds per job, and its
-RSS before, after the burst and after ``--rss-jobs`` more jobs (flat means no leak).
+the first submit to the last completion, the controller's CPU seconds per job, where all
+the CPU of a job goes (this script, the controller, the workers, their fork servers and
+the forked task processes: on a 2-core machine their sum bounds the rate at 2 s / sum),
+and the controller's RSS before, after the burst and after ``--rss-jobs`` more jobs (flat
+means no leak).
 Ray: the same number of trivial tasks on a private local Ray (own temp dir, ``address=
 "local"``, 2 CPUs), shut down afterwards. Only processes this script started are stopped.
 """
@@ -15,11 +18,13 @@ Ray: the same number of trivial tasks on a private local Ray (own temp dir, ``ad
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 from rich.console import Console
@@ -42,7 +47,7 @@ def burst(client: ClusterClient, count: int, name: str) -> float:
     return time.perf_counter() - started
 
 
-def fray_rows(jobs: int, rss_jobs: int, profile: str | None) -> dict[str, float]:
+def fray_rows(jobs: int, rss_jobs: int, profile: str | None) -> dict[str, Any]:
     with (
         tempfile.TemporaryDirectory(prefix="fray-bench-controller-") as directory,
         LocalCluster(Path(directory) / "cluster") as cluster,
@@ -54,6 +59,7 @@ def fray_rows(jobs: int, rss_jobs: int, profile: str | None) -> dict[str, float]
         burst(client, 50, "warm")
         rss_before = controller.memory_info().rss
         cpu_before = sum(controller.cpu_times()[:2])
+        roles_before = cpu_by_role(psutil.Process())
         spy = None
         if profile:
             spy = subprocess.Popen(
@@ -66,6 +72,9 @@ def fray_rows(jobs: int, rss_jobs: int, profile: str | None) -> dict[str, float]
             spy.send_signal(signal.SIGINT)
             spy.wait(timeout=60)
         cpu = sum(controller.cpu_times()[:2]) - cpu_before
+        roles = {
+            role: 1000 * (t - roles_before.get(role, 0.0)) / jobs for role, t in cpu_by_role(psutil.Process()).items()
+        }
         rss_burst = controller.memory_info().rss
         done = 0
         while done < rss_jobs:
@@ -79,7 +88,33 @@ def fray_rows(jobs: int, rss_jobs: int, profile: str | None) -> dict[str, float]
         "rss_before": rss_before / 2**20,
         "rss_burst": rss_burst / 2**20,
         "rss_after": rss_after / 2**20,
+        "roles": roles,
     }
+
+
+ROLES = ("driver", "controller", "workers", "fork servers", "tasks")
+
+
+def cpu_by_role(driver: psutil.Process) -> dict[str, float]:
+    """CPU seconds so far of this script and the cluster it started, by role.
+
+    Tasks are the fork servers' children: their CPU is counted once they have been reaped.
+    """
+    times = {role: 0.0 for role in ROLES}
+    times["driver"] = sum(driver.cpu_times()[:2])
+    for proc in driver.children(recursive=True):
+        try:
+            argv, cpu = proc.cmdline(), proc.cpu_times()
+        except psutil.Error:
+            continue  # ended meanwhile
+        if "fray.cluster._forkserver" in argv:
+            times["fork servers"] += cpu.user + cpu.system
+            times["tasks"] += cpu.children_user + cpu.children_system
+        elif "fray.cli" in argv and "controller" in argv:
+            times["controller"] += cpu.user + cpu.system
+        elif "fray.cli" in argv and "worker" in argv:
+            times["workers"] += cpu.user + cpu.system
+    return times
 
 
 def ray_rate(jobs: int) -> float:
@@ -121,6 +156,13 @@ def main() -> None:
     )
     table.add_row(f"controller RSS after {args.rss_jobs:,} more jobs", f"{fray['rss_after']:.0f} MiB", "", "")
     Console().print(table)
+    roles = fray["roles"]
+    total = sum(roles.values())
+    split = ", ".join(f"{role} {roles[role]:.2f}" for role in ROLES)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    print(
+        f"CPU per job by process (ms): {split}; sum {total:.2f} ms -> at most {cores / total * 1000:.0f} jobs/s on {cores} cores"
+    )
 
 
 if __name__ == "__main__":

@@ -193,7 +193,8 @@ def run(
                 return True
 
             # Until every request has a result and none is queued or leased (a held one is leased).
-            while len(counts) < requests or request_queue.pending() + request_queue.in_flight() > 0:
+            # One read of both counts: read apart, a lease running out in between is missed.
+            while len(counts) < requests or request_queue.counts().unfinished > 0:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"{requests - len(counts)} of {requests} requests have no result")
                 take(0.2)

@@ -156,20 +156,20 @@ def ray_node(rendezvous: Any, workdir: str, program: Callable[..., None], args: 
     pid_file = Path(workdir) / f"pids-{info.replica_index}-{info.attempt}.json"
     # Terminated replicas cannot clean up after themselves: the driver removes these too (see run()).
     _write_atomically(Path(workdir) / f"tempdir-{info.replica_index}-{info.attempt}", temp_dir)
-    ports = [f"--{flag}={_free_port()}" for flag in _NODE_PORT_FLAGS]
     node: _RayNode | None = None
     try:
         if info.replica_index == 0:
             # The job's Ray has a token of its own, handed to the other replicas through Fray.
             token = secrets.token_hex(32)
-            port = _free_port()
-            head = f"127.0.0.1:{port}"
-            head_args = [
-                f"--port={port}",
-                f"--ray-client-server-port={_free_port()}",
-                f"--dashboard-port={_free_port()}",
-            ]
-            node = _RayNode(["--head", "--include-dashboard=false", *head_args, *ports], temp_dir, token, pid_file)
+
+            def head_args() -> list[str]:
+                return [
+                    "--head", "--include-dashboard=false", f"--port={_free_port()}",
+                    f"--ray-client-server-port={_free_port()}", f"--dashboard-port={_free_port()}", *_node_ports(),
+                ]  # fmt: skip
+
+            node = _RayNode(head_args, temp_dir, token, pid_file)
+            head = f"127.0.0.1:{node.flag('port')}"
             rendezvous.publish_head(head, token)
             try:
                 if not _poll(lambda: rendezvous.all_joined(_CALL_WAIT), _RAY_START_SECONDS):
@@ -182,7 +182,7 @@ def ray_node(rendezvous: Any, workdir: str, program: Callable[..., None], args: 
             if found is None:
                 raise RuntimeError(f"replica 0 published no Ray head within {_RAY_START_SECONDS}s")
             head, token = found
-            node = _RayNode([f"--address={head}", *ports], temp_dir, token, pid_file)
+            node = _RayNode(lambda: [f"--address={head}", *_node_ports()], temp_dir, token, pid_file)
             rendezvous.join(info.replica_index)
             while not rendezvous.finished(_CALL_WAIT):
                 if node.proc.poll() is not None:
@@ -201,46 +201,72 @@ _NODE_PORT_FLAGS = (
     "metrics-export-port",
     "runtime-env-agent-port",
 )
+_START_ATTEMPTS = 3  # a port picked free can be taken before Ray binds it: start again on fresh ports
+
+
+def _node_ports() -> list[str]:
+    return [f"--{flag}={_free_port()}" for flag in _NODE_PORT_FLAGS]
 
 
 class _RayNode:
     """One ``ray start --block`` and the PIDs of every process it started."""
 
-    def __init__(self, args: list[str], temp_dir: str, token: str, pid_file: Path) -> None:
-        argv = [
-            sys.executable, "-m", "ray.scripts.scripts", "start", "--block", "--node-ip-address=127.0.0.1",
-            "--num-cpus=1", "--object-store-memory=80000000",
-            "--disable-usage-stats", f"--temp-dir={temp_dir}", *args,
-        ]  # fmt: skip
-        env = {**os.environ, **_ray_auth(token), "RAY_USAGE_STATS_ENABLED": "0"}
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-        self._labels: dict[int, str] = {self.proc.pid: "ray start"}  # processes named by what they are to us
-        self._pids: dict[int, str] = dict(self._labels)
+    def __init__(self, args: Callable[[], list[str]], temp_dir: str, token: str, pid_file: Path) -> None:
+        """Start the node with ``args()`` (fresh ports each try); a ``ray start`` that exits at once is tried again."""
+        self._labels: dict[int, str] = {}  # processes named by what they are to us
+        self._pids: dict[int, str] = {}  # every try's processes: a failed one may have left some behind
         self._lock = threading.Lock()  # the tracking thread and the replica both add PIDs
-        self._started = threading.Event()
-        threading.Thread(target=self._forward_output, daemon=True).start()
-        self._track(pid_file)
-        if not self._started.wait(_RAY_START_SECONDS):
-            self.stop()
-            raise RuntimeError(f"the Ray node did not start within {_RAY_START_SECONDS}s: {' '.join(argv)}")
-        if self.proc.poll() is not None:
-            raise RuntimeError(f"ray start exited with {self.proc.returncode}; see its output above")
+        self._pid_file: Path | None = None
+        env = {**os.environ, **_ray_auth(token), "RAY_USAGE_STATS_ENABLED": "0"}
+        for attempt in range(1, _START_ATTEMPTS + 1):
+            self.argv = [
+                sys.executable, "-m", "ray.scripts.scripts", "start", "--block", "--node-ip-address=127.0.0.1",
+                "--num-cpus=1", "--object-store-memory=80000000",
+                "--disable-usage-stats", f"--temp-dir={temp_dir}", *args(),
+            ]  # fmt: skip
+            self.proc = subprocess.Popen(
+                self.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+            )
+            self.add(self.proc.pid, "ray start")
+            up, settled = threading.Event(), threading.Event()  # settled: up, or its output ended
+            threading.Thread(target=self._forward_output, args=(self.proc, up, settled), daemon=True).start()
+            self._track(pid_file)
+            if not settled.wait(_RAY_START_SECONDS):
+                self.stop()
+                raise RuntimeError(f"the Ray node did not start within {_RAY_START_SECONDS}s: {' '.join(self.argv)}")
+            if up.is_set() and self.proc.poll() is None:
+                return
+            self.proc.wait()  # its output ended before "Ray runtime started": it is exiting
+            self._record(pid_file)
+            if attempt == _START_ATTEMPTS:
+                raise RuntimeError(
+                    f"ray start exited with {self.proc.returncode} in each of {attempt} tries; see its output above"
+                )
+            print(f"[ray] ray start exited with {self.proc.returncode}; trying again on fresh ports", flush=True)
 
-    def _forward_output(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
+    def flag(self, name: str) -> str:
+        """The value this node was started with for ``--name``."""
+        prefix = f"--{name}="
+        return next(arg[len(prefix) :] for arg in self.argv if arg.startswith(prefix))
+
+    @staticmethod
+    def _forward_output(proc: subprocess.Popen[str], up: threading.Event, settled: threading.Event) -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
             print(f"[ray] {line.rstrip()}", flush=True)
             if "Ray runtime started" in line:
-                self._started.set()
-        self._started.set()  # it exited: let the starter see that
+                up.set()
+                settled.set()
+        settled.set()  # it exited (or is exiting) without saying so: the starter tries again
 
     def _track(self, pid_file: Path) -> None:
         """Record the node's processes in ``pid_file`` now and every moment until it stops."""
         self._pid_file = pid_file
         self._record(pid_file)
+        proc = self.proc  # one loop per try: it ends with its own ``ray start``
 
         def loop() -> None:
-            while self.proc.poll() is None:
+            while proc.poll() is None:
                 try:
                     self._record(pid_file)
                 except OSError as exc:  # a full disk, say: keep looking, the next write may succeed

@@ -27,3 +27,25 @@ def wait_until(predicate: Callable[[], T], timeout: float = 30.0, what: str = "c
 def alive(pid: int) -> bool:
     """True if ``pid`` is a running (not zombie) process."""
     return pid_alive(pid)
+
+
+def typed(value: object) -> object:
+    """``value`` with the type of every part spelled out, so that equal values of other types differ.
+
+    ``b"x" == bytearray(b"x")`` and ``(1,) != [1]`` are Python's rules; a backend that hands back a
+    bytes for a bytearray must still fail a comparison of ``typed`` forms.
+    """
+    if isinstance(value, dict):
+        return ("dict", {key: typed(item) for key, item in value.items()})
+    if isinstance(value, list | tuple):
+        return (type(value).__name__, [typed(item) for item in value])
+    return (type(value).__name__, value)
+
+
+#: Values some engines change in transit (Ray's msgpack turns a bytearray into bytes): each must come back as sent.
+TYPED_VALUES = (
+    bytearray(b"xy"),
+    [b"a", bytearray(b"b")],
+    {"k": [bytearray(b"z"), (bytearray(b"t"), 1)]},
+    bytearray(300_000),
+)

@@ -50,7 +50,7 @@ from fray.job import (
     wait_all,
 )
 from fray.pool import WorkerPool
-from fray.queue import Lease, Queue
+from fray.queue import Lease, Queue, QueueCounts
 from fray.resources import (
     GPU_TYPES,
     TPU_TOPOLOGIES,
@@ -110,6 +110,7 @@ __all__ = [
     "ProtocolError",
     "Queue",
     "QueueAlreadyExists",
+    "QueueCounts",
     "RemoteError",
     "ResourceConfig",
     "RpcTimeoutError",

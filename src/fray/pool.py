@@ -7,7 +7,7 @@ loses nothing: its lease runs out and the item is delivered again.
 
 The scaling rule, checked every ``interval`` seconds::
 
-    backlog = queue.pending() + queue.in_flight()
+    backlog = queue.counts().unfinished    # waiting + leased, read at one instant
     wanted  = clamp(ceil(backlog / items_per_worker), min_workers, max_workers)
 
 * fewer live workers than ``wanted``: submit the difference at once;
@@ -117,7 +117,7 @@ class WorkerPool:
 
     def wanted(self) -> int:
         """How many workers the rule asks for now."""
-        backlog = self.queue.pending() + self.queue.in_flight()
+        backlog = self.queue.counts().unfinished
         return max(self.min_workers, min(self.max_workers, math.ceil(backlog / self.items_per_worker)))
 
     def reconcile(self) -> None:

@@ -36,9 +36,11 @@ __all__ = [
     "LocalQueue",
     "Queue",
     "QueueCore",
+    "QueueCounts",
     "QueueService",
     "actor_queue",
     "check_pop_arguments",
+    "counts_from",
     "lease_error",
     "queue_exists",
 ]
@@ -62,6 +64,24 @@ class Lease(Generic[T]):
     queue: str
     deliveries: int = 1
     timeout: float = DEFAULT_LEASE_TIMEOUT
+
+
+@dataclass(frozen=True)
+class QueueCounts:
+    """How many items a queue holds, read at one instant: ``queue.counts()``.
+
+    Read ``pending()`` and then ``in_flight()`` and an item can be counted twice or
+    not at all: a lease that runs out in between moves its item from leased to
+    waiting. "Is everything processed?" is ``counts().unfinished == 0``.
+    """
+
+    pending: int  # waiting to be popped (items whose lease ran out included)
+    in_flight: int  # leased and not yet done
+
+    @property
+    def unfinished(self) -> int:
+        """Items pushed and not yet done: waiting plus leased."""
+        return self.pending + self.in_flight
 
 
 @runtime_checkable
@@ -103,6 +123,10 @@ class Queue(Protocol[T]):
 
     def in_flight(self) -> int:
         """How many items are leased and not yet done."""
+        ...
+
+    def counts(self) -> QueueCounts:
+        """Waiting and leased items, both read at the same instant (see :class:`QueueCounts`)."""
         ...
 
 
@@ -227,13 +251,9 @@ class QueueCore:
             return "ok"
         return self._ended.get(lease_id, "unknown")
 
-    def pending(self, now: float) -> int:
+    def counts(self, now: float) -> QueueCounts:
         self.expire(now)
-        return len(self._items)
-
-    def in_flight(self, now: float) -> int:
-        self.expire(now)
-        return len(self._leases)
+        return QueueCounts(len(self._items), len(self._leases))
 
     def _remember(self, lease_id: str, how: str) -> None:
         self._ended[lease_id] = how
@@ -314,13 +334,16 @@ class LocalQueue(Generic[T]):
 
     def pending(self) -> int:
         """Items waiting to be popped."""
-        with self._cond:
-            return self._core.pending(time.monotonic())
+        return self.counts().pending
 
     def in_flight(self) -> int:
         """Items leased and not done."""
+        return self.counts().in_flight
+
+    def counts(self) -> QueueCounts:
+        """Waiting and leased items at one instant."""
         with self._cond:
-            return self._core.in_flight(time.monotonic())
+            return self._core.counts(time.monotonic())
 
 
 def _find_local(key: str, name: str) -> LocalQueue[Any]:
@@ -355,8 +378,8 @@ class QueueService:
         return self._core.done(lease_id, time.monotonic())
 
     def counts(self) -> tuple[int, int]:
-        now = time.monotonic()
-        return self._core.pending(now), self._core.in_flight(now)
+        counts = self._core.counts(time.monotonic())
+        return counts.pending, counts.in_flight
 
 
 class ActorQueue(Generic[T]):
@@ -409,11 +432,21 @@ class ActorQueue(Generic[T]):
 
     def pending(self) -> int:
         """Items waiting to be popped."""
-        return int(self._actor.counts()[0])
+        return self.counts().pending
 
     def in_flight(self) -> int:
         """Items leased and not done."""
-        return int(self._actor.counts()[1])
+        return self.counts().in_flight
+
+    def counts(self) -> QueueCounts:
+        """Waiting and leased items at one instant (one call to the actor)."""
+        return counts_from(self._actor.counts())
+
+
+def counts_from(answer: Any) -> QueueCounts:
+    """The :class:`QueueCounts` of a queue server's ``[pending, in_flight]`` answer."""
+    pending, in_flight = answer
+    return QueueCounts(int(pending), int(in_flight))
 
 
 def actor_queue(client: Any, name: str, *, exist_ok: bool = False) -> ActorQueue[Any]:

@@ -59,7 +59,9 @@ class SelfAware:
         context = current_actor()
         while not context.shutdown_requested.wait(0.05):
             pass
-        Path(result).write_text("finished cleanly")
+        written = Path(result + ".tmp")
+        written.write_text("finished cleanly")
+        written.replace(result)  # whole or not at all: the test reads it as soon as it exists
         return "stopped"
 
 

@@ -18,7 +18,7 @@ import pytest
 import fray
 from fray import ConfigError, RemoteError, ResourceConfig, SerializationError, TaskLostError
 from fray.context import get_job_context
-from support import wait_until
+from support import TYPED_VALUES, typed, wait_until
 
 CONTEXT_FIXTURES = {
     "threads": "threads_context",
@@ -41,6 +41,7 @@ NOT_APPLICABLE: dict[str, dict[str, str]] = {
     "fray": {"test_put_is_refused_where_there_is_no_object_store": "it stores objects"},
     "monarch": {
         "test_put_once_many_tasks": "Monarch has no object store: put is refused",
+        "test_put_values_keep_their_type": "Monarch has no object store: put is refused",
         "test_put_inside_a_task": "Monarch has no object store: put is refused",
         "test_a_ref_passed_deeper_can_be_fetched_inside_the_task": (
             "Monarch has no object store: a ref's value is known only in the process that made it"
@@ -343,3 +344,17 @@ def test_a_job_gets_its_backends_context(client, uid, tmp_path):
     )
     job.wait(timeout=300)
     assert out.read_text() == f"{EXPECTED_CONTEXT[type(client).__name__]} 42"
+
+
+def same_value(value):
+    return value
+
+
+def test_task_arguments_and_results_keep_their_type(ctx):
+    for value in TYPED_VALUES:
+        assert typed(ctx.get(ctx.create_task(same_value, value))) == typed(value)
+
+
+def test_put_values_keep_their_type(ctx):
+    for value in TYPED_VALUES:
+        assert typed(ctx.get(ctx.put(value))) == typed(value)

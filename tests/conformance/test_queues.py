@@ -11,9 +11,9 @@ import threading
 
 import pytest
 
-from fray import ConfigError, Entrypoint, JobRequest, LeaseError, LeaseExpired, QueueAlreadyExists
+from fray import ConfigError, Entrypoint, JobRequest, LeaseError, LeaseExpired, QueueAlreadyExists, QueueCounts
 from fray.queue import Lease, Queue
-from support import wait_until
+from support import TYPED_VALUES, typed, wait_until
 
 QUEUE_FIXTURES = {
     "local": "local_client",
@@ -73,6 +73,37 @@ def test_push_peek_pop_done(qclient, uid):
     queue.done(third)
     queue.done(second)
     assert queue.pending() == 0 and queue.in_flight() == 0
+
+
+def test_counts_gives_waiting_and_leased_items_together(qclient, uid):
+    queue = qclient.create_queue(f"q-{uid}")
+    assert queue.counts() == QueueCounts(pending=0, in_flight=0)
+    for item in ("a", "b", "c"):
+        queue.push(item)
+    lease = queue.pop(lease_timeout=60)
+    counts = queue.counts()
+    assert counts == QueueCounts(pending=2, in_flight=1) and counts.unfinished == 3
+    queue.done(lease)
+    assert queue.counts() == QueueCounts(pending=2, in_flight=0)
+
+
+def test_counts_is_one_reading_while_leases_run_out(qclient, uid):
+    # "Is every item done?" must never be answered yes while an item is leased: an item
+    # whose lease runs out moves from leased to waiting, and one reading sees it in one place.
+    queue = qclient.create_queue(f"q-{uid}")
+    for i in range(5):
+        queue.push(i)
+    for i in range(5):
+        assert queue.pop(lease_timeout=0.2 * (i + 1)) is not None
+    readings: list[QueueCounts] = []
+
+    def all_back() -> bool:
+        readings.append(queue.counts())
+        return readings[-1].pending == 5
+
+    wait_until(all_back, timeout=60, what="every lease to run out")
+    assert {counts.unfinished for counts in readings} == {5}
+    assert readings[0].in_flight > 0  # the leases were read while they were still held
 
 
 def test_blocking_pop_waits_for_a_push_or_times_out(qclient, uid):
@@ -160,3 +191,14 @@ def test_handles_pickle_and_work_inside_jobs(qclient, uid):
         results.done(lease)
     assert squares == {i: i * i for i in range(5)}
     assert tasks.pending() == 0 and tasks.in_flight() == 0
+
+
+def test_items_keep_their_type(qclient, uid):
+    queue = qclient.create_queue(f"q-{uid}")
+    for value in TYPED_VALUES:
+        queue.push(value)
+    assert typed(queue.peek()) == typed(TYPED_VALUES[0])
+    for value in TYPED_VALUES:
+        lease = queue.pop(lease_timeout=60)
+        assert lease is not None and typed(lease.item) == typed(value)
+        queue.done(lease)

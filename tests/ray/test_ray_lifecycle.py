@@ -10,7 +10,16 @@ from pathlib import Path
 import pytest
 
 import fray
-from fray import ActorDiedError, Entrypoint, JobFailed, JobRequest, JobStatus, RemoteError, current_job
+from fray import (
+    ActorDiedError,
+    ActorUnavailableError,
+    Entrypoint,
+    JobFailed,
+    JobRequest,
+    JobStatus,
+    RemoteError,
+    current_job,
+)
 from fray._lifecycle import Failure, RetryBudget
 from fray.ray import RayJobHandle
 from support import wait_until
@@ -191,3 +200,46 @@ def test_actor_job_finishes_when_the_actor_dies_while_someone_waits(ray_client, 
     assert waited == [JobStatus.FAILED]
     with pytest.raises(JobFailed, match="died"):
         job.wait(timeout=0)
+
+
+class Sleeper:
+    def pid(self) -> int:
+        import os
+
+        return os.getpid()
+
+    def block(self, marker: str) -> None:
+        Path(marker).write_text("running")
+        while True:  # ends only with the process
+            time.sleep(0.02)
+
+
+def test_a_call_in_flight_when_a_restartable_actor_dies_is_always_actor_died(ray_client, uid, tmp_path: Path) -> None:
+    # Ray words this two ways, by timing: "the actor was restarted" or, when the socket closes
+    # before the GCS knows, "Socket closed ... temporarily unavailable" (4 in 10 kills here).
+    # Both mean the instance the call went to is gone; a caller must see one error.
+    from fray import ActorConfig
+    from fray.testing import kill_actor
+
+    group = ray_client.create_actor_group(
+        Sleeper, name=f"sleeper-{uid}", count=1, actor_config=ActorConfig(max_restarts=10)
+    )
+    actor = group.wait_ready(timeout=120)[0]
+    for attempt in range(6):
+        before = actor.pid()
+        marker = tmp_path / f"running-{attempt}"
+        in_flight = actor.block.remote(str(marker))
+        wait_until(marker.exists, timeout=120, what="the call to start")
+        kill_actor(actor)
+        with pytest.raises(ActorDiedError, match="died"):
+            in_flight.result(timeout=120)
+        wait_until(
+            lambda before=before: _answers_from_another_process(actor, before), timeout=120, what="the restarted actor"
+        )
+
+
+def _answers_from_another_process(actor, before: int) -> bool:
+    try:
+        return actor.pid.remote().result(timeout=60) != before
+    except (ActorDiedError, ActorUnavailableError):
+        return False

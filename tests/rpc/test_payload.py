@@ -79,19 +79,24 @@ def test_a_received_array_keeps_its_memory_when_more_frames_arrive(shared_server
     assert int(fourth.min()) == int(fourth.max()) == 4
 
 
-def test_bytearray_segments_are_flagged_and_received_into_a_bytearray() -> None:
-    data = bytearray(b"q" * BIG)
+@pytest.mark.parametrize("kind", [bytearray, bytes])
+@pytest.mark.parametrize("size", [BIG, 8 * BIG], ids=["1MiB", "8MiB"])  # 8 MiB: built through the C API
+def test_bytes_and_bytearray_segments_are_received_into_the_value_itself(kind: type, size: int) -> None:
+    data = kind(np.random.default_rng(size).integers(0, 255, size, dtype=np.uint8).tobytes())
     segments = wire.encode(data)
     sender, receiver = socket.socketpair()
     writer = threading.Thread(target=wire.send_frame, args=(sender, wire.FrameKind.RESULT, 7, segments))
     writer.start()
     frame = wire.FrameReader(receiver).read_frame()
     writer.join()
-    assert frame is not None and type(frame.segments[1]) is bytearray
-    back = wire.decode(frame.segments)
-    assert back is frame.segments[1], "the received bytearray is the value: no copy"
     sender.close()
     receiver.close()
+    assert frame is not None and type(frame.segments[1]) is kind
+    back = wire.decode(frame.segments)
+    assert back is frame.segments[1], "the received object is the value: no copy"
+    assert back == data and len(back) == size
+    if kind is bytes:  # an ordinary bytes object: hashes like its contents, works as a key
+        assert hash(back) == hash(bytes(data)) and {back: 1}[bytes(data)] == 1
 
 
 def test_unknown_segment_flags_are_a_protocol_error() -> None:

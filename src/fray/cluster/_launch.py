@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import json
 import os
 import signal
@@ -17,11 +16,14 @@ from typing import Any
 __all__ = ["ForkServer", "ForkedProcess", "die_with_worker"]
 
 _PR_SET_PDEATHSIG = 1
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True) if sys.platform == "linux" else None
+# The interpreter's own symbols include libc's; ctypes.util.find_library would run ``ldconfig``
+# in a subprocess (milliseconds) to find the same library.
+_libc = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
 
 
 def die_with_worker() -> None:
-    """Runs in a child between fork and exec: if the worker is killed (even with SIGKILL), the child dies too.
+    """Runs in a child after fork: if its parent -- the worker, or the fork server that dies with it -- is killed
+    (even with SIGKILL), the child dies too.
 
     Otherwise tasks would run on as orphans that the controller has already rescheduled elsewhere.
     """

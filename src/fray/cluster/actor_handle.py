@@ -19,9 +19,8 @@ import weakref
 from typing import Any
 
 from fray._lifecycle import Failure
-from fray._runtime import check_terminated
 from fray._serialization import check_call_picklable
-from fray.actor import ActorFuture, check_actor_method
+from fray.actor import ActorFuture, RemoteMethod, check_actor_method
 from fray.cluster._actor_host import CONTROL_SUFFIX, control_url
 from fray.cluster.controller_client import CredentialLike, connect_controller, resolve_credential
 from fray.cluster.messages import JobView
@@ -39,22 +38,6 @@ _RESOLVE_AGAIN = 0.05
 # The cluster clients of this process (ClusterClient adds itself): a handle unpickled here
 # uses the credential of a live client of the same cluster, if there is one.
 live_clients: weakref.WeakSet[Any] = weakref.WeakSet()
-
-
-class _ClusterActorMethod:
-    def __init__(self, handle: ClusterActorHandle, name: str) -> None:
-        self._handle = handle
-        self._name = name
-
-    def remote(self, *args: Any, **kwargs: Any) -> ActorFuture:
-        """Start the call; the future fails with ActorDiedError if the actor is gone."""
-        check_terminated()
-        return self._handle._fray_call(self._name, args, kwargs)
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """Make the call and wait for its result."""
-        check_terminated()
-        return self._handle._fray_call_sync(self._name, args, kwargs)
 
 
 class ClusterActorHandle:
@@ -102,9 +85,9 @@ class ClusterActorHandle:
     def __repr__(self) -> str:
         return f"ClusterActorHandle({self._name!r}, {self._cls.__name__}, namespace={self._namespace!r})"
 
-    def __getattr__(self, method_name: str) -> _ClusterActorMethod:
+    def __getattr__(self, method_name: str) -> RemoteMethod:
         check_actor_method(self._cls, method_name)
-        return _ClusterActorMethod(self, method_name)
+        return RemoteMethod(self, method_name)
 
     def _fray_ready(self) -> concurrent.futures.Future[None]:
         self._watch()

@@ -19,7 +19,15 @@ import cloudpickle
 from fray._runtime import check_terminated
 from fray._serialization import plain_data
 from fray.cluster.controller_client import CredentialLike, connect_controller, resolve_credential
-from fray.queue import DEFAULT_LEASE_TIMEOUT, Lease, check_lease, check_pop_arguments, lease_error
+from fray.queue import (
+    DEFAULT_LEASE_TIMEOUT,
+    Lease,
+    QueueCounts,
+    check_lease,
+    check_pop_arguments,
+    counts_from,
+    lease_error,
+)
 
 __all__ = ["ClusterQueue"]
 
@@ -94,8 +102,12 @@ class ClusterQueue(Generic[T]):
 
     def pending(self) -> int:
         """Items waiting to be popped."""
-        return int(self._call("counts")[0])
+        return self.counts().pending
 
     def in_flight(self) -> int:
         """Items leased and not done."""
-        return int(self._call("counts")[1])
+        return self.counts().in_flight
+
+    def counts(self) -> QueueCounts:
+        """Waiting and leased items at one instant (one call)."""
+        return counts_from(self._call("counts"))

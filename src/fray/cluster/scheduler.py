@@ -487,6 +487,11 @@ NEVER_PREFIX = "can never be scheduled with the current workers: "
 WAITING_PREFIX = "waiting for capacity: "
 
 
+def _starving(job: PendingJob, policy: SchedulerPolicy, now: float) -> bool:
+    """True once ``job`` has waited long enough to reserve workers (see :class:`SchedulerPolicy`)."""
+    return policy.reserve_after_seconds is not None and now - job.submitted_at >= policy.reserve_after_seconds
+
+
 def schedule(
     pending: Sequence[PendingJob],
     workers: Sequence[WorkerInfo],
@@ -524,14 +529,27 @@ def schedule(
     for job in sorted(pending, key=lambda j: (j.submitted_at, j.job_id)):
         queues.setdefault(job.user, deque()).append(job)
 
+    # A user's bid changes only when one of their jobs is placed: cached until then, since
+    # a long queue of one user's jobs would otherwise recompute it once per job.
+    current_bids: dict[str, float] = {}
+
     def user_bid(user: str) -> float:
-        return bid(
-            credits.get(user, policy.credit.initial_credit), user_rate.get(user, 0.0), policy.bid_horizon_seconds
-        )
+        value = current_bids.get(user)
+        if value is None:
+            value = current_bids[user] = bid(
+                credits.get(user, policy.credit.initial_credit), user_rate.get(user, 0.0), policy.bid_horizon_seconds
+            )
+        return value
 
     bids = {user: user_bid(user) for user in queues}
     heap = [(-bids[u], q[0].submitted_at, q[0].job_id, u) for u, q in queues.items()]
     heapq.heapify(heap)
+
+    def requeue(user: str) -> None:
+        """Put ``user`` back in line with their next job, if they have one."""
+        if queues[user]:
+            head = queues[user][0]
+            heapq.heappush(heap, (-user_bid(user), head.submitted_at, head.job_id, user))
 
     assignments: list[Assignment] = []
     reasons: dict[str, PendingReason] = {}
@@ -542,6 +560,14 @@ def schedule(
     while heap:
         _, _, _, user = heapq.heappop(heap)
         job = queues[user].popleft()
+        shape = (job.resources, job.replicas)
+        known_failure = failed.get(shape)
+        if known_failure is not None and (shape in reserved_shapes or not _starving(job, policy, now)):
+            # The common case of a long queue: this shape already failed in this pass and
+            # there is nothing to reserve for it -- the same reason, without another look.
+            reasons[job.job_id] = PendingReason(job.job_id, WAITING_PREFIX + known_failure, satisfiable=True)
+            requeue(user)
+            continue
         static = pool.static(job.resources)
         never = static.never
         if never is None and job.resources.device_kind != "tpu" and static.slots < job.replicas:
@@ -554,22 +580,16 @@ def schedule(
         if never is not None:
             reasons[job.job_id] = PendingReason(job.job_id, NEVER_PREFIX + never, satisfiable=False)
         else:
-            shape = (job.resources, job.replicas)
-            known_failure = failed.get(shape)
             result = known_failure if known_failure is not None else pool.place(job, static)
             if isinstance(result, tuple):
                 assignments.append(Assignment(job.job_id, result))
                 user_rate[user] = user_rate.get(user, 0.0) + rate(job.resources) * job.task_count
+                current_bids.pop(user, None)
             else:
                 failed[shape] = result
                 reasons[job.job_id] = PendingReason(job.job_id, WAITING_PREFIX + result, satisfiable=True)
-                starving = (
-                    policy.reserve_after_seconds is not None and now - job.submitted_at >= policy.reserve_after_seconds
-                )
-                if starving and shape not in reserved_shapes:
+                if _starving(job, policy, now) and shape not in reserved_shapes:
                     reserved_shapes.add(shape)
                     pool.reserve(job, static)
-        if queues[user]:
-            head = queues[user][0]
-            heapq.heappush(heap, (-user_bid(user), head.submitted_at, head.job_id, user))
+        requeue(user)
     return SchedulingDecision(tuple(assignments), reasons, bids)

@@ -26,6 +26,10 @@ it created to their watcher (which fails the actor's job and its callers with
 before. Failures of meshes Fray stopped on purpose are dropped. The failure of a
 mesh's internal ``logger`` actors, which always dies with the processes of a mesh
 that reports for itself, is not escalated once Fray created a mesh in this process.
+Nor is a call to a Fray actor that had stopped: Monarch fails the call (Fray raises
+``ActorDiedError`` for it) and also reports the message as undeliverable, as a
+failure of the process's own client actor, which its default hook answers by
+ending the process.
 """
 
 from __future__ import annotations
@@ -71,6 +75,8 @@ _watchers: dict[str, Callable[[str], None]] = {}
 # The spawn names Fray gives its actor meshes (see MonarchClient): "fray", letters and digits, 12 hex digits.
 _FRAY_MESH = re.compile(r"fray[A-Za-z0-9]*[0-9a-f]{12}")
 _calling = False  # this process calls Fray actors through handles it did not create
+# How Monarch reports a message it could not deliver (the client actor's own failure, with no mesh name).
+_UNDELIVERABLE = re.compile(r"undeliverable message for ([A-Za-z0-9_]+)\.")
 
 
 def configure() -> None:
@@ -138,6 +144,14 @@ def handle(failure: Any) -> bool:
     if base == "logger" and watching:
         logger.debug("monarch logger mesh failed (its processes' actor meshes report for themselves): %s", failure)
         return True
+    if watching or _calling:
+        # A call sent to a Fray actor that stopped meanwhile (e.g. from a job holding its handle): Monarch
+        # fails the call -- Fray raises ActorDiedError for it -- and also reports the message as
+        # undeliverable, as a failure of this process's client actor that would end the process.
+        targets = _UNDELIVERABLE.findall(_report_text(failure))
+        if targets and all(_FRAY_MESH.fullmatch(target) for target in targets):
+            logger.debug("a call to a Fray actor that had stopped was undeliverable (the call says so): %s", targets)
+            return True
     return False
 
 
@@ -149,8 +163,12 @@ def _fault_hook(failure: Any) -> None:
         previous(failure)
 
 
+def _report_text(failure: Any) -> str:
+    """The whole text of a Monarch failure's report."""
+    return str(failure.report()) if hasattr(failure, "report") else str(failure)
+
+
 def reason_of(failure: Any) -> str:
     """The one-line reason of a Monarch failure or supervision error, e.g. ``... failed: Killed(sig=9)``."""
-    report = failure.report() if hasattr(failure, "report") else str(failure)
-    lines = [line.strip() for line in str(report).splitlines() if line.strip()]
+    lines = [line.strip() for line in _report_text(failure).splitlines() if line.strip()]
     return lines[-1] if lines else str(failure)

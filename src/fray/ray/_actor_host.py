@@ -32,6 +32,7 @@ from fray._remote import RemoteFailure, remote_error
 from fray.actor_context import ActorContext, ActorEnd, set_process_actor
 from fray.errors import ActorDiedError
 from fray.ray._actor_end import record_end
+from fray.ray._values import shield
 from fray.ray.actors import RayActorHandle
 
 __all__ = ["CONTROL_GROUP", "GROUP_ENV", "INDEX_ENV", "actor_class_for"]
@@ -121,8 +122,8 @@ def _wrap(fn: Callable[..., Any], is_coroutine: bool) -> Callable[..., Any]:
         try:
             if is_coroutine:
                 # Not fray._eventloop.invoke: it looks the method up by name, which would find this stand-in.
-                return self._fray_actor_loop.run(fn(self, *args, **kwargs))
-            return fn(self, *args, **kwargs)
+                return shield(self._fray_actor_loop.run(fn(self, *args, **kwargs)))
+            return shield(fn(self, *args, **kwargs))
         finally:
             host.leave()
             host.check_end()

@@ -17,9 +17,10 @@ from typing import Any
 from fray._remote import RemoteFailure
 from fray._serialization import check_call_picklable
 from fray.actor import ActorFuture, check_actor_method
-from fray.errors import ActorDiedError
+from fray.errors import ActorDiedError, ActorUnavailableError
 from fray.ray._actor_end import ended_death
 from fray.ray._errors import constructor_failure, translate
+from fray.ray._values import shield_call
 
 __all__ = ["RayActorHandle", "disown", "own", "when_done"]
 
@@ -83,10 +84,11 @@ class _RayFuture(ActorFuture):
     costs a thread switch, which would cut call throughput noticeably.
     """
 
-    def __init__(self, ref: Any, method: _RayActorMethod) -> None:
+    def __init__(self, ref: Any, restarts: int, *, method: _RayActorMethod) -> None:
         super().__init__()
         self._ref = ref
         self._method = method
+        self._restarts = restarts  # the actor's restarts known when the call was sent
         self._armed = False
         self._waiters = _ArmingList(self)
 
@@ -104,7 +106,7 @@ class _RayFuture(ActorFuture):
             elif exc is None:
                 self.set_result(value)
             else:
-                self.set_exception(self._method._translate(exc))
+                self.set_exception(self._method._translate(exc, self._restarts))
 
     def _resolve(self, timeout: float | None) -> None:
         if super().done():
@@ -168,9 +170,15 @@ class _RayActorMethod:
         self._name = name
         self._ray_method: Any = None
 
-    def _translate(self, exc: BaseException) -> BaseException:
+    def _translate(self, exc: BaseException, restarts: int) -> BaseException:
         handle = self._handle
         err = translate(exc, actor=handle._name, method=self._name, actor_class=handle._cls)
+        if type(err) is ActorUnavailableError and handle._died_since(restarts):
+            # Ray says "unavailable" when the socket to a restartable actor closes before the
+            # GCS has marked it restarting; the instance the call went to is gone: it died.
+            died = ActorDiedError(f"actor {handle._name!r} died while the call was in flight: {err}")
+            died.__cause__ = exc
+            err = died
         if isinstance(err, ActorDiedError) and err.__cause__ is exc and handle._job_id:
             # Dead: if it ended itself, say so, with what it failed with as the cause.
             ended = ended_death(handle._name, handle._job_id)
@@ -185,16 +193,19 @@ class _RayActorMethod:
             raise self._handle._killed_error()
         return value
 
-    def _submit(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _submit(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, int]:
+        """Send the call: its ObjectRef, and the actor's restarts known when it was sent."""
         method = self._ray_method
         if method is None:
             method = self._ray_method = getattr(self._handle._resolve(), self._name)
+        restarts = self._handle._restarts
         try:
-            return method.remote(*args, **kwargs)
+            args, kwargs = shield_call(args, kwargs)
+            return method.remote(*args, **kwargs), restarts
         except Exception as exc:
             # Ray pickles the arguments here; only when that failed is each one checked, to name it.
             check_call_picklable(self._handle._name, self._name, args, kwargs)
-            err = self._translate(exc)
+            err = self._translate(exc, restarts)
             raise err from err.__cause__
 
     def remote(self, *args: Any, **kwargs: Any) -> ActorFuture:
@@ -203,7 +214,7 @@ class _RayActorMethod:
             future = ActorFuture()
             future.set_exception(self._handle._killed_error())
             return future
-        return _RayFuture(self._submit(args, kwargs), self)
+        return _RayFuture(*self._submit(args, kwargs), method=self)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Make the call and wait for its result."""
@@ -211,13 +222,13 @@ class _RayActorMethod:
 
         if self._handle._killed:
             raise self._handle._killed_error()
-        ref = self._submit(args, kwargs)
+        ref, restarts = self._submit(args, kwargs)
         try:
             return self._value(ray.get(ref))
         except ActorDiedError:
             raise
         except Exception as exc:
-            err = self._translate(exc)
+            err = self._translate(exc, restarts)
             raise err from err.__cause__
 
 
@@ -241,6 +252,9 @@ class RayActorHandle:
         # Set when this process terminated the actor: ray.kill is asynchronous, and a call
         # sent in the meantime could still be answered by the dying actor.
         self._killed = False
+        # How often Ray had restarted the actor when this process last looked: a call that
+        # fails as "unavailable" died with its instance if the count grew since it was sent.
+        self._restarts = 0
 
     def _killed_error(self) -> ActorDiedError:
         return ActorDiedError(f"actor {self._name!r} was terminated")
@@ -273,13 +287,38 @@ class RayActorHandle:
         with self._lock:
             if self._ray_handle is None:
                 try:
-                    self._ray_handle = ray.get_actor(self._name, namespace=self._namespace)
+                    found = ray.get_actor(self._name, namespace=self._namespace)
                 except ValueError as exc:
                     raise ActorDiedError(
                         f"actor {self._name!r} is not alive in Ray namespace {self._namespace!r}: it died, was "
                         "shut down, or its creator exited"
                     ) from exc
+                # Set before the handle is published: a call reads the count once it has the handle.
+                self._restarts = int(self._ray_info(str(found._actor_id.hex())).get("NumRestarts") or 0)
+                self._ray_handle = found
             return self._ray_handle
+
+    def _died_since(self, restarts: int, patience: float = 5.0) -> bool:
+        """True if the actor's instance that was current at ``restarts`` restarts is gone.
+
+        Asked when Ray reports a call as "unavailable": a closed socket to a restartable
+        actor, before the GCS knows whether the process died. The GCS learns of a dead
+        process within moments; a lost network may last, so after ``patience`` seconds
+        of an unchanged, live actor the call stays "unavailable".
+        """
+        deadline = time.monotonic() + patience
+        while True:
+            info = self._ray_info()
+            if not info:
+                return False
+            now = int(info.get("NumRestarts") or 0)
+            if now > restarts or info.get("State") in ("RESTARTING", "DEAD"):
+                with self._lock:
+                    self._restarts = max(self._restarts, now)
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)  # Ray has no event for "the GCS learned of this actor's death"
 
     def _fray_ready(self) -> concurrent.futures.Future[None]:
         """Done once the actor's constructor has returned; ActorDiedError if it never will."""
@@ -343,14 +382,9 @@ class RayActorHandle:
         """
         import ray
 
-        before = self._ray_info()
+        before = int(self._ray_info().get("NumRestarts") or 0)
         ray.kill(self._resolve(), no_restart=False)
-        deadline = time.monotonic() + 60.0
-        while time.monotonic() < deadline:
-            now = self._ray_info()
-            if now.get("State") != "ALIVE" or now.get("NumRestarts") != before.get("NumRestarts"):
-                return
-            time.sleep(0.01)  # Ray has no event for "this actor's process is gone"
+        self._died_since(before, patience=60.0)
 
     def _kill(self) -> None:
         import ray

@@ -39,6 +39,7 @@ from fray.ray._actor_host import CONTROL_GROUP, GROUP_ENV, INDEX_ENV, actor_clas
 from fray.ray._connection import CONNECTION
 from fray.ray._driver_exit import track
 from fray.ray._launch import Launcher, short_id
+from fray.ray._values import shield_call
 from fray.ray.actors import RayActorHandle, disown, own
 from fray.ray.binary import BinaryJob
 from fray.ray.context import RayJobContext, context_for
@@ -278,6 +279,7 @@ class RayClient:
         if config.detached:
             options["lifetime"] = "detached"
         try:
+            args, kwargs = shield_call(args, kwargs)
             ray_handle = self._ray_class(actor_class).options(**options).remote(env, *args, **kwargs)
         except ValueError as exc:
             if "already" in str(exc) or "taken" in str(exc):

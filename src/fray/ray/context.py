@@ -45,6 +45,7 @@ from fray.context import (
 )
 from fray.errors import ObjectLostError, TaskLostError
 from fray.ray._errors import translate
+from fray.ray._values import shield
 from fray.ray.resources import head_node_resource, ray_options
 from fray.resources import ResourceConfig
 
@@ -112,7 +113,7 @@ def _run(fn: Callable[..., Any], namespace: str, packed: tuple[Any, dict[str, An
         args, kwargs = resolve_arguments(args, kwargs, _is_slot, lambda slot: values[slot.index])
     token = bind_context(context_for(namespace))
     try:
-        return fn(*args, **kwargs)
+        return shield(fn(*args, **kwargs))
     except BaseException as exc:
         raise _TaskError(RemoteFailure.capture(exc).encode()) from None
     finally:
@@ -213,7 +214,7 @@ class RayJobContext:
     def put(self, obj: Any) -> RayObjectRef:
         """``ray.put(obj)``: a copy in Ray's object store."""
         check_terminated()
-        return RayObjectRef(ray.put(obj))
+        return RayObjectRef(ray.put(shield(obj)))
 
     def get(self, refs: Any, timeout: float | None = None) -> Any:
         """``ray.get``, with Ray's errors turned into Fray's (see :class:`~fray.JobContext`)."""

@@ -19,13 +19,16 @@ from fray.queue import (
     DEFAULT_LEASE_TIMEOUT,
     Lease,
     QueueCore,
+    QueueCounts,
     check_lease,
     check_pop_arguments,
     check_queue_name,
+    counts_from,
     lease_error,
     queue_exists,
 )
 from fray.ray._errors import translate
+from fray.ray._values import shield
 
 __all__ = ["RayQueue", "create_queue"]
 
@@ -70,8 +73,8 @@ class _QueueActor:
         return self._core.done(lease_id, time.monotonic())
 
     async def counts(self) -> tuple[int, int]:
-        now = time.monotonic()
-        return self._core.pending(now), self._core.in_flight(now)
+        counts = self._core.counts(time.monotonic())
+        return counts.pending, counts.in_flight
 
 
 _REMOTE: Any = None
@@ -107,7 +110,7 @@ class RayQueue(Generic[T]):
     def _call(self, method: str, *args: Any) -> Any:
         check_terminated()
         try:
-            return ray.get(getattr(self._actor, method).remote(*args))
+            return ray.get(getattr(self._actor, method).remote(*(shield(a) for a in args)))
         except ray.exceptions.RayError as exc:
             raise translate(exc, actor=_actor_name(self._name), method=method) from None
 
@@ -135,11 +138,15 @@ class RayQueue(Generic[T]):
 
     def pending(self) -> int:
         """Items waiting to be popped."""
-        return int(self._call("counts")[0])
+        return self.counts().pending
 
     def in_flight(self) -> int:
         """Items leased and not done."""
-        return int(self._call("counts")[1])
+        return self.counts().in_flight
+
+    def counts(self) -> QueueCounts:
+        """Waiting and leased items at one instant (one call)."""
+        return counts_from(self._call("counts"))
 
     def _kill(self) -> None:
         ray.kill(self._actor, no_restart=True)

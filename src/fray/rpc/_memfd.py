@@ -157,15 +157,14 @@ class Spares:
         finalizer.atexit = False
         return buffer
 
-    def read(self, fd: int, length: int) -> bytearray:
-        """The received memfd ``fd``'s first ``length`` bytes copied into a new bytearray; ``fd`` is then a spare."""
+    def read(self, fd: int, into: memoryview) -> None:
+        """Copy the received memfd ``fd``'s first ``len(into)`` bytes into ``into`` (a byte view); ``fd`` is then a spare."""
+        length = into.nbytes
         size = self._check(fd, length)
-        out = bytearray(length)
         try:
-            view = memoryview(out)
             done = 0
             while done < length:
-                got = os.preadv(fd, [view[done:]], done)
+                got = os.preadv(fd, [into[done:]], done)
                 if got == 0:
                     raise ProtocolError("memfd ended before its segment did")
                 done += got
@@ -173,7 +172,6 @@ class Spares:
             os.close(fd)
             raise
         self.keep(fd, size)
-        return out
 
     def _returned(self, fd: int, size: int) -> None:
         with self._lock:

@@ -11,9 +11,9 @@ it was received into:
   a memoryview is rebuilt on a view of its received buffer, an array.array with one copy;
 * the pickler never asks about ``bytes`` and ``bytearray`` (it copies them into the stream
   itself), so large ones near the top of the value (an argument, a result, an item of one)
-  are wrapped in :class:`_LargeBuffer` first. A bytearray is rebuilt on its received buffer
-  (the frame reader receives such segments into a bytearray: no copy); ``bytes`` cannot wrap
-  foreign memory and costs one copy.
+  are wrapped in :class:`_LargeBuffer` first. Both are rebuilt on their received buffer: the
+  frame reader receives such segments into a new object of their type (see
+  :mod:`fray.rpc._fresh`), which ``bytes(...)`` and :func:`_rebuild_bytearray` return as is.
 
 Values made only of builtin scalars and small containers skip cloudpickle (several times
 slower than the C pickler) -- the common small call.

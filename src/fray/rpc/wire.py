@@ -12,9 +12,9 @@ are in one place:
 * Segment 0 of a frame is a pickle (protocol 5); the other segments are its
   out-of-band buffers (see :mod:`fray.rpc._payload`), sent straight from the caller's
   memory with ``sendmsg`` and received with ``recv_into`` into one buffer each, which
-  becomes the memory of the rebuilt value: a bytearray for a bytearray, else a
-  huge-page-backed map for large ones, reused from frame to frame once nothing refers
-  to it any more.
+  becomes the memory of the rebuilt value: a new bytearray or bytes for those types
+  (:mod:`fray.rpc._fresh`), else a huge-page-backed map for large ones, reused from
+  frame to frame once nothing refers to it any more.
 
 See ``docs/protocol.md`` for the byte layout and the versioning rule.
 """
@@ -37,7 +37,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from fray.errors import AuthenticationError, ProtocolError
-from fray.rpc import _memfd
+from fray.rpc import _fresh, _memfd
 from fray.rpc._payload import decode, encode
 
 __all__ = [
@@ -45,6 +45,7 @@ __all__ = [
     "DEFAULT_MAX_SEGMENTS",
     "PROTOCOL_VERSION",
     "SEGMENT_BYTEARRAY",
+    "SEGMENT_BYTES",
     "SEGMENT_MEMFD",
     "Authenticated",
     "Frame",
@@ -64,7 +65,7 @@ __all__ = [
 
 #: Version of the frame layout and handshake. Bumped on any incompatible change;
 #: both ends refuse a peer with another version during the handshake.
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 
 #: Largest frame (sum of its segments) accepted by default: 1 GiB.
 DEFAULT_MAX_FRAME_BYTES = 1 << 30
@@ -109,7 +110,10 @@ _TABLES: dict[int, struct.Struct] = {}
 SEGMENT_MEMFD = 1 << 63
 #: The segment is rebuilt as a ``bytearray``: receive it into one (then it needs no copy).
 SEGMENT_BYTEARRAY = 1 << 62
-_SEGMENT_FLAGS = SEGMENT_MEMFD | SEGMENT_BYTEARRAY
+#: The segment is rebuilt as ``bytes``: receive it into a new one (then it needs no copy).
+SEGMENT_BYTES = 1 << 61
+_SEGMENT_FLAGS = SEGMENT_MEMFD | SEGMENT_BYTEARRAY | SEGMENT_BYTES
+_SEGMENT_TYPES = {SEGMENT_BYTEARRAY: bytearray, SEGMENT_BYTES: bytes}
 _LENGTH_MASK = (1 << 48) - 1
 # Linux passes at most this many descriptors per sendmsg (SCM_MAX_FD).
 _MAX_FDS = 253
@@ -345,9 +349,16 @@ def small_frame(kind: FrameKind, request_id: int, payload: bytes) -> bytes | Non
 
 
 def _entry(view: Any) -> int:
-    """A segment's entry in the length table: its length, flagged when it is a bytearray's memory."""
-    if type(view) is memoryview and type(view.obj) is bytearray:
-        return view.nbytes | SEGMENT_BYTEARRAY
+    """A segment's entry in the length table: its length, flagged when it is a bytearray's or bytes' memory.
+
+    Segment 0 (the pickle) is ``bytes`` itself, never a view of it: it is not flagged.
+    """
+    if type(view) is memoryview:
+        kind = type(view.obj)
+        if kind is bytearray:
+            return view.nbytes | SEGMENT_BYTEARRAY
+        if kind is bytes:
+            return view.nbytes | SEGMENT_BYTES
     return len(view)
 
 
@@ -515,14 +526,18 @@ class FrameReader:
             os.close(self._fds.popleft())
 
     def _read_segment(self, entry: int) -> Any:
-        """One segment (a writable buffer: a bytearray, a huge-page map, or a view of a reused one)."""
+        """One segment: a new bytes or bytearray for a segment flagged so, else a writable buffer
+        (a bytearray, a huge-page map, a memfd's private map, or a view of a reused buffer)."""
         n = entry & _LENGTH_MASK
+        kind = _SEGMENT_TYPES.get(entry & (SEGMENT_BYTEARRAY | SEGMENT_BYTES))
         if entry & SEGMENT_MEMFD:
             if not self._fds:
                 raise ProtocolError("a segment names a memfd the peer did not pass")
             fd = self._fds.popleft()
-            if entry & SEGMENT_BYTEARRAY:
-                return _memfd.SPARES.read(fd, n)
+            if kind is not None:
+                out, out_view = _fresh.new(kind, n)
+                _memfd.SPARES.read(fd, out_view)
+                return out
             return _memfd.SPARES.map(fd, n)
         available = self._end - self._start
         if n <= available or n <= self._BUFFER_BYTES // 4:
@@ -531,8 +546,11 @@ class FrameReader:
             self._start += n
             return data
         # Large segment: take what is buffered, then receive the rest straight into place.
-        out = bytearray(n) if entry & SEGMENT_BYTEARRAY else self._large_buffer(n)
-        out_view = memoryview(out).cast("B")
+        if kind is not None:
+            out, out_view = _fresh.new(kind, n)
+        else:
+            out = self._large_buffer(n)
+            out_view = memoryview(out).cast("B")
         out_view[:available] = self._view[self._start : self._end]
         self._start = self._end = 0
         got = available
