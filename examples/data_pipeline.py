@@ -42,7 +42,14 @@ import zlib
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-import fsspec
+try:
+    import fsspec
+except ImportError:
+    # Run as a script without the extra: one line naming it, not a traceback (a broken install still raises).
+    from _extras import require
+
+    require("fsspec", "examples")
+    raise
 
 import fray
 from fray import ActorDiedError

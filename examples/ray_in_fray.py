@@ -458,6 +458,9 @@ def _tracked_since(workdir: Path, when: float, replicas: int) -> bool:
 
 
 if __name__ == "__main__":
+    from _extras import require
+
+    require("ray", "ray")  # the replicas (on this machine's workers) run Ray from this same install
     current = fray.current_client()
     with tempfile.TemporaryDirectory(prefix="fray-ray-in-fray-") as tmp:
         try:

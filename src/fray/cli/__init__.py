@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import click
+from rich.markup import escape
 from rich.table import Table
 
 import fray
@@ -27,7 +28,7 @@ from fray.cli.cluster import cluster
 from fray.cli.daemons import controller, worker
 from fray.cli.jobs import job
 from fray.cli.status import dashboard, endpoint, status
-from fray.client import VALID_SPECS, detect_spec, parse_client_spec
+from fray.client import _BACKENDS, VALID_SPECS, detect_spec, parse_client_spec
 
 __all__ = ["main"]
 
@@ -75,19 +76,26 @@ def info(as_json: bool) -> None:
         problem = str(exc)
     modules = {"ray": "ray", "monarch": "monarch", "iris": "iris.client"}
     engines = {name: _importable(module) for name, module in modules.items()}
-    status = {name: "installed" if present else "not installed" for name, present in engines.items()}
-    status["monarch"] = _monarch_status()
+    status = {name: "installed" if present else _not_installed(name) for name, present in engines.items()}
+    if engines["monarch"]:
+        status["monarch"] = _monarch_status()
     if as_json:
         fields = {"version": fray.__version__, "spec": spec, "problem": problem}
         click.echo(json.dumps({**fields, "engines": engines, "engine_status": status}))
         return
     table = Table(title=f"fray {fray.__version__}", show_header=False)
-    table.add_row("FRAY_CLIENT_SPEC", spec + (f"  [red]{problem}[/red]" if problem else ""))
-    table.add_row("valid specs", ", ".join(VALID_SPECS))
+    # Install hints such as fray[monarch] look like rich markup: every value is escaped, or rich eats them.
+    table.add_row("FRAY_CLIENT_SPEC", escape(spec) + (f"  [red]{escape(problem)}[/red]" if problem else ""))
+    table.add_row("valid specs", escape(", ".join(VALID_SPECS)))
     for name, text in status.items():
         colour = "green" if text.startswith(("installed", "usable")) else "red" if engines[name] else ""
-        table.add_row(f"engine {name}", f"[{colour}]{text}[/{colour}]" if colour else text)
+        table.add_row(f"engine {name}", f"[{colour}]{escape(text)}[/{colour}]" if colour else escape(text))
     stdout_console().print(table)
+
+
+def _not_installed(engine: str) -> str:
+    """``not installed: pip install "fray[ENGINE]"``, with the hint the client gives when that backend is missing."""
+    return f"not installed: {_BACKENDS[engine][2]}"
 
 
 def _monarch_status() -> str:
@@ -95,7 +103,7 @@ def _monarch_status() -> str:
     try:
         version = importlib.metadata.version("torchmonarch")
     except importlib.metadata.PackageNotFoundError:
-        return 'not installed (pip install "fray[monarch]")'
+        return _not_installed("monarch")
     try:
         importlib.import_module("fray.monarch")
     except Exception as exc:  # a broken install fails in many ways; all mean "not usable"

@@ -104,12 +104,21 @@ def resolve_target(address: str | None) -> tuple[str, str]:
         _check_address(address, "--controller")
         return address, "--controller"
     spec = os.environ.get("FRAY_CLIENT_SPEC", "").strip()
-    if spec.startswith("fray://"):
+    if spec:
+        # The library refuses a malformed spec (a typo such as fary://); silently using the recorded
+        # cluster instead would show the wrong cluster's jobs with exit 0.
         try:
             parsed = parse_client_spec(spec)
+            if parsed.scheme == "fray" and not parsed.address:
+                raise parsed.invalid("fray:// needs the controller's HOST:PORT")
         except ConfigError as exc:
-            raise CliError(str(exc), "set FRAY_CLIENT_SPEC=fray://HOST:PORT, e.g. fray://127.0.0.1:7100") from None
-        return parsed.address or "", "from FRAY_CLIENT_SPEC"
+            raise CliError(
+                f"FRAY_CLIENT_SPEC: {exc}",
+                "set FRAY_CLIENT_SPEC=fray://HOST:PORT (e.g. fray://127.0.0.1:7100), or unset it to use the "
+                "cluster `fray cluster up` recorded",
+            ) from None
+        if parsed.scheme == "fray" and parsed.address:
+            return parsed.address, "from FRAY_CLIENT_SPEC"
     state = read_state()
     if state is not None and state.get("address"):
         return str(state["address"]), f"from {STATE_FILE}"

@@ -14,12 +14,14 @@ import contextlib
 import json
 import os
 import secrets
+import shlex
 import signal
 import time
 from pathlib import Path
 from typing import Any
 
 import click
+from rich.markup import escape
 
 from fray._procident import ProcessIdentity, identify
 from fray.cli._common import STATE_FILE, TOKEN_FILE, console, echo_json, read_state
@@ -29,13 +31,18 @@ from fray.cluster.controller_client import ops_client
 from fray.cluster.launcher import LocalCluster
 from fray.errors import FrayError
 
-__all__ = ["DEFAULT_DIR", "cluster"]
+__all__ = ["DASHBOARD_INSTALL", "DEFAULT_DIR", "cluster", "dashboard_unavailable", "up_again"]
 
 #: Where ``fray cluster up`` keeps the controller's database and every process's log.
 DEFAULT_DIR = Path.home() / ".local" / "state" / "fray" / "cluster"
 
+#: What gives a controller its web dashboard.
+DASHBOARD_INSTALL = 'pip install "fray[dashboard]"'
+
 # Seconds a process gets to exit after SIGTERM before `down` sends SIGKILL.
 _STOP_GRACE = 10.0
+# What `fray cluster up` gives every worker unless told otherwise (see cluster_up).
+_DEFAULT_WORKER_ARGS = ["--attr", "preemptible=false"]
 
 
 @click.group()
@@ -116,6 +123,40 @@ def _retention_args(days: float | None, jobs: int | None) -> list[str]:
     return args
 
 
+def dashboard_unavailable() -> str:
+    """Why this Python cannot serve the web dashboard (the dashboard extra's import error), or "" if it can."""
+    try:
+        import fray.dashboard  # noqa: F401  # the controller imports exactly this to serve it
+    except ImportError as exc:
+        return str(exc)
+    return ""
+
+
+def up_again(state: dict[str, Any]) -> str:
+    """The commands that stop the recorded cluster and start it again alike, on the same database and port.
+
+    ``restart`` only revives dead processes, so a change to a running controller (a dashboard
+    it did not serve) needs ``down`` then ``up``; ``up``'s options are rebuilt from the record
+    so that, for example, a longer retention is not silently reset to the default.
+    """
+    args = ["fray", "cluster", "up"]
+    workers = len(state.get("workers", []))
+    if workers != 2:
+        args += ["--workers", str(workers)]
+    if int(state.get("port", 7100)) != 7100:
+        args += ["--port", str(state["port"])]
+    if state.get("directory") and Path(state["directory"]) != DEFAULT_DIR:
+        args += ["--dir", str(state["directory"])]
+    controller_args = [arg for arg in state.get("controller_args", []) if arg != "--no-dashboard"]
+    if controller_args[-2:] == ["--dashboard-port", "0"]:
+        controller_args = controller_args[:-2]
+    args += controller_args
+    worker_args = state.get("worker_args", _DEFAULT_WORKER_ARGS)
+    if worker_args != _DEFAULT_WORKER_ARGS:
+        args += ["--worker-option", " ".join(worker_args)]
+    return "fray cluster down && " + shlex.join(args)
+
+
 @cluster.command("up")
 @click.option("--workers", type=click.IntRange(min=0), default=2, show_default=True, help="How many workers.")
 @click.option(
@@ -177,7 +218,7 @@ def cluster_up(
     if not any(part.startswith("preemptible=") for part in extra):
         # Workers on this one machine are never preempted; saying so lets
         # ResourceConfig(preemptible=False) actors (curriculum, coordinators) run here.
-        extra += ["--attr", "preemptible=false"]
+        extra += _DEFAULT_WORKER_ARGS
     try:
         status = console.status(f"starting a controller and {workers} workers...")
         with status if not as_json else contextlib.nullcontext():
@@ -198,7 +239,16 @@ def cluster_up(
     console.print(f"  state:    {directory}/controller.db   logs: {directory}/*.log")
     if state["dashboard"]:
         console.print(f"  dashboard: http://{state['dashboard']}/   (log in: `fray dashboard`)")
+    elif not no_dashboard:
+        console.print(escape(f"  dashboard: none ({_why_no_dashboard(state)})"))
     console.print("  stop it:  fray cluster down")
+
+
+def _why_no_dashboard(state: dict[str, Any]) -> str:
+    # The controller runs this same Python, so the extra missing here is missing there.
+    if dashboard_unavailable():
+        return f"the dashboard extra is not installed: {DASHBOARD_INSTALL}, then `{up_again(state)}`"
+    return f"the controller started none; its log says why: {state['directory']}/controller.log"
 
 
 def _dashboard_address(launcher: LocalCluster) -> str:
@@ -213,10 +263,15 @@ def _dashboard_address(launcher: LocalCluster) -> str:
 
 @cluster.command("down")
 def cluster_down() -> None:
-    """Stop the cluster started by `fray cluster up` (only processes that are still the ones it started)."""
+    """Stop the cluster started by `fray cluster up` (only processes that are still the ones it started).
+
+    With no cluster up it says so and succeeds, so it is safe to run twice or in a cleanup step.
+    """
     state = read_state()
     if state is None:
-        raise CliError(f"no cluster is up (nothing recorded in {STATE_FILE})", "start one with `fray cluster up`")
+        # Nothing to stop is what `down` wants: succeed, so scripts and cleanup steps can always run it.
+        click.echo(f"no Fray cluster is up (nothing recorded in {STATE_FILE}): nothing to stop")
+        return
     processes = _recorded(state)
     if not processes:
         console.print(

@@ -9,11 +9,12 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from fray.cli._common import Session, controller_option, echo_json, format_duration, stdout_console
+from fray.cli._common import Session, controller_option, echo_json, format_duration, read_state, stdout_console
 from fray.cli._errors import CliError
+from fray.cli.cluster import DASHBOARD_INSTALL, dashboard_unavailable, up_again
 from fray.resources import format_size
 
-__all__ = ["dashboard", "endpoint", "status"]
+__all__ = ["dashboard", "endpoint", "no_dashboard_hint", "status"]
 
 
 def _use(used: float, total: float, fmt: Any = lambda v: f"{v:g}") -> str:
@@ -101,6 +102,27 @@ def endpoint_list(address: str | None, namespace: str | None, as_json: bool) -> 
     stdout_console().print(table)
 
 
+def no_dashboard_hint(address: str, state: dict[str, Any] | None, missing: str) -> str:
+    """How to get a dashboard from the controller at ``address``, which serves none.
+
+    ``state`` is what ``fray cluster up`` recorded (None if nothing); ``missing`` is why this
+    Python cannot serve a dashboard ("" if it can). A controller that runs cannot start one
+    (and ``fray cluster restart`` leaves running processes alone), so the recorded cluster is
+    stopped and started again; any other controller is restarted by whoever runs it.
+    """
+    if state is None or state.get("address") != address:
+        return (
+            f"on the controller's machine install the dashboard extra ({DASHBOARD_INSTALL}) and restart "
+            "`fray controller` there without --no-dashboard"
+        )
+    again = up_again(state)
+    if missing:
+        return f"install the dashboard extra ({DASHBOARD_INSTALL}), then restart the cluster: {again}"
+    if "--no-dashboard" in state.get("controller_args", []):
+        return f"the cluster was started with --no-dashboard; start it again with one: {again}"
+    return f"the controller's log says why ({state.get('directory')}/controller.log); start the cluster again: {again}"
+
+
 @click.command()
 @controller_option
 @click.option("--open", "open_browser", is_flag=True, help="Open the link in a browser on this machine.")
@@ -111,8 +133,7 @@ def dashboard(address: str | None, open_browser: bool) -> None:
     if not link:
         raise CliError(
             f"the controller at {session.address} serves no dashboard",
-            "install it (pip install 'fray[dashboard]') and restart the controller (`fray cluster restart` "
-            "after stopping it), without --no-dashboard",
+            no_dashboard_hint(session.address, read_state(), dashboard_unavailable()),
         )
     click.echo(link)
     click.echo("(the link logs in once, within five minutes; or log in with the cluster token)", err=True)
