@@ -10,7 +10,6 @@ starts as fast as Python does.
 
 from __future__ import annotations
 
-import os
 import sys
 
 
@@ -35,14 +34,13 @@ def main(argv: list[str]) -> int:
 
 
 def _report(exc: BaseException, failure_path: str) -> int:
+    from fray._private_files import write_private
     from fray._remote import RemoteFailure
 
     failure = RemoteFailure.capture(exc)
     sys.stderr.write(failure.traceback_text)  # the job's log shows the user's frames, as wait() will
     sys.stderr.flush()
-    with open(failure_path + ".tmp", "wb") as f:
-        f.write(failure.encode())
-    os.replace(failure_path + ".tmp", failure_path)
+    write_private(failure_path, failure.encode())
     return 1
 
 

@@ -23,6 +23,7 @@ from typing import Any
 import click
 from rich.markup import escape
 
+from fray._private_files import write_private
 from fray._procident import ProcessIdentity, identify
 from fray.cli._common import STATE_FILE, TOKEN_FILE, console, echo_json, read_state
 from fray.cli._errors import CliError
@@ -54,9 +55,7 @@ def _token() -> str:
     token = os.environ.get("FRAY_TOKEN") or (TOKEN_FILE.read_text().strip() if TOKEN_FILE.exists() else "")
     if not token:
         token = secrets.token_hex(16)
-        TOKEN_FILE.parent.mkdir(parents=True, exist_ok=True)
-        TOKEN_FILE.touch(mode=0o600)
-        TOKEN_FILE.write_text(token)
+        write_private(TOKEN_FILE, token)
     return token
 
 
@@ -86,10 +85,7 @@ def _write_state(
         "dashboard": dashboard,
         "ready_seconds": round(ready_seconds, 3),
     }
-    STATE_FILE.parent.mkdir(parents=True, exist_ok=True)
-    tmp = STATE_FILE.with_suffix(".tmp")
-    tmp.write_text(json.dumps(state, indent=2))
-    tmp.replace(STATE_FILE)
+    write_private(STATE_FILE, json.dumps(state, indent=2))
     return state
 
 
@@ -322,7 +318,7 @@ def cluster_restart() -> None:
         if found is not None:
             survivors[name] = found.to_json()
     state["processes"] = survivors
-    STATE_FILE.write_text(json.dumps(state, indent=2))
+    write_private(STATE_FILE, json.dumps(state, indent=2))
     console.print(
         f"[green]restarted[/green] {', '.join(dead)} in {time.monotonic() - started:.2f}s: "
         f"controller {state['address']} (same database, same port)"

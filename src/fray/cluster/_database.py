@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from fray._private_files import open_private
 from fray.errors import StorageError, StoreError
 from fray.resources import format_size
 
@@ -35,6 +36,10 @@ class Database:
         # keeps every method's transaction from interleaving with another thread's.
         self.lock = threading.RLock()
         self._in_batch = False
+        # Created 0600 before SQLite creates it with the umask's mode; its journal and shared-memory
+        # files take the database's mode. A path that cannot be opened is left for SQLite to report.
+        with contextlib.suppress(OSError):
+            os.close(open_private(self.path, os.O_RDWR | os.O_CREAT))
         try:
             self.conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=30.0)
             mode = self.conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fray._private_files import private_dir, write_private
 from fray.cluster._workspace import unpack_workspace
 from fray.cluster.controller_client import CredentialLike, ops_client
 from fray.errors import FrayError
@@ -76,7 +77,8 @@ def _uv() -> str | None:
 
 
 def _run(argv: Sequence[str], what: str) -> None:
-    done = subprocess.run(list(argv), capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    # An environment is the worker's cache, not the job's output: what the installer creates is private.
+    done = subprocess.run(list(argv), capture_output=True, text=True, stdin=subprocess.DEVNULL, umask=0o077)
     if done.returncode != 0:
         tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-8:])
         raise EnvironmentFailed(f"{what} failed (exit {done.returncode}):\n{tail}")
@@ -111,7 +113,7 @@ def _build_venv(root: Path, requirements: Sequence[str], log: Callable[[str], No
     ).stdout.strip()
     # Appended after the environment's own site-packages: the job's requirements win, Fray stays importable.
     lines = [f"import site; site.addsitedir({d!r})" for d in _worker_site_dirs()]
-    Path(purelib, "_fray_worker_site.pth").write_text("\n".join(lines) + "\n")
+    write_private(Path(purelib, "_fray_worker_site.pth"), "\n".join(lines) + "\n")
 
 
 def pip_environment(requirements: Sequence[str], workdir: Path, log: Callable[[str], None]) -> Path:
@@ -125,14 +127,14 @@ def pip_environment(requirements: Sequence[str], workdir: Path, log: Callable[[s
             return root
         if root.exists():  # a build that did not finish (the worker died mid-way)
             shutil.rmtree(root, ignore_errors=True)
-        root.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(root.parent)
         log(f"[fray] building an environment with {' '.join(wanted)} (once per worker; later jobs reuse it)")
         try:
             _build_venv(root, wanted, log)
         except BaseException:
             shutil.rmtree(root, ignore_errors=True)
             raise
-        (root / _READY).write_text(json.dumps({"requirements": wanted}))
+        write_private(root / _READY, json.dumps({"requirements": wanted}))
         return root
 
 

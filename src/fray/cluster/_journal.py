@@ -15,10 +15,10 @@ import contextlib
 import hashlib
 import json
 import logging
-import os
 import threading
 from pathlib import Path
 
+from fray._private_files import private_dir, write_private
 from fray.cluster.messages import TaskExit
 from fray.cluster.records import TaskKey
 
@@ -31,9 +31,7 @@ class OutcomeJournal:
     """Unacknowledged :class:`TaskExit` s, in memory and on disk under ``directory`` (mode 0700)."""
 
     def __init__(self, directory: Path) -> None:
-        self.directory = directory
-        directory.mkdir(parents=True, exist_ok=True)
-        os.chmod(directory, 0o700)
+        self.directory = private_dir(directory)
         self._lock = threading.Lock()
         self._exits: dict[TaskKey, TaskExit] = {}
         for path in sorted(directory.glob("*.json")):
@@ -49,15 +47,8 @@ class OutcomeJournal:
         with self._lock:
             self._exits[exit_.key] = exit_
         path = self._path(exit_.key)
-        tmp = path.with_suffix(".tmp")
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            try:
-                os.write(fd, _encode(exit_))
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, path)
+            write_private(path, _encode(exit_), durable=True)
         except OSError as exc:
             logger.error("cannot write task outcome %s to %s (%s); it is kept in memory only", exit_.key, path, exc)
 

@@ -9,12 +9,12 @@ unpickling, plus the pickled exception for the client), then exits 1.
 
 from __future__ import annotations
 
-import os
 import sys
 
 import cloudpickle
 
 from fray._lifecycle import Failure
+from fray._private_files import write_private
 
 # Where this task reports its failure (set by main): see if_killed.
 _failure_path: str | None = None
@@ -33,9 +33,7 @@ def if_killed(failure: Failure) -> None:
 
 
 def _write(failure_path: str, failure: Failure) -> None:
-    with open(failure_path + ".tmp", "wb") as f:
-        f.write(failure.encode())
-    os.replace(failure_path + ".tmp", failure_path)
+    write_private(failure_path, failure.encode())  # Fray's record of the task, private like its directory
 
 
 def main(argv: list[str]) -> int:

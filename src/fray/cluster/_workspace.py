@@ -17,6 +17,7 @@ import tempfile
 import threading
 from pathlib import Path
 
+from fray._private_files import private_dir
 from fray.errors import ConfigError
 
 __all__ = ["MAX_WORKSPACE_BYTES", "digest_of", "pack_workspace", "unpack_workspace"]
@@ -93,6 +94,14 @@ def _files(root: Path) -> list[Path]:
     return found
 
 
+def _private_data(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo:
+    """The ``data`` filter (no absolute paths, no escaping links), with files readable by their owner only."""
+    member = tarfile.data_filter(member, path)
+    if member.isfile() and member.mode is not None:
+        return member.replace(mode=member.mode & 0o700, deep=False)
+    return member
+
+
 def unpack_workspace(data: bytes, digest: str, into: Path) -> Path:
     """Unpack a workspace under ``into`` once per digest (checked); return its directory."""
     if digest_of(data) != digest:
@@ -101,11 +110,17 @@ def unpack_workspace(data: bytes, digest: str, into: Path) -> Path:
     with _unpack_lock:
         if target.is_dir():
             return target
-        into.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=".unpacking-", dir=into))
+        private_dir(into)
+        staging = Path(tempfile.mkdtemp(prefix=".unpacking-", dir=into))  # 0700
         try:
             with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-                tar.extractall(staging, filter="data")  # no absolute paths, no escaping links
+                tar.extractall(staging, filter=_private_data)
+            # Directories get the umask's mode: packed archives list none (tarfile makes them as
+            # their files need them) and the data filter ignores the mode of those that are listed.
+            for current, dirs, _ in os.walk(staging):
+                for name in dirs:
+                    if not os.path.islink(path := os.path.join(current, name)):
+                        os.chmod(path, 0o700)
             staging.rename(target)
         finally:
             shutil.rmtree(staging, ignore_errors=True)

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from fray._private_files import write_private
 from fray.errors import ConfigError
 
 __all__ = [
@@ -150,8 +151,4 @@ def load_credential(token: str | bytes | None = None) -> Credential | None:
 
 def write_credential(path: Path, credential: Credential) -> None:
     """Write ``credential`` to ``path``, readable by its owner only (0600, directory 0700)."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(credential.encode() + "\n")
-    os.chmod(path, 0o600)
+    write_private(path, credential.encode() + "\n")

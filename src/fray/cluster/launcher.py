@@ -11,6 +11,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from fray._private_files import open_private, private_dir
 from fray.cluster.controller_client import controller_client
 from fray.cluster.credentials import WORKER, Credential, write_credential
 from fray.errors import FrayError
@@ -51,9 +52,7 @@ class LocalCluster:
         # Daemons end when this process does, even if it never called stop() (a test run
         # killed by a timeout); `fray cluster up` turns it off: its daemons outlive the command.
         self.exit_with_owner = exit_with_owner
-        self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        os.chmod(self.directory, 0o700)
+        self.directory = private_dir(directory)
         self.db_path = Path(db_path) if db_path is not None else self.directory / "controller.db"
         self.host = host
         #: The cluster CA, which the controller makes when it binds a non-loopback ``host``.
@@ -91,8 +90,7 @@ class LocalCluster:
             # Workers hold the worker credential only: never the cluster token, which their tasks must not see.
             del env["FRAY_TOKEN"]
             env["FRAY_CREDENTIAL"] = self.worker_credential.encode()
-        fd = os.open(self.directory / log_name, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        log = os.fdopen(fd, "ab")
+        log = os.fdopen(open_private(self.directory / log_name), "ab")
         try:
             return subprocess.Popen(
                 [sys.executable, "-m", "fray.cli", *args],

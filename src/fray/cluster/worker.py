@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from fray._lifecycle import Failure
+from fray._private_files import private_dir, write_private
 from fray._process import kill_process_group
 from fray.cluster._environments import prepare as prepare_environment
 from fray.cluster._journal import OutcomeJournal
@@ -211,9 +212,8 @@ class Worker:
     ) -> None:
         self.controller = controller
         self.worker_id = worker_id or f"worker-{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
-        self.workdir = Path(workdir or Path.home() / ".cache" / "fray" / "workers" / self.worker_id)
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.workdir, 0o700)
+        self.workdir = private_dir(workdir or Path.home() / ".cache" / "fray" / "workers" / self.worker_id)
+        private_dir(self.workdir / "tasks")  # also when an older Fray made it with the umask's mode
         self.info = WorkerInfo(
             worker_id=self.worker_id,
             cpu_millis=int((cpu if cpu is not None else os.cpu_count() or 1) * 1000),
@@ -363,7 +363,7 @@ class Worker:
     def _launch(self, assignment: TaskAssignment) -> None:
         key, spec = assignment.key, assignment.spec
         task_dir = self.workdir / "tasks" / f"{key.job_id.replace('/', '__')}-{key.task_index}-{key.attempt}"
-        task_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        private_dir(task_dir)
         failure_path = task_dir / "failure.pkl"
         info = JobInfo(
             key.job_id,
@@ -397,9 +397,7 @@ class Worker:
         fresh_interpreter = any(k.startswith("PYTHON") and k != "PYTHONUNBUFFERED" for k in spec.environment.env_vars)
         if spec.argv is None:
             assert spec.payload is not None
-            fd = os.open(payload, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                f.write(spec.payload)
+            write_private(payload, spec.payload)
             argv = [sys.executable, "-m", "fray.cluster._task", str(payload), str(failure_path)]
         assert argv is not None
         task = _Task(assignment, None, failure_path)
@@ -551,8 +549,7 @@ class Worker:
             return
         probe = self.workdir / "tasks" / ".probe"
         try:
-            probe.parent.mkdir(parents=True, exist_ok=True)
-            probe.write_bytes(b"ok")
+            write_private(probe, b"ok")
             probe.unlink()
         except OSError:
             return

@@ -20,6 +20,7 @@ import socket
 import ssl
 from pathlib import Path
 
+from fray._private_files import private_dir, write_private
 from fray.errors import ConfigError
 
 __all__ = [
@@ -60,13 +61,6 @@ class TlsFiles:
         return all(p.exists() for p in (self.ca_cert, self.cert, self.key))
 
 
-def _write_private(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.chmod(path, 0o600)
-
-
 def ensure_cluster_tls(directory: str | os.PathLike[str], hosts: list[str]) -> TlsFiles:
     """Make (once) a cluster CA and a server certificate for ``hosts`` in ``directory`` (0700, keys 0600)."""
     files = TlsFiles(directory)
@@ -82,8 +76,7 @@ def ensure_cluster_tls(directory: str | os.PathLike[str], hosts: list[str]) -> T
             "a controller listening beyond this machine needs TLS certificates, which Fray makes with the "
             "'cryptography' package: pip install 'fray[tls]'"
         ) from None
-    files.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    os.chmod(files.directory, 0o700)
+    private_dir(files.directory)
     now = datetime.datetime.now(datetime.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "Fray cluster CA")])
@@ -119,10 +112,10 @@ def ensure_cluster_tls(directory: str | os.PathLike[str], hosts: list[str]) -> T
     no_password = serialization.NoEncryption()
     pem = serialization.Encoding.PEM
     pkcs8 = serialization.PrivateFormat.PKCS8
-    _write_private(files.ca_key, ca_key.private_bytes(pem, pkcs8, no_password))
-    _write_private(files.key, key.private_bytes(pem, pkcs8, no_password))
-    _write_private(files.cert, cert.public_bytes(pem))
-    _write_private(files.ca_cert, ca_cert.public_bytes(pem))
+    write_private(files.ca_key, ca_key.private_bytes(pem, pkcs8, no_password))
+    write_private(files.key, key.private_bytes(pem, pkcs8, no_password))
+    write_private(files.cert, cert.public_bytes(pem))
+    write_private(files.ca_cert, ca_cert.public_bytes(pem))
     return files
 
 
