@@ -22,11 +22,11 @@ def main(argv: list[str]) -> int:
         with open(payload_path, "rb") as f:
             entry = cloudpickle.load(f)
         entry.callable(*entry.args, **entry.kwargs)
-    except SystemExit as exc:
-        if exc.code in (None, 0):  # sys.exit() or sys.exit(0) is a successful end, as in any program
-            return 0
-        return _report(exc, failure_path)
     except BaseException as exc:
+        from fray._lifecycle import exit_status  # imported only on this path: a job starts as fast as Python
+
+        if exit_status(exc) == 0:  # sys.exit() or sys.exit(0) is a successful end, as in any program
+            return 0
         return _report(exc, failure_path)
     finally:
         sys.stdout.flush()

@@ -45,6 +45,7 @@ __all__ = [
     "JobLifecycle",
     "RetryBudget",
     "check_transition",
+    "exit_status",
 ]
 
 P, R, S, F, X = (JobStatus.PENDING, JobStatus.RUNNING, JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED)
@@ -57,6 +58,30 @@ TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
     F: frozenset(),
     X: frozenset(),
 }
+
+
+def exit_status(exc: BaseException) -> int | None:
+    """The exit status a callable job asked for with ``sys.exit``; None if ``exc`` is no ``SystemExit``.
+
+    A callable job ends as a program would: ``sys.exit()`` and ``sys.exit(0)`` are a
+    success (status 0), ``sys.exit(3)`` a failure with status 3, and ``sys.exit("why")``
+    a failure with status 1. Every backend that runs a callable replica applies this.
+    """
+    if not isinstance(exc, SystemExit):
+        return None
+    if exc.code is None:
+        return 0
+    return exc.code if isinstance(exc.code, int) else 1
+
+
+def _remote_exit_status(remote: RemoteFailure) -> int | None:
+    """:func:`exit_status` of a failure shipped from another process (read from its header, nothing unpickled)."""
+    if remote.type_name != "SystemExit":
+        return None
+    try:
+        return int(remote.message or 0)
+    except ValueError:
+        return 1
 
 
 def check_transition(old: JobStatus, new: JobStatus, what: str = "job") -> None:
@@ -89,14 +114,17 @@ class Failure:
 
     @classmethod
     def from_exception(cls, exc: BaseException, kind: FailureKind = FailureKind.FAILURE) -> Failure:
-        """An attempt whose Python code raised ``exc`` (captured here, where it was raised)."""
+        """An attempt whose Python code raised ``exc`` (captured here, where it was raised).
+
+        A ``sys.exit(code)`` keeps its exit status as :attr:`exit_code`, as a program's would.
+        """
         remote = RemoteFailure.capture(exc)
-        return cls(remote.summary, kind, remote, original=exc)
+        return cls(remote.summary, kind, remote, exit_code=exit_status(exc), original=exc)
 
     @classmethod
     def from_remote(cls, remote: RemoteFailure, kind: FailureKind = FailureKind.FAILURE) -> Failure:
         """An attempt whose Python code raised in another process."""
-        return cls(remote.summary, kind, remote)
+        return cls(remote.summary, kind, remote, exit_code=_remote_exit_status(remote))
 
     @classmethod
     def from_exit(cls, command: str, exit_code: int, last_output: list[str] | None = None) -> Failure:

@@ -25,7 +25,7 @@ from types import TracebackType
 from typing import Any
 
 from fray._driver_exit import report_leftovers
-from fray._lifecycle import Failure
+from fray._lifecycle import Failure, exit_status
 from fray._local_actor import LocalActor, LocalActorHandle
 from fray._local_context import LocalJobContext
 from fray._local_job import Attempt, LocalJob, LocalJobHandle, stop_deadline, wait_for_stop
@@ -424,6 +424,8 @@ class LocalClient:
             try:
                 run.run(entry.callable, *entry.args, **entry.kwargs)
             except BaseException as exc:
+                if exit_status(exc) == 0:  # sys.exit(0) ends a job as cleanly as returning does
+                    return None
                 failure = Failure.from_exception(exc)
                 if failure.remote is not None and not attempt.stopping.is_set() and not run.stopped:
                     job.logs.write(failure.remote.traceback_text)

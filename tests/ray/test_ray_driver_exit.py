@@ -28,7 +28,7 @@ def test_the_exit_hook_stops_attached_binary_jobs_and_names_the_detached_ones(
     attached = ray_client.submit(sleeper("attached"), detached=False)
     try:
         wait_until(lambda: attached.status() == JobStatus.RUNNING and kept.status() == JobStatus.RUNNING, 120)
-        _driver_exit._at_exit()  # what runs when the script exits
+        _driver_exit.RULE.settle()  # what runs when the script exits
         wait_until(lambda: attached.status() == JobStatus.STOPPED, 120, "the attached job to stop")
         assert kept.status() == JobStatus.RUNNING
         notice = capsys.readouterr().err

@@ -13,7 +13,7 @@ import sys
 
 import cloudpickle
 
-from fray._lifecycle import Failure
+from fray._lifecycle import Failure, exit_status
 from fray._private_files import write_private
 
 # Where this task reports its failure (set by main): see if_killed.
@@ -46,6 +46,8 @@ def main(argv: list[str]) -> int:
             entry = cloudpickle.load(f)
         entry.callable(*entry.args, **entry.kwargs)
     except BaseException as exc:
+        if exit_status(exc) == 0:  # sys.exit(0) ends a job as cleanly as returning does
+            return 0
         failure = Failure.from_exception(exc)
         if failure.remote is not None:
             sys.stderr.write(failure.remote.traceback_text)

@@ -24,6 +24,7 @@ from typing import Any
 
 import cloudpickle
 
+from fray._lifecycle import exit_status
 from fray._remote import RemoteFailure
 from fray.job import JobInfo, job_env
 
@@ -139,11 +140,9 @@ def run_callable(payload: bytes) -> None:
     try:
         fn, args, kwargs = _load(payload)
         fn(*args, **kwargs)
-    except SystemExit:
-        write_end()
-        raise  # an explicit exit keeps its exit code; the client reports it as one
     except BaseException as exc:
-        exit_with_failure(exc)
+        if exit_status(exc) != 0:  # sys.exit(0) ends a job as cleanly as returning does
+            exit_with_failure(exc)
     write_end()
 
 

@@ -22,6 +22,7 @@ from connectrpc.errors import ConnectError
 from iris.client import JobAlreadyExists as IrisJobAlreadyExists
 from iris.cluster.types import Entrypoint as IrisEntrypoint
 
+from fray._driver_exit import ExitNotice, JobsAtExit
 from fray._local_context import LocalJobContext
 from fray._runtime import check_terminated
 from fray._serialization import call_parts, check_picklable
@@ -54,6 +55,7 @@ __all__ = ["IN_TASK_SPEC", "IrisClient"]
 IN_TASK_SPEC = "iris"
 
 _live_clients: weakref.WeakSet[IrisClient] = weakref.WeakSet()
+_AT_EXIT = JobsAtExit()
 
 
 # The ActorConfig fields this backend honours: Iris runs every actor as one job, never restarted by Fray.
@@ -132,8 +134,13 @@ class IrisClient:
 
     # ----- jobs ---------------------------------------------------------------------------------------
 
-    def submit(self, request: JobRequest) -> IrisJobHandle:
-        """Submit the job to Iris; returns at once."""
+    def submit(self, request: JobRequest, *, detached: bool = True) -> IrisJobHandle:
+        """Submit the job to Iris; returns at once.
+
+        The job outlives this script unless ``detached=False``, which stops it when the
+        script exits (the driver-exit rule, :mod:`fray._driver_exit`). Inside an Iris
+        task, jobs are children of the task's job and end with it.
+        """
         check_terminated()
         if not isinstance(request, JobRequest):
             raise ConfigError(f"submit() takes a JobRequest, got {type(request).__name__}")
@@ -145,7 +152,11 @@ class IrisClient:
         else:
             entrypoint = IrisEntrypoint.from_command("bash", "-c", _task.BINARY_WRAPPER, "fray-iris", *entry.argv)
             label = entry.command
-        return self._launch(request, entrypoint, label, binary=not isinstance(entry, CallableEntrypoint))
+        handle = self._launch(request, entrypoint, label, binary=not isinstance(entry, CallableEntrypoint))
+        if not self._in_task:  # inside a task Iris ends its children with it, and its log is no place for advice
+            notice = ExitNotice(f"the Iris cluster at {self.address}")
+            _AT_EXIT.track(handle, notice, detached=detached, outlives_driver=True)
+        return handle
 
     def _launch(
         self,

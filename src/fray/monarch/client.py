@@ -24,6 +24,7 @@ from typing import Any
 import cloudpickle
 from monarch.actor import this_host
 
+from fray._driver_exit import ExitNotice, JobsAtExit
 from fray._runtime import check_terminated
 from fray._serialization import call_parts, check_picklable
 from fray.actor import ActorGroup, check_actor_request, group_member_names
@@ -46,6 +47,9 @@ _REQ_NAME_RE = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 
 # The ActorConfig fields this backend honours: Monarch restarts nothing, and its processes end with the client's.
 _ACTOR_CONFIG = frozenset({"max_concurrency"})
+
+_NOTICE = ExitNotice("Monarch", why_ended="Monarch jobs are processes of this script's host")
+_AT_EXIT = JobsAtExit()
 
 
 def _short_id() -> str:
@@ -173,8 +177,13 @@ class MonarchClient:
 
     # ----- jobs --------------------------------------------------------------------------------
 
-    def submit(self, request: JobRequest) -> MonarchJobHandle:
-        """Start a job as processes on this host (one per replica); returns at once."""
+    def submit(self, request: JobRequest, *, detached: bool = True) -> MonarchJobHandle:
+        """Start a job as processes on this host (one per replica); returns at once.
+
+        The processes are the script's own children, so its jobs end with it whatever
+        ``detached`` says (the driver-exit rule, :mod:`fray._driver_exit`); at exit,
+        Fray names the ones that were still running.
+        """
         self._check_open()
         if not isinstance(request, JobRequest):
             raise ConfigError(f"submit() takes a JobRequest, got {type(request).__name__}")
@@ -191,7 +200,9 @@ class MonarchClient:
                 raise FrayError("this MonarchClient is shut down; create a new one")
             self._jobs.append(job)
         job.start()
-        return MonarchJobHandle(job, job_id)
+        handle = MonarchJobHandle(job, job_id)
+        _AT_EXIT.track(handle, _NOTICE, detached=detached, outlives_driver=False)
+        return handle
 
     # ----- actors ------------------------------------------------------------------------------
 

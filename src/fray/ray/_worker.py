@@ -22,6 +22,7 @@ from typing import Any
 
 import cloudpickle
 
+from fray._lifecycle import exit_status
 from fray._logcapture import TaskOutput, capture_to
 from fray._remote import RemoteFailure
 
@@ -217,9 +218,10 @@ def run_job_replica(replica: bytes) -> JobOutcome:
                 args, kwargs = cloudpickle.loads(pickled_args)
                 fn(*args, **kwargs)
             except BaseException as exc:
-                failure = RemoteFailure.capture(exc)
-                sys.stderr.write(failure.traceback_text)
-                return ("error", output.text(), failure.encode())
+                if exit_status(exc) != 0:  # sys.exit(0) ends a job as cleanly as returning does
+                    failure = RemoteFailure.capture(exc)
+                    sys.stderr.write(failure.traceback_text)
+                    return ("error", output.text(), failure.encode())
     finally:
         if _REPORTER.cancel(key):
             # Only replicas that ran STARTED_AFTER seconds get here, so this costs quick ones nothing.

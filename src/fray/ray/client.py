@@ -161,7 +161,7 @@ class RayClient:
         tasks of this driver and end with it (see :mod:`fray.ray._driver_exit`).
         """
         job = self._submit(request)
-        track(job, self.namespace, detached=detached, outlives_driver=isinstance(job, BinaryJob))
+        track(job, detached=detached, outlives_driver=isinstance(job, BinaryJob))
         return job
 
     def _submit(self, request: JobRequest) -> RayJobHandle:
