@@ -22,6 +22,7 @@ import pytest
 def monarch_env() -> Iterator[None]:
     """Skip (saying why) without torchmonarch; otherwise make the test modules importable by child processes."""
     pytest.importorskip("monarch.actor", reason='the Monarch backend needs torchmonarch: pip install "fray[monarch]"')
+    _catch_unhandled_faults()
     tests_dir = str(Path(__file__).resolve().parents[1])
     paths = [p for p in sys.path if p.startswith(tests_dir)]
     before = os.environ.get("PYTHONPATH")
@@ -43,3 +44,37 @@ def monarch_client(monarch_env: None) -> Iterator[Any]:
     client = MonarchClient()
     yield client
     client.shutdown(wait=False)
+
+
+# ----- a loud failure instead of a silent end ---------------------------------------------------
+# Monarch answers a failure nobody handled by ending the whole process (its default fault hook).
+# In a test session that would end pytest with no report, whatever test runs at that moment; here
+# such a failure is written at once on the stderr pytest had before capturing, and fails the test
+# during which it arrived.
+
+_unhandled: list[str] = []
+_REAL_STDERR = os.dup(2)
+
+
+def _catch_unhandled_faults() -> None:
+    import monarch.actor
+
+    from fray.monarch import supervision
+
+    def hook(failure: Any) -> None:
+        report = str(failure.report()) if hasattr(failure, "report") else str(failure)
+        _unhandled.append(report)
+        os.write(_REAL_STDERR, f"\n!!! a Monarch failure no one handled (the test fails): {report}\n".encode())
+
+    monarch.actor.unhandled_fault_hook = hook
+    if supervision._configured:  # Fray's hook is in place already: it passes what it does not handle on to ours
+        supervision._previous_hook = hook
+
+
+@pytest.fixture(autouse=True)
+def _no_unhandled_monarch_fault() -> Iterator[None]:
+    """Fail the test during which a Monarch failure went unhandled (see _catch_unhandled_faults)."""
+    seen = len(_unhandled)
+    yield
+    if len(_unhandled) > seen:
+        pytest.fail("a Monarch failure no one handled arrived during this test:\n" + "\n".join(_unhandled[seen:]))
