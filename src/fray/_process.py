@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import subprocess
+import sys
 import threading
 from typing import Protocol
+
+_PR_SET_PDEATHSIG = 1
+# The interpreter's own symbols include libc's; ctypes.util.find_library would run ``ldconfig``
+# in a subprocess (milliseconds) to find the same library.
+_libc = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
 
 #: Seconds a process group gets to exit after SIGTERM before it is sent SIGKILL.
 KILL_GRACE = 3.0
@@ -22,6 +29,21 @@ class Process(Protocol):
     def poll(self) -> int | None: ...
 
     def wait(self, timeout: float | None = None) -> int: ...
+
+
+def die_with_parent(parent: int | None = None) -> None:
+    """Run in a child after fork: when the thread that started it dies -- with its process, even by
+    SIGKILL -- the child gets SIGKILL too (Linux's parent-death signal; elsewhere nothing happens).
+
+    Otherwise a job's process would run on as an orphan after its driver or worker was killed.
+    ``parent`` is the pid that forked: a child whose parent died before the signal was armed
+    ends at once (the signal would never come).
+    """
+    if _libc is None:
+        return
+    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if parent is not None and os.getppid() != parent:
+        os._exit(1)
 
 
 def kill_process_group(proc: Process, grace: float = KILL_GRACE) -> None:

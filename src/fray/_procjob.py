@@ -19,6 +19,7 @@ from __future__ import annotations
 import atexit
 import collections
 import contextlib
+import functools
 import os
 import signal
 import subprocess
@@ -30,7 +31,7 @@ from pathlib import Path
 
 from fray._lifecycle import Failure
 from fray._logcapture import LogBuffer
-from fray._process import kill_process_group
+from fray._process import die_with_parent, kill_process_group
 from fray._remote import RemoteFailure
 from fray.job import JobInfo, replica_env
 
@@ -118,6 +119,8 @@ class ReplicaProcess:
                 env=self.env,
                 cwd=self.cwd,
                 start_new_session=True,  # its own process group, so kill() reaches its children too
+                # Ends with the driver even when that is killed outright (atexit then reaps nothing).
+                preexec_fn=functools.partial(die_with_parent, os.getpid()),
             )
         except OSError as exc:
             return Failure(f"cannot start {self.label!r}: {exc}", original=exc)

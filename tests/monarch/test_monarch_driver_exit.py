@@ -9,6 +9,8 @@ import textwrap
 
 import pytest
 
+from support import alive, wait_until
+
 pytest.importorskip("monarch", reason='the Monarch backend needs Monarch: pip install "fray[monarch]"')
 
 SCRIPT = textwrap.dedent(
@@ -39,3 +41,34 @@ def test_monarch_jobs_end_with_the_script_and_it_says_which(tmp_path):
         out.stderr
     )
     assert "finished" not in out.stderr.split("fray: 1 job ends")[1]
+
+
+KILLED_DRIVER = textwrap.dedent(
+    """
+    import sys, time
+    import fray
+    from fray import Entrypoint, JobRequest
+
+    marker = sys.argv[1]
+    script = f"echo $$ > {marker}.tmp && mv {marker}.tmp {marker} && exec sleep 300"
+    fray.current_client().submit(JobRequest(name="orphan", entrypoint=Entrypoint.from_binary("sh", ["-c", script])))
+    print("submitted", flush=True)
+    time.sleep(300)  # killed by the test long before
+    """
+)
+
+
+def test_a_jobs_processes_end_when_its_driver_is_killed(tmp_path):
+    marker = tmp_path / "job.pid"
+    env = {**os.environ, "FRAY_CLIENT_SPEC": "monarch"}
+    driver = subprocess.Popen(
+        [sys.executable, "-c", KILLED_DRIVER, str(marker)], env=env, cwd=tmp_path, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        wait_until(marker.exists, timeout=120, what="the job to start")
+        job_pid = int(marker.read_text())
+        assert alive(job_pid)
+    finally:
+        driver.kill()  # SIGKILL: no atexit hook runs, nothing is reaped by the driver
+        driver.wait(timeout=60)
+    wait_until(lambda: not alive(job_pid), timeout=30, what="the job's process to end with its driver")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import signal
@@ -13,22 +12,9 @@ import sys
 import threading
 from typing import Any
 
+from fray._process import die_with_parent as die_with_worker
+
 __all__ = ["ForkServer", "ForkedProcess", "die_with_worker"]
-
-_PR_SET_PDEATHSIG = 1
-# The interpreter's own symbols include libc's; ctypes.util.find_library would run ``ldconfig``
-# in a subprocess (milliseconds) to find the same library.
-_libc = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
-
-
-def die_with_worker() -> None:
-    """Runs in a child after fork: if its parent -- the worker, or the fork server that dies with it -- is killed
-    (even with SIGKILL), the child dies too.
-
-    Otherwise tasks would run on as orphans that the controller has already rescheduled elsewhere.
-    """
-    if _libc is not None:
-        _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 class ForkedProcess:
