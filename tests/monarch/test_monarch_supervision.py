@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-import pickle
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
 
-from fray import ActorDiedError, Entrypoint, JobFailed, JobRequest, JobStatus
+from fray import ActorDiedError, JobFailed, JobStatus
 from support import wait_until
 
 monarch_actor = pytest.importorskip("monarch.actor", reason='needs torchmonarch: pip install "fray[monarch]"')
@@ -101,21 +102,44 @@ def test_killed_group_member_fails_alone(monarch_client, uid):
     assert group.statuses() == [JobStatus.RUNNING, JobStatus.FAILED, JobStatus.RUNNING]
 
 
-def test_terminated_actor_is_dead_for_handles_in_other_processes(monarch_client, uid, tmp_path):
-    group = monarch_client.create_actor_group(Sleeper, name=f"gone-{uid}", count=3)
-    actors = group.wait_ready(timeout=120)
-    go = tmp_path / "go"
-    caller = JobRequest(
-        name=f"caller-{uid}", entrypoint=Entrypoint.from_callable(call_expecting_death, args=(actors[0], str(go)))
+# Run in a process of its own: a member that did not stop gracefully in time is stopped with a
+# signal, and after a call to it from another process (the job) Monarch 0.7.0 ends the process that
+# created the actor about 30 s later with status 1 (docs/monarch.md, known flaws) -- which must not be
+# the test session, where it would end pytest with no report.
+OTHER_PROCESS_SCRIPT = """
+import os, pickle, sys, tempfile, uuid
+from fray import ActorDiedError, Entrypoint, JobRequest, JobStatus
+from fray.monarch import MonarchClient
+from test_monarch_supervision import Sleeper, call_expecting_death
+
+uid = uuid.uuid4().hex[:6]
+go = os.path.join(tempfile.mkdtemp(), "go")
+client = MonarchClient()
+group = client.create_actor_group(Sleeper, name=f"gone-{uid}", count=3)
+actors = group.wait_ready(timeout=120)
+caller = JobRequest(name=f"caller-{uid}", entrypoint=Entrypoint.from_callable(call_expecting_death, args=(actors[0], go)))
+job = client.submit(caller)  # the job holds a handle pickled while the actor lived
+group.shutdown()
+assert group.jobs[0].wait(timeout=60) == JobStatus.STOPPED
+open(go, "w").write("go")
+assert job.wait(timeout=120) == JobStatus.SUCCEEDED, job.logs()
+late = pickle.dumps(actors[1])  # pickled after the actor ended
+try:
+    pickle.loads(late).ping()
+except ActorDiedError as exc:
+    assert "terminated" in str(exc), exc
+else:
+    raise AssertionError("a handle unpickled after its actor ended still answered")
+print("checked", flush=True)
+os._exit(0)  # done: nothing of Monarch's shutdown can change the outcome
+"""
+
+
+def test_terminated_actor_is_dead_for_handles_in_other_processes(monarch_env):
+    out = subprocess.run(
+        [sys.executable, "-c", OTHER_PROCESS_SCRIPT], capture_output=True, text=True, timeout=240, env=os.environ
     )
-    job = monarch_client.submit(caller)  # the job holds a handle pickled while the actor lived
-    group.shutdown()
-    assert group.jobs[0].wait(timeout=60) == JobStatus.STOPPED
-    go.write_text("go")
-    assert job.wait(timeout=120) == JobStatus.SUCCEEDED
-    late = pickle.dumps(actors[1])  # pickled after the actor ended
-    with pytest.raises(ActorDiedError, match="terminated"):
-        pickle.loads(late).ping()
+    assert out.returncode == 0 and "checked" in out.stdout, out.stdout[-3000:] + out.stderr[-3000:]
 
 
 def test_failures_of_meshes_fray_does_not_own_go_to_the_previous_hook(monarch_client, monkeypatch):
