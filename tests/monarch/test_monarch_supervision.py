@@ -31,6 +31,11 @@ class Sleeper:
     def ping(self) -> str:
         return "pong"
 
+    def busy(self, marker: str, seconds: float) -> None:
+        with open(marker, "w") as file:
+            file.write("busy")
+        time.sleep(seconds)
+
 
 class RawActor(monarch_actor.Actor):
     """A plain Monarch actor that Fray does not own."""
@@ -171,3 +176,25 @@ def test_an_actors_own_child_that_dies_fails_only_the_child(monarch_client, uid)
     outcome = wait_until(lambda: (r := parent.call_child()) != "pong" and r, 60, "the parent to see its child die")
     assert outcome.startswith("child died:")
     assert parent.call_child().startswith("child died:")  # the parent itself lives on
+
+
+def test_a_group_shut_down_while_a_member_is_busy_is_stopped_as_one_mesh(monarch_client, uid, monkeypatch, tmp_path):
+    # A member signalled by Fray looks crashed to Monarch (with the flaw above); a group shut down as a
+    # whole must go gracefully even when its members finish their shutdown grace at different times.
+    from fray.monarch import actors as monarch_actors
+
+    signalled: list[int] = []
+    real_signal = monarch_actors._signal_group
+    monkeypatch.setattr(
+        monarch_actors, "_signal_group", lambda pid, sig: signalled.append(pid) or real_signal(pid, sig)
+    )
+    group = monarch_client.create_actor_group(Sleeper, name=f"busy-{uid}", count=3)
+    handles = group.wait_ready(timeout=120)
+    marker = tmp_path / "busy"
+    busy = handles[2].busy.remote(str(marker), 1.5)  # its member's terminate waits for it (the grace is 2 s)
+    wait_until(marker.exists, 60, "the busy call to start")
+    group.shutdown()
+    assert group.statuses() == [JobStatus.STOPPED] * 3
+    with contextlib.suppress(ActorDiedError):
+        busy.result(timeout=60)
+    assert signalled == []

@@ -71,6 +71,7 @@ class HostMesh:
         self.members: list[ActorRecord] = []
         self._lock = threading.Lock()
         self._stopper: threading.Thread | None = None
+        self._stopping = threading.Event()  # set with _stopper: the whole mesh goes gracefully
 
     def watch(self) -> None:
         """Start turning failures of this mesh into dead members."""
@@ -95,6 +96,15 @@ class HostMesh:
             supervision.unwatch(self.spawn_name)
             self._stopper = threading.Thread(target=self._stop, name=f"fray-stop-{self.spawn_name}", daemon=True)
             self._stopper.start()  # under the lock: join() never sees it unstarted
+            self._stopping.set()
+
+    def all_leaving(self) -> bool:
+        """True when every member is dead or being terminated: the mesh will be stopped as a whole."""
+        return all(member.refusing for member in self.members)
+
+    def wait_stopping(self, timeout: float) -> bool:
+        """Wait until the whole mesh is being stopped gracefully; False if it was not within ``timeout``."""
+        return self._stopping.wait(timeout)
 
     def _stop(self) -> None:
         with contextlib.suppress(Exception):  # already stopped, or Monarch shutting down: nothing left to stop
@@ -233,6 +243,11 @@ class ActorRecord:
         timer.start()
 
     def _kill_unless_stopping(self) -> None:
+        # A group shut down as a whole (every member terminating) is stopped as one mesh once the
+        # last member finished; under load a member's shutdown grace may outlast _KILL_DELAY, so
+        # wait for that (bounded by the grace) rather than signal a member of a leaving group.
+        if self.mesh.all_leaving() and self.mesh.wait_stopping(SHUTDOWN_GRACE + 5.0):
+            return
         with self._lock:
             pid = self.pid
         if pid is None or self.mesh.stopping:  # not started yet (_on_ready kills it), or stopped gracefully
