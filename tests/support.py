@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import pytest
 
@@ -22,6 +24,27 @@ def wait_until(predicate: Callable[[], T], timeout: float = 30.0, what: str = "c
             return value
         time.sleep(0.01)
     pytest.fail(f"timed out after {timeout}s waiting for {what}")
+
+
+class FrayCli(Protocol):
+    def __call__(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]: ...
+
+
+def fray_cli_in(env: dict[str, str]) -> FrayCli:
+    """``run("job", "list")`` runs ``fray job list`` as a user would (a subprocess with ``env``).
+
+    With ``check`` (the default) a non-zero exit fails the test, showing what the command printed.
+    """
+
+    def run(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        out = subprocess.run(
+            [sys.executable, "-m", "fray.cli", *args], env=env, capture_output=True, text=True, timeout=120
+        )
+        if check and out.returncode != 0:
+            raise AssertionError(f"fray {' '.join(args)} exited {out.returncode}: {out.stdout}{out.stderr}")
+        return out
+
+    return run
 
 
 def alive(pid: int) -> bool:

@@ -4,26 +4,19 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from support import fray_cli_in
 
 
 @pytest.fixture
 def fray_cli(tmp_path: Path) -> Iterator:
     env = {k: v for k, v in os.environ.items() if k not in ("FRAY_TOKEN", "FRAY_CLIENT_SPEC")}
     env["HOME"] = str(tmp_path)  # the token and the cluster's state file go under ~/.config/fray
-
-    def run(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        out = subprocess.run(
-            [sys.executable, "-m", "fray.cli", *args], env=env, capture_output=True, text=True, timeout=120
-        )
-        if check and out.returncode != 0:
-            raise AssertionError(f"fray {' '.join(args)} exited {out.returncode}: {out.stdout}{out.stderr}")
-        return out
+    run = fray_cli_in(env)
 
     yield run
     run("cluster", "down", check=False)

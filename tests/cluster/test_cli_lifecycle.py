@@ -6,27 +6,19 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from support import alive, wait_until
+from support import alive, fray_cli_in, wait_until
 
 
 @pytest.fixture
 def fray_cli(tmp_path: Path) -> Iterator:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FRAY_")}
     env["HOME"] = str(tmp_path)
-
-    def run(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        out = subprocess.run(
-            [sys.executable, "-m", "fray.cli", *args], env=env, capture_output=True, text=True, timeout=120
-        )
-        if check and out.returncode != 0:
-            raise AssertionError(f"fray {' '.join(args)} exited {out.returncode}: {out.stdout}{out.stderr}")
-        return out
+    run = fray_cli_in(env)
 
     yield run
     run("cluster", "down", check=False)

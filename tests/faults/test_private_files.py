@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from fray._private_files import open_private, private_dir, write_private
+from support import fray_cli_in
 
 CliRunner = Callable[..., "subprocess.CompletedProcess[str]"]
 
@@ -77,14 +78,7 @@ def fray_cli(tmp_path: Path, umask_022: None) -> Iterator[tuple[CliRunner, dict[
     home.mkdir(mode=0o700)
     env = {k: v for k, v in os.environ.items() if not k.startswith("FRAY_")}
     env["HOME"] = str(home)
-
-    def run(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        out = subprocess.run(
-            [sys.executable, "-m", "fray.cli", *args], env=env, capture_output=True, text=True, timeout=120
-        )
-        if check and out.returncode != 0:
-            raise AssertionError(f"fray {' '.join(args)} exited {out.returncode}: {out.stdout}{out.stderr}")
-        return out
+    run = fray_cli_in(env)
 
     try:
         yield run, env
