@@ -35,8 +35,7 @@ from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from typing import Any
 
-import cloudpickle
-
+from fray import _codepickle
 from fray._serialization import plain_data
 
 __all__ = ["Dep", "ProcessObjectRef", "dumps", "function_blob", "no_delay", "receive", "send"]
@@ -132,7 +131,7 @@ def dumps(value: Any) -> bytes:
     """Pickle ``value``: with the standard pickle when it is plain data (much cheaper), else cloudpickle."""
     if plain_data(value):
         return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-    return bytes(cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
+    return _codepickle.dumps(value)
 
 
 def function_blob(fn: Any, cache: weakref.WeakKeyDictionary[Any, tuple[str, bytes]]) -> tuple[str, bytes]:
@@ -144,10 +143,10 @@ def function_blob(fn: Any, cache: weakref.WeakKeyDictionary[Any, tuple[str, byte
     if isinstance(fn, types.FunctionType):
         found = cache.get(fn)
         if found is None:
-            blob = bytes(cloudpickle.dumps(fn, protocol=pickle.HIGHEST_PROTOCOL))
+            blob = _codepickle.dumps(fn)
             found = cache[fn] = ("f-" + hashlib.blake2b(blob, digest_size=16).hexdigest(), blob)
         return found
-    return (f"{ONCE}{next(_once)}-{_TAG}", bytes(cloudpickle.dumps(fn, protocol=pickle.HIGHEST_PROTOCOL)))
+    return (f"{ONCE}{next(_once)}-{_TAG}", _codepickle.dumps(fn))
 
 
 #: Prefix of the keys of callables that are not cached (see :func:`function_blob`).

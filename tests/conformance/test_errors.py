@@ -216,3 +216,17 @@ def test_terminated_callable_job_stops_running(client, uid, tmp_path: Path):
     lines = job.logs()
     time.sleep(0.2)
     assert job.logs() == lines
+
+
+def test_a_remote_traceback_names_the_file_and_line_of_code_shipped_by_value(client, uid):
+    # A function defined inside another cannot be imported by name: every backend that runs it
+    # elsewhere ships its code by value. Its traceback must still read as a local one would.
+    def fails_here() -> None:
+        raise LookupError("shipped by value")  # the line the traceback shows
+
+    request = JobRequest(name=f"byvalue-{uid}", entrypoint=Entrypoint.from_callable(fails_here))
+    with pytest.raises(JobFailed) as info:
+        client.submit(request).wait(timeout=120)
+    text = info.value.traceback_text
+    assert f'File "{__file__}", line' in text and "in fails_here" in text, text
+    assert 'raise LookupError("shipped by value")  # the line the traceback shows' in text, text

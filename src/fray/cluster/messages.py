@@ -12,8 +12,7 @@ import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-import cloudpickle
-
+from fray._codepickle import dumps
 from fray._serialization import call_parts, check_picklable
 from fray.cluster.capacity import TaskResources
 from fray.cluster.records import TaskKey
@@ -110,7 +109,7 @@ def max_argument_bytes() -> int:
 def encode_callable(job_name: str, entry: CallableEntrypoint) -> bytes:
     """Cloudpickle a callable entrypoint, naming the offending part if that fails, refusing one too large."""
     try:
-        payload = cloudpickle.dumps(entry)
+        payload = dumps(entry)
     except Exception as exc:
         check_picklable(f"job {job_name!r}", call_parts(entry.callable, entry.args, entry.kwargs))
         if isinstance(exc, RecursionError):

@@ -16,12 +16,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-import cloudpickle
 from connectrpc.code import Code
 from connectrpc.errors import ConnectError
 from iris.client import JobAlreadyExists as IrisJobAlreadyExists
 from iris.cluster.types import Entrypoint as IrisEntrypoint
 
+from fray._codepickle import dumps
 from fray._driver_exit import ExitNotice, JobsAtExit
 from fray._local_context import LocalJobContext
 from fray._runtime import check_terminated
@@ -330,7 +330,7 @@ class IrisClient:
 def _pickled(what: str, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], label: str = "the callable") -> bytes:
     """``(fn, args, kwargs)`` cloudpickled; a piece that cannot be is named in a SerializationError."""
     try:
-        return bytes(cloudpickle.dumps((fn, args, kwargs)))
+        return dumps((fn, args, kwargs))
     except Exception as exc:
         check_picklable(what, call_parts(fn, args, kwargs, label))
         raise SerializationError(f"{what}: cannot be pickled ({type(exc).__name__}: {exc})") from exc

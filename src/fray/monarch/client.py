@@ -21,9 +21,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-import cloudpickle
 from monarch.actor import this_host
 
+from fray._codepickle import dumps
 from fray._driver_exit import ExitNotice, JobsAtExit
 from fray._runtime import check_terminated
 from fray._serialization import call_parts, check_picklable
@@ -255,7 +255,7 @@ class MonarchClient:
         config: ActorConfig,
         group: str | None,
     ) -> tuple[list[MonarchActorHandle], list[ActorRecord]]:
-        payload = cloudpickle.dumps((cls, args, kwargs))
+        payload = dumps((cls, args, kwargs))
         namespace = self._namespace()
         ids = [self._new_job_id(name) for name in names]
         logs = [self._workdir / f"actor-{name}-{_short_id()}.log" for name in names]

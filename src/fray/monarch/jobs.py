@@ -22,8 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
-import cloudpickle
-
+from fray._codepickle import dumps
 from fray._lifecycle import Failure, JobLifecycle
 from fray._logcapture import LogBuffer
 from fray._process import KILL_GRACE
@@ -85,7 +84,7 @@ class MonarchJob:
         if isinstance(entry, CallableEntrypoint):
             # Pickled once, here: every replica and attempt runs the same bytes.
             self._payload = workdir / "payload.pkl"
-            self._payload.write_bytes(cloudpickle.dumps(entry))
+            self._payload.write_bytes(dumps(entry))
         _JOBS[job_id] = self
 
     def __repr__(self) -> str:

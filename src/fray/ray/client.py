@@ -29,6 +29,7 @@ from urllib.parse import quote
 
 import cloudpickle
 
+from fray._codepickle import dumps
 from fray._serialization import call_parts, check_picklable
 from fray.actor import ActorGroup, check_actor_request, group_member_names
 from fray.actor_config import ActorConfig
@@ -214,10 +215,10 @@ class RayClient:
         partials, callable objects) are pickled at every submission.
         """
         if not isinstance(fn, types.FunctionType):
-            return bytes(cloudpickle.dumps(fn))
+            return dumps(fn)
         pickled = self._function_pickles.get(fn)
         if pickled is None:
-            pickled = self._function_pickles[fn] = bytes(cloudpickle.dumps(fn))
+            pickled = self._function_pickles[fn] = dumps(fn)
         return pickled
 
     # ----- actors -----------------------------------------------------------------------------

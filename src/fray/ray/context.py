@@ -25,6 +25,7 @@ import cloudpickle
 import ray.exceptions
 
 import ray
+from fray._codepickle import dumps
 from fray._remote import RemoteFailure, remote_error
 from fray._runtime import check_terminated
 from fray._serialization import call_parts, check_picklable, refused
@@ -178,7 +179,7 @@ class RayJobContext:
         with self._lock:
             if self._generic is None:
                 self._generic = ray.remote(max_retries=0)(_pickled_task)
-        return self._generic, (bytes(cloudpickle.dumps(fn)),)
+        return self._generic, (dumps(fn),)
 
     # ----- the JobContext API ------------------------------------------------------------------
 
