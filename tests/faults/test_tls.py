@@ -17,6 +17,8 @@ from fray.cluster.controller_client import controller_client
 from fray.cluster.launcher import LocalCluster
 from fray.rpc.tls import ensure_cluster_tls
 
+from .helpers import refusal_of, start_worker
+
 
 def outside_address() -> str | None:
     """An address of this machine that is not loopback (None if it has none)."""
@@ -71,3 +73,39 @@ def test_a_controller_beyond_loopback_requires_tls_with_the_cluster_ca(
     other = ensure_cluster_tls(tmp_path / "other-ca", ["127.0.0.1"])
     with pytest.raises(AuthenticationError, match="CA"):
         controller_client(exposed.address, exposed.token, ca=other.ca_cert).health()
+
+
+def check_argument(data: bytes) -> None:
+    """A job body: its argument arrived whole."""
+    assert data == bytes(range(256)) * 117 + bytes(48), len(data)
+
+
+def test_a_job_with_a_30_kb_argument_runs_over_tls(exposed: LocalCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Issue 23: every message of 16 KiB or more broke TLS connections, so the assignment of
+    # this job never reached the worker (the job stayed RUNNING) and the submission failed.
+    exposed.add_worker("w-a", "--cpu", "1")
+    exposed.wait_for_workers(1)
+    assert exposed.ca_file is not None
+    monkeypatch.setenv("FRAY_TLS_CA", str(exposed.ca_file))
+    data = bytes(range(256)) * 117 + bytes(48)
+    assert len(data) == 30_000
+    job = ClusterClient(exposed.address, token=exposed.token).submit(
+        JobRequest(name="big-argument", entrypoint=Entrypoint.from_callable(check_argument, args=(data,)))
+    )
+    assert job.wait(timeout=60) == JobStatus.SUCCEEDED
+
+
+def test_a_worker_that_does_not_trust_the_controllers_certificate_exits_with_one_line(
+    exposed: LocalCluster, tmp_path: Path
+) -> None:
+    # To the worker, a controller whose certificate another CA signed is an impostor.
+    other = ensure_cluster_tls(tmp_path / "other-ca", ["127.0.0.1"])
+    worker = start_worker(
+        exposed.address,
+        tmp_path / "w",
+        {"FRAY_CREDENTIAL": exposed.worker_credential.encode(), "FRAY_TLS_CA": str(other.ca_cert)},
+    )
+    line = refusal_of(worker)
+    assert f"cannot join the controller at {exposed.address}" in line
+    assert "certificate" in line and str(other.ca_cert) in line
+    assert "set FRAY_TLS_CA" in line, "the line says how to fix it"

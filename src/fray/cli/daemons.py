@@ -29,19 +29,22 @@ __all__ = ["DEFAULT_DB", "busy_port_error", "check_port_free", "controller", "wo
 DEFAULT_DB = Path.home() / ".local" / "state" / "fray" / "controller.db"
 
 
-def wait_for_signal(stop: Callable[[], None]) -> None:
-    """Block until SIGTERM or SIGINT (or the owner process named by ``FRAY_EXIT_WITH_PID`` is gone), then ``stop``."""
-    done = threading.Event()
+def wait_for_signal(stop: Callable[[], None], done: threading.Event | None = None) -> None:
+    """Block until SIGTERM or SIGINT (or the owner process named by ``FRAY_EXIT_WITH_PID`` is gone), then ``stop``.
+
+    Setting ``done`` (from another thread: a daemon that gave up) also ends the wait.
+    """
+    ended = done if done is not None else threading.Event()
 
     def handler(signum: int, frame: object) -> None:
-        done.set()
+        ended.set()
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
     owner = os.environ.pop(OWNER_ENV, "")  # not passed on to the tasks of a worker
     if owner.isdigit():
-        threading.Thread(target=_watch_owner, args=(int(owner), done), name="fray-owner-watch", daemon=True).start()
-    done.wait()
+        threading.Thread(target=_watch_owner, args=(int(owner), ended), name="fray-owner-watch", daemon=True).start()
+    ended.wait()
     stop()
 
 
@@ -213,6 +216,7 @@ def worker(
             attributes[CONTAINER_RUNTIME_ATTRIBUTE] = runtime
     if cpu is not None and cpu <= 0:
         raise CliError(f"--cpu {cpu:g} must be a positive number of cores", "e.g. --cpu 4")
+    gave_up = threading.Event()
     node = Worker(
         address,
         token=None,  # FRAY_CREDENTIAL (the worker credential), else the cluster token (see fray.cluster.credentials)
@@ -223,9 +227,13 @@ def worker(
         devices=tuple(_parse_device(d) for d in devices),
         attributes=attributes,
         workdir=workdir,
+        on_refused=lambda _reason: gave_up.set(),
     ).start()
     click.echo(f"fray worker {node.worker_id} taking tasks from {address}", err=True)
-    wait_for_signal(node.stop)
+    wait_for_signal(node.stop, gave_up)
+    if node.refusal is not None:
+        # One line, reason and fix together: the last line of the worker's log then says it all.
+        raise CliError(node.refusal)
 
 
 @worker.command("list")

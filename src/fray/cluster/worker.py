@@ -11,6 +11,12 @@ Three loops, none of which may die (each catches, logs and carries on after anyt
 
 One thread per task reads its output and waits for it to exit.
 
+Retrying is for what may heal: a controller not up yet, or restarting. A first answer that
+cannot change by retrying -- the controller refuses the worker's credential, or the server is
+not the cluster's (its TLS certificate is not the cluster CA's; it cannot prove it holds the
+key) -- ends the worker instead, with one line saying why (see :attr:`Worker.refusal`). Once
+registered, the worker never gives up: its tasks keep running through anything.
+
 Exactly-once completion: a task's exit goes into the durable :class:`OutcomeJournal`
 first, and leaves it only when the controller has recorded it -- through a report, or
 through a registration, which always carries every unacknowledged outcome along with
@@ -30,6 +36,7 @@ import subprocess
 import sys
 import threading
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,8 +51,9 @@ from fray.cluster.capacity import Device, WorkerInfo
 from fray.cluster.controller_client import CredentialLike, controller_client, resolve_credential
 from fray.cluster.messages import TaskAssignment, TaskExit, WorkerCommands, WorkerReport
 from fray.cluster.records import TaskKey
-from fray.errors import FrayError
+from fray.errors import AuthenticationError, ConfigError, FrayError, PermissionDenied
 from fray.job import JobInfo, replica_env
+from fray.rpc.tls import UntrustedServerError
 
 __all__ = ["LAST_OUTPUT_LINES", "Worker"]
 
@@ -193,6 +201,10 @@ class Worker:
     ``workdir``); ``devices`` and ``attributes`` (``preemptible``, ``region``,
     ``zone``, ``tpu-name``, ``tpu-worker-id``, ...) describe what the scheduler may
     rely on.
+
+    If the controller's first answer is a refusal that retrying cannot change (see the
+    module's docstring), the worker stops, sets :attr:`refusal` to a one-line reason and
+    calls ``on_refused`` with it (default: logs it).
     """
 
     def __init__(
@@ -209,6 +221,7 @@ class Worker:
         workdir: str | None = None,
         poll_wait: float = 2.0,
         heartbeat: float = 1.0,
+        on_refused: Callable[[str], None] | None = None,
     ) -> None:
         self.controller = controller
         self.worker_id = worker_id or f"worker-{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
@@ -240,6 +253,10 @@ class Worker:
         self._forkserver: ForkServer | None = None
         self._refused: set[TaskKey] = set()
         self._health = ""  # why this worker cannot start tasks now ("" when it can)
+        self._joined = False  # registered at least once: from then on, every failure is retried
+        self._on_refused = on_refused
+        #: Why the controller's first answer ended this worker (None: it was not refused).
+        self.refusal: str | None = None
 
     # ----- lifecycle ----------------------------------------------------------------------------
 
@@ -296,6 +313,10 @@ class Worker:
                 backoff = 0.05
                 self._obey(commands)
             except Exception as exc:  # never dies: an unreachable controller, or a bug of ours
+                refusal = None if self._joined else _refusal(self.worker_id, self.controller, exc)
+                if refusal is not None:
+                    self._give_up(refusal)
+                    return
                 logger.warning("controller %s: %s; retrying in %.2fs", self.controller, _describe(exc), backoff)
                 self._stopping.wait(backoff)
                 backoff = min(backoff * 2, 2.0)
@@ -311,11 +332,21 @@ class Worker:
             self._epoch = commands.epoch
             self._lease_seconds = commands.lease_seconds
             self._registered = True
+            self._joined = True
         logger.info("worker %s registered with %s (epoch %d)", self.worker_id, self.controller, commands.epoch)
         return commands
 
     def _address(self) -> str:
         return f"{socket.gethostname()}:{os.getpid()}"
+
+    def _give_up(self, refusal: str) -> None:
+        self.refusal = refusal
+        self._stopping.set()
+        self._report_ready.set()
+        if self._on_refused is not None:
+            self._on_refused(refusal)
+        else:
+            logger.error("%s", refusal)
 
     def _obey(self, commands: WorkerCommands) -> None:
         if commands.reregister:
@@ -593,3 +624,30 @@ class Worker:
 
 def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
+
+
+def _refusal(worker_id: str, controller: str, exc: Exception) -> str | None:
+    """The one line a worker gives up with when ``exc`` is an answer retrying cannot change, else None.
+
+    Connection failures (``CallNotSentError``, timeouts, a lost connection) are None: the
+    controller may not be up yet, or be restarting.
+    """
+    lines = str(exc).strip().splitlines()
+    detail = lines[0] if lines else type(exc).__name__
+    if isinstance(exc, UntrustedServerError):
+        fix = (
+            "set FRAY_TLS_CA to the CA of the controller's cluster (`fray controller` prints its path when it starts) "
+            "and check that --controller names that controller"
+        )
+    elif isinstance(exc, AuthenticationError):
+        fix = (
+            "give the worker that cluster's worker credential (FRAY_CREDENTIAL; `fray cluster up` keeps it in "
+            "worker.credential) or its token (FRAY_TOKEN), and check that --controller names that cluster's controller"
+        )
+    elif isinstance(exc, PermissionDenied):
+        fix = "set FRAY_CREDENTIAL to the cluster's worker credential (worker.credential in the cluster directory)"
+    elif isinstance(exc, ConfigError):
+        fix = "fix the setting and start the worker again"
+    else:
+        return None
+    return f"worker {worker_id} cannot join the controller at {controller}: {detail} -- {fix}"

@@ -47,7 +47,6 @@ import msgpack
 from fray import errors
 from fray.errors import (
     ActorUnavailableError,
-    AuthenticationError,
     CallNotSentError,
     ConfigError,
     FrayError,
@@ -58,7 +57,7 @@ from fray.errors import (
 from fray.rpc import wire
 from fray.rpc._accept import Acceptor, Limits
 from fray.rpc.server import bind_listener
-from fray.rpc.tls import CA_FILE, client_context, default_ca, is_loopback_address
+from fray.rpc.tls import CA_FILE, UntrustedServerError, client_context, default_ca, is_loopback_address
 
 __all__ = ["DEFAULT_MAX_REQUEST_BYTES", "DataClient", "DataServer", "pack", "unpack"]
 
@@ -251,8 +250,8 @@ class _Conn:
                 try:
                     sock = tls.wrap_socket(sock)
                 except ssl.SSLCertVerificationError as exc:
-                    raise AuthenticationError(
-                        f"{host}:{port} did not present a certificate of this cluster's CA: {exc}"
+                    raise UntrustedServerError(
+                        f"{host}:{port} did not present a certificate of this cluster's CA ({ca}): {exc}"
                     ) from None
             session = wire.client_handshake(sock, token, f"{host}:{port}", principal)
             sock.settimeout(None)

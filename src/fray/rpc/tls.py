@@ -21,11 +21,12 @@ import ssl
 from pathlib import Path
 
 from fray._private_files import private_dir, write_private
-from fray.errors import ConfigError
+from fray.errors import AuthenticationError, ConfigError
 
 __all__ = [
     "CA_FILE",
     "TlsFiles",
+    "UntrustedServerError",
     "client_context",
     "default_ca",
     "ensure_cluster_tls",
@@ -35,6 +36,14 @@ __all__ = [
 
 #: Where a client looks for the cluster CA when ``FRAY_TLS_CA`` is not set.
 CA_FILE = Path.home() / ".config" / "fray" / "ca.pem"
+
+
+class UntrustedServerError(AuthenticationError):
+    """The server's TLS certificate is not signed by the cluster CA: it is not (a server of) this cluster.
+
+    Retrying cannot help, unlike a connection that failed: the client trusts another CA, or
+    the address leads to an impostor.
+    """
 
 
 def is_loopback_address(host: str) -> bool:
@@ -135,7 +144,12 @@ def client_context(ca_file: str | os.PathLike[str]) -> ssl.SSLContext:
     # address a worker or client reaches it by.
     context.check_hostname = False
     context.verify_mode = ssl.CERT_REQUIRED
-    context.load_verify_locations(ca_file)
+    try:
+        context.load_verify_locations(ca_file)
+    except (OSError, ssl.SSLError) as exc:
+        # A ConfigError, not an OSError: callers retry OSErrors as connection failures, and a
+        # missing or unreadable CA file does not fix itself.
+        raise ConfigError(f"cannot use the cluster CA {ca_file} (FRAY_TLS_CA): {exc}") from None
     return context
 
 

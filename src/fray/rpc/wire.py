@@ -11,7 +11,8 @@ are in one place:
   against the limits before a single payload byte is read.
 * Segment 0 of a frame is a pickle (protocol 5); the other segments are its
   out-of-band buffers (see :mod:`fray.rpc._payload`), sent straight from the caller's
-  memory with ``sendmsg`` and received with ``recv_into`` into one buffer each, which
+  memory with ``sendmsg`` (``sendall`` per buffer over TLS, whose sockets have no
+  ``sendmsg``) and received with ``recv_into`` into one buffer each, which
   becomes the memory of the rebuilt value: a new bytearray or bytes for those types
   (:mod:`fray.rpc._fresh`), else a huge-page-backed map for large ones, reused from
   frame to frame once nothing refers to it any more.
@@ -30,6 +31,7 @@ import mmap
 import os
 import select
 import socket
+import ssl
 import struct
 import sys
 import time
@@ -129,6 +131,9 @@ _SOCKET_BUFFER_BYTES = 4 << 20
 
 # Sockets accept at most IOV_MAX buffers per sendmsg; Linux's is 1024.
 _IOV_MAX = 512
+# Over TLS, buffers smaller than this are joined before sending: each sendall is at least
+# one TLS record (with its own header and MAC), so many small ones would cost more than a copy.
+_TLS_JOIN_BYTES = 64 * 1024
 
 
 class FrameKind(enum.IntEnum):
@@ -368,7 +373,8 @@ def send_frame(sock: socket.socket, kind: FrameKind, request_id: int, segments: 
     ``segments`` are bytes-like objects; they are sent from their own memory (no
     concatenation), which is what keeps large numpy arrays from being copied. On a
     local (Unix socket) connection, segments of :data:`fray.rpc._memfd.MIN_BYTES` or
-    more travel as memfds instead (see :mod:`fray.rpc._memfd`).
+    more travel as memfds instead (see :mod:`fray.rpc._memfd`). Over TLS every segment
+    travels in band, written with ``sendall``.
     Callers serialise concurrent senders on one socket with a lock.
     """
     if len(segments) == 1 and type(segments[0]) is bytes and len(segments[0]) < _SMALL_FRAME_BYTES:
@@ -377,6 +383,11 @@ def send_frame(sock: socket.socket, kind: FrameKind, request_id: int, segments: 
         return
     views = [s if type(s) is bytes else memoryview(s).cast("B") for s in segments]
     entries = [_entry(v) for v in views]
+    if isinstance(sock, ssl.SSLSocket):
+        # An SSLSocket refuses sendmsg (it would bypass the encryption), and descriptors cannot
+        # cross TLS even over a Unix socket: never a memfd here, whatever the family.
+        _send_tls(sock, frame_header(kind, request_id, entries), views)
+        return
     fds: list[int] = []
     try:
         if getattr(sock, "family", None) == socket.AF_UNIX and _memfd.available():
@@ -391,6 +402,25 @@ def send_frame(sock: socket.socket, kind: FrameKind, request_id: int, segments: 
         # Sent (the receiver has its own descriptors) or not: either way these are not ours any more.
         for fd in fds:
             os.close(fd)
+
+
+def _send_tls(sock: ssl.SSLSocket, header: bytes, views: list[Any]) -> None:
+    """Write a frame to a TLS socket: runs of small buffers joined, large ones straight from their memory."""
+    run: list[Any] = [header]
+    run_bytes = len(header)
+    for view in views:
+        if len(view) < _TLS_JOIN_BYTES:
+            run.append(view)
+            run_bytes += len(view)
+            if run_bytes < _TLS_JOIN_BYTES:
+                continue
+        if run:
+            sock.sendall(b"".join(run))
+            run, run_bytes = [], 0
+        if len(view) >= _TLS_JOIN_BYTES:
+            sock.sendall(view)
+    if run:
+        sock.sendall(b"".join(run))
 
 
 def _sendmsg_all(sock: socket.socket, buffers: list[Any], fds: Sequence[int] = ()) -> None:
@@ -438,7 +468,9 @@ class FrameReader:
         self._end = 0
         self._spare: Any = None  # the last large receive buffer (see _large_buffer)
         # A local connection may pass memfds: read with recvmsg, and queue them in arrival order.
-        self._local = sock.family == socket.AF_UNIX and _memfd.available()
+        # Not over TLS (even on a Unix socket): an SSLSocket has no recvmsg and no descriptor
+        # crosses it, so a segment flagged as a memfd is refused there as one never passed.
+        self._local = sock.family == socket.AF_UNIX and _memfd.available() and not isinstance(sock, ssl.SSLSocket)
         self._fds: collections.deque[int] = collections.deque()
         self.max_frame_bytes = max_frame_bytes
         self.max_segments = max_segments
@@ -485,6 +517,9 @@ class FrameReader:
         return self._end - self._start
 
     def _wait_readable(self, deadline: float) -> None:
+        if isinstance(self._sock, ssl.SSLSocket) and self._sock.pending():
+            # Already decrypted, inside the TLS layer: poll() cannot see these bytes.
+            return
         remaining = deadline - time.monotonic()
         if remaining <= 0 or not wait_for(self._sock, select.POLLIN, remaining):
             raise TimeoutError("no frame before the deadline")
