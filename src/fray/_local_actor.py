@@ -30,7 +30,7 @@ from fray._eventloop import ActorLoop, invoke
 from fray._lifecycle import ActorRestartBudget, Failure
 from fray._local_job import LocalJob
 from fray._logcapture import capture_to
-from fray._remote import RemoteFailure, remote_error
+from fray._remote import RemoteFailure, actor_died, remote_error
 from fray._runtime import StoppableRun, terminating_on
 from fray._serialization import check_call_picklable, check_result_picklable
 from fray.actor import ActorFuture, RemoteMethod, check_actor_method
@@ -358,8 +358,9 @@ class LocalActor:
             death = ActorDiedError(f"actor {self.name!r} ended itself (current_actor().exit())")
         else:
             remote = RemoteFailure.capture(end.error)
-            death = ActorDiedError(f"actor {self.name!r} failed itself: {remote.summary}")
-            death.__cause__ = remote_error(remote, original=end.error)
+            death = actor_died(
+                f"actor {self.name!r} failed itself: {remote.summary}", remote_error(remote, original=end.error)
+            )
         with self._lock:
             if self.death is not None or incarnation.dead:
                 return
@@ -384,8 +385,9 @@ class LocalActor:
             return
         remote = RemoteFailure.capture(exc)
         self.job.logs.write(remote.traceback_text)
-        death = ActorDiedError(f"actor {self.name!r} died in __init__: {remote.summary}")
-        death.__cause__ = remote_error(remote, original=exc)
+        death = actor_died(
+            f"actor {self.name!r} died in __init__: {remote.summary}", remote_error(remote, original=exc)
+        )
         with self._lock:
             if self.death is not None:
                 return
@@ -419,8 +421,7 @@ def _settle(future: concurrent.futures.Future[Any], value: Any, error: BaseExcep
 
 def _died_copy(death: ActorDiedError) -> ActorDiedError:
     # A fresh exception per caller: raising one shared object from many threads tangles tracebacks.
-    copy = ActorDiedError(*death.args)
-    copy.__cause__ = death.__cause__
+    copy = actor_died(str(death), death.__cause__)
     return copy
 
 

@@ -28,10 +28,11 @@ from typing import Any
 
 import cloudpickle
 
-from fray.errors import JobFailed, RemoteError, _qualified, _Remote, _short
+from fray.errors import ActorDiedError, FrayError, JobFailed, RemoteError, _qualified, _Remote, _short
 
 __all__ = [
     "RemoteFailure",
+    "actor_died",
     "job_failed",
     "reduce_remote",
     "remote_error",
@@ -151,8 +152,11 @@ _FRAY_FIELDS = frozenset(
 )
 
 
-def _dual_class(base: type[_Remote], user_cls: type) -> type | None:
-    """``base`` and ``user_cls`` in one class (like Ray's ``RayTaskError(ValueError)``), or None if impossible."""
+def _dual_class(base: type[FrayError], user_cls: type, reducer: Callable[[Any], Any] | None = None) -> type | None:
+    """``base`` and ``user_cls`` in one class (like Ray's ``RayTaskError(ValueError)``), or None if impossible.
+
+    Instances pickle through ``reducer`` (default :func:`reduce_remote`), which rebuilds the dual on the other side.
+    """
     if not issubclass(user_cls, Exception) or issubclass(user_cls, base):
         return None
     key = (base, user_cls)
@@ -168,7 +172,7 @@ def _dual_class(base: type[_Remote], user_cls: type) -> type | None:
         except TypeError:  # e.g. an incompatible instance layout or a final class
             dual = None
         if dual is not None:
-            copyreg.pickle(dual, reduce_remote)
+            copyreg.pickle(dual, reducer or reduce_remote)
         _DUALS[key] = dual
         return dual
 
@@ -284,3 +288,37 @@ def _rebuild_remote_error(type_name: str, message: str, encoded: bytes | None, t
 # Plain instances built here carry their failure in the data-only form too.
 copyreg.pickle(JobFailed, reduce_remote)  # type: ignore[arg-type]
 copyreg.pickle(RemoteError, reduce_remote)  # type: ignore[arg-type]
+
+
+# ----- an actor's death, of the user's class when its own code caused it ------------------------
+
+
+def _users_class(cause: BaseException | None) -> type | None:
+    """The user's exception class behind ``cause`` (a user exception, or a Fray error standing for one)."""
+    if isinstance(cause, ActorDiedError):
+        return _users_class(cause.__cause__)
+    if isinstance(cause, _Remote):
+        return _user_class(getattr(cause, "_failure", None), cause.cause)
+    if cause is None or isinstance(cause, FrayError):
+        return None
+    return type(cause)
+
+
+def actor_died(message: str, cause: BaseException | None = None) -> ActorDiedError:
+    """The :class:`ActorDiedError` callers see; ``__cause__`` is ``cause``.
+
+    When the actor's own code caused the death (its constructor raised ``KeyError``, or it
+    failed itself with one), the error is also an instance of that class, as a failed job's
+    :class:`JobFailed` is: ``except KeyError`` catches it on every backend. Copies made for
+    each caller (``actor_died(str(death), death.__cause__)``) keep that.
+    """
+    user_cls = _users_class(cause)
+    dual = _dual_class(ActorDiedError, user_cls, _reduce_actor_died) if user_cls is not None else None
+    err: ActorDiedError = ActorDiedError.__new__(dual) if dual is not None else ActorDiedError.__new__(ActorDiedError)
+    err.args = (message,)
+    err.__cause__ = cause
+    return err
+
+
+def _reduce_actor_died(err: ActorDiedError) -> tuple[Callable[..., ActorDiedError], tuple[Any, ...]]:
+    return actor_died, (str(err), err.__cause__)

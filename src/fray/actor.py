@@ -17,6 +17,7 @@ from functools import partial
 from typing import Any, Protocol, runtime_checkable
 
 from fray._progress import watch_ready
+from fray._remote import actor_died
 from fray._runtime import check_terminated
 from fray._serialization import call_parts, check_picklable
 from fray.actor_config import ActorConfig, check_actor_config
@@ -284,9 +285,9 @@ class ActorGroup:
         for index, exc in dead:
             cause = constructor_error(exc)
             if cause is not None:
-                raise ActorDiedError(
-                    f"{self._member(index)} of {len(self._handles)} died in its constructor: {cause}"
-                ) from cause
+                raise actor_died(
+                    f"{self._member(index)} of {len(self._handles)} died in its constructor: {cause}", cause
+                )
         total = len(self._handles)
         if total - len(dead) < want:
             names = ", ".join(f"#{i}: {exc}" for i, exc in dead)

@@ -202,6 +202,10 @@ class ActorDiedError(FrayError):
     (and travels with it when it is pickled, e.g. from an actor's process).
     """
 
+    def __str__(self) -> str:
+        # The message as given, also when the instance is of the user's class too (KeyError would quote it).
+        return str(self.args[0]) if len(self.args) == 1 else super().__str__()
+
     def __reduce__(self) -> tuple[object, ...]:
         return (_rebuild_actor_died, (self.args, self.__cause__))
 

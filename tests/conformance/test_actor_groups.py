@@ -78,6 +78,18 @@ def test_constructor_failure_fails_wait_ready_at_once_naming_the_member(client, 
     assert "member 1 has no config" in str(info.value)
 
 
+def test_a_failed_constructor_keeps_the_users_exception_type(client, uid):
+    # As a failed job's JobFailed is also the job's own exception: `except ValueError` works on every backend.
+    group = client.create_actor_group(BadMember, 1, name=f"typed-{uid}", count=2)
+    with pytest.raises(ValueError, match="member 1 has no config") as info:
+        group.wait_ready(timeout=120)
+    assert isinstance(info.value, ActorDiedError)
+    member = group.handles[1]
+    with pytest.raises(ValueError, match="member 1 has no config") as call:
+        member.ping()
+    assert isinstance(call.value, ActorDiedError)
+
+
 def test_constructor_failure_fails_even_a_reachable_count(client, uid):
     group = client.create_actor_group(BadMember, 0, name=f"bad0-{uid}", count=2)
     wait_until(lambda: JobStatus.FAILED in group.statuses(), timeout=120, what="member 0 to fail")

@@ -30,7 +30,7 @@ import time
 from typing import Any
 
 from fray._lifecycle import Failure
-from fray._remote import RemoteFailure, remote_error
+from fray._remote import RemoteFailure, actor_died, remote_error
 from fray.actor_context import SHUTDOWN_GRACE, ActorContext, ActorEnd, set_process_actor
 from fray.cluster import _task
 from fray.cluster.controller_client import connect_controller
@@ -110,8 +110,7 @@ class _Host:
 
 def _copy(death: ActorDiedError) -> ActorDiedError:
     # Each caller gets an exception of its own (a raised exception collects its traceback).
-    copy = ActorDiedError(*death.args)
-    copy.__cause__ = death.__cause__
+    copy = actor_died(str(death), death.__cause__)
     return copy
 
 
@@ -119,8 +118,7 @@ def _death(name: str, end: ActorEnd) -> ActorDiedError:
     if end.error is None:
         return ActorDiedError(f"actor {name!r} ended itself (current_actor().exit())")
     remote = RemoteFailure.capture(end.error)
-    death = ActorDiedError(f"actor {name!r} failed itself: {remote.summary}")
-    death.__cause__ = remote_error(remote, original=end.error)
+    death = actor_died(f"actor {name!r} failed itself: {remote.summary}", remote_error(remote, original=end.error))
     return death
 
 

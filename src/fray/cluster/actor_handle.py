@@ -19,6 +19,7 @@ import weakref
 from typing import Any
 
 from fray._lifecycle import Failure
+from fray._remote import actor_died
 from fray._serialization import check_call_picklable
 from fray.actor import ActorFuture, RemoteMethod, check_actor_method
 from fray.cluster._actor_host import CONTROL_SUFFIX, control_url
@@ -129,12 +130,10 @@ class ClusterActorHandle:
                 return
 
     def _death(self, view: JobView) -> ActorDiedError:
-        death = ActorDiedError(
-            f"actor {self._name!r} is dead: its job {view.job_id!r} {view.state.value}: {view.error}"
+        cause = Failure.decode(view.failure).error(view.job_id) if view.failure is not None else None
+        return actor_died(
+            f"actor {self._name!r} is dead: its job {view.job_id!r} {view.state.value}: {view.error}", cause
         )
-        if view.failure is not None:
-            death.__cause__ = Failure.decode(view.failure).error(view.job_id)
-        return death
 
     def _settle(self, rpc: ActorClient[Any] | None, error: BaseException | None) -> None:
         if error is not None:
@@ -349,7 +348,6 @@ def _restore_actor_handle(
 
 def _copy_died(error: BaseException | None) -> BaseException:
     if isinstance(error, ActorDiedError):
-        copy = ActorDiedError(*error.args)
-        copy.__cause__ = error.__cause__
+        copy = actor_died(str(error), error.__cause__)
         return copy
     return error if error is not None else ActorDiedError("actor is dead")

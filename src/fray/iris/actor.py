@@ -30,7 +30,7 @@ import cloudpickle
 from iris.cluster.types import JobName
 
 from fray._eventloop import ActorLoop, invoke
-from fray._remote import RemoteFailure, remote_error
+from fray._remote import RemoteFailure, actor_died, remote_error
 from fray._serialization import actor_call_label, check_call_picklable, check_result_picklable
 from fray.actor import ActorFuture, RemoteMethod, check_actor_method
 from fray.actor_context import ActorContext, set_process_actor
@@ -108,8 +108,9 @@ class _Dispatch:
             death = ActorDiedError(f"actor {self._name!r} ended itself (current_actor().exit())")
         else:
             remote = RemoteFailure.capture(end.error)
-            death = ActorDiedError(f"actor {self._name!r} failed itself: {remote.summary}")
-            death.__cause__ = remote_error(remote, original=end.error)
+            death = actor_died(
+                f"actor {self._name!r} failed itself: {remote.summary}", remote_error(remote, original=end.error)
+            )
         with self._lock:
             if self._death is None:
                 self._death = death
@@ -367,8 +368,7 @@ class IrisActorHandle:
                 failure = self._job.failure()
             except Exception as exc:  # the controller is gone too: still a dead actor
                 return ActorDiedError(f"actor {self._name!r} died: its job {self._job.job_id!r} failed ({exc})")
-            died = ActorDiedError(f"actor {self._name!r} died: {failure.message}")
-            died.__cause__ = failure.error(self._job.job_id)
+            died = actor_died(f"actor {self._name!r} died: {failure.message}", failure.error(self._job.job_id))
             return died
         return ActorDiedError(f"actor {self._name!r} is dead: its job {self._job.job_id!r} was {status.value}")
 
@@ -376,7 +376,6 @@ class IrisActorHandle:
     def _copy(error: BaseException) -> BaseException:
         # A fresh exception per raise: one object raised from many threads tangles its traceback.
         if isinstance(error, ActorDiedError):
-            copy = ActorDiedError(*error.args)
-            copy.__cause__ = error.__cause__
+            copy = actor_died(str(error), error.__cause__)
             return copy
         return error

@@ -35,7 +35,7 @@ from monarch.actor import ActorError
 
 from fray._lifecycle import Failure, JobLifecycle
 from fray._process import KILL_GRACE, pid_alive
-from fray._remote import RemoteFailure, remote_error
+from fray._remote import RemoteFailure, actor_died, remote_error
 from fray._runtime import check_terminated
 from fray._serialization import check_call_picklable
 from fray.actor import ActorFuture, check_actor_method
@@ -56,8 +56,7 @@ _KILL_DELAY = 0.2
 
 
 def _died(message: str, cause: BaseException | None = None) -> ActorDiedError:
-    err = ActorDiedError(message)
-    err.__cause__ = cause
+    err = actor_died(message, cause)
     return err
 
 

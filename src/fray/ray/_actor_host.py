@@ -28,7 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fray._eventloop import ActorLoop
-from fray._remote import RemoteFailure, remote_error
+from fray._remote import RemoteFailure, actor_died, remote_error
 from fray.actor_context import ActorContext, ActorEnd, set_process_actor
 from fray.errors import ActorDiedError
 from fray.ray._actor_end import record_end
@@ -59,8 +59,7 @@ class _Host:
     def enter(self) -> None:
         with self._idle:
             if self.death is not None:
-                copy = ActorDiedError(*self.death.args)
-                copy.__cause__ = self.death.__cause__
+                copy = actor_died(str(self.death), self.death.__cause__)
                 raise copy
             self._running += 1
 
@@ -97,8 +96,7 @@ def _death(name: str, end: ActorEnd) -> ActorDiedError:
     if end.error is None:
         return ActorDiedError(f"actor {name!r} ended itself (current_actor().exit())")
     remote = RemoteFailure.capture(end.error)
-    death = ActorDiedError(f"actor {name!r} failed itself: {remote.summary}")
-    death.__cause__ = remote_error(remote, original=end.error)
+    death = actor_died(f"actor {name!r} failed itself: {remote.summary}", remote_error(remote, original=end.error))
     return death
 
 

@@ -26,7 +26,7 @@ import re
 import sys
 from typing import Any
 
-from fray._remote import RemoteFailure, remote_error
+from fray._remote import RemoteFailure, actor_died, remote_error
 from fray._serialization import result_refused
 from fray.errors import ActorDiedError, ActorUnavailableError, FrayError, RemoteError, SerializationError
 
@@ -204,8 +204,7 @@ def translate(
         return remote_error(failure, original=original)
     started = constructor_failure(exc, actor_class)
     if started is not None:
-        died = ActorDiedError(f"{what} died: its constructor raised {started.summary}")
-        died.__cause__ = remote_error(started)
+        died = actor_died(f"{what} died: its constructor raised {started.summary}", remote_error(started))
         return died
     if isinstance(exc, rex.ActorUnavailableError) and "restarted" in str(exc):
         # The instance the call went to died, and Ray restarted the actor (ActorConfig.max_restarts).

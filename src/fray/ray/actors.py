@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from fray._remote import RemoteFailure
+from fray._remote import RemoteFailure, actor_died
 from fray._serialization import check_call_picklable
 from fray.actor import ActorFuture, check_actor_method
 from fray.errors import ActorDiedError, ActorUnavailableError
@@ -176,8 +176,7 @@ class _RayActorMethod:
         if type(err) is ActorUnavailableError and handle._died_since(restarts):
             # Ray says "unavailable" when the socket to a restartable actor closes before the
             # GCS has marked it restarting; the instance the call went to is gone: it died.
-            died = ActorDiedError(f"actor {handle._name!r} died while the call was in flight: {err}")
-            died.__cause__ = exc
+            died = actor_died(f"actor {handle._name!r} died while the call was in flight: {err}", exc)
             err = died
         if isinstance(err, ActorDiedError) and err.__cause__ is exc and handle._job_id:
             # Dead: if it ended itself, say so, with what it failed with as the cause.
@@ -341,8 +340,7 @@ class RayActorHandle:
             self.start_failure = constructor_failure(exc, self._cls)
             err = translate(exc, actor=self._name, actor_class=self._cls)
             if not isinstance(err, ActorDiedError):
-                died = ActorDiedError(f"actor {self._name!r} did not start: {err}")
-                died.__cause__ = err
+                died = actor_died(f"actor {self._name!r} did not start: {err}", err)
                 err = died
             with contextlib.suppress(concurrent.futures.InvalidStateError):
                 ready.set_exception(err)
