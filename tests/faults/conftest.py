@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from fray.cluster.launcher import LocalCluster
+from netns import hosts  # noqa: F401 - the simulated hosts fixture, for the tests here
 
 
 @pytest.fixture

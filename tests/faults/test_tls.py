@@ -1,4 +1,9 @@
-"""TLS beyond this machine (issue 10, case 5): a controller bound to a non-loopback address speaks only TLS there."""
+"""TLS beyond this machine (issue 10, case 5): a controller bound to a non-loopback address speaks only TLS there.
+
+The controller runs on a simulated host (a network namespace of ``tests/netns.py``), bound to
+that host's address; the workers and the test reach it over the host's link. No test here
+contacts this machine's own non-loopback address.
+"""
 
 from __future__ import annotations
 
@@ -16,31 +21,24 @@ from fray.cluster.client import ClusterClient
 from fray.cluster.controller_client import controller_client
 from fray.cluster.launcher import LocalCluster
 from fray.rpc.tls import ensure_cluster_tls
+from netns import Hosts
 
 from .helpers import refusal_of, start_worker
 
 
-def outside_address() -> str | None:
-    """An address of this machine that is not loopback (None if it has none)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        try:
-            probe.connect(("192.0.2.254", 9))  # no packet is sent: this only picks a route
-        except OSError:
-            return None
-        address = str(probe.getsockname()[0])
-    return None if address.startswith("127.") else address
-
-
 @pytest.fixture
-def exposed(tmp_path: Path) -> Iterator[LocalCluster]:
-    host = outside_address()
-    if host is None:
-        pytest.skip("this machine has no non-loopback address")
+def exposed(tmp_path: Path, hosts: Hosts) -> Iterator[LocalCluster]:
+    """A controller on a simulated host, bound to its (non-loopback) address; workers run here."""
+    host = hosts.add()
     tests_dir = str(Path(__file__).resolve().parents[1])
     env = {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p.startswith(tests_dir))}
-    with LocalCluster(tmp_path / "cluster", worker_timeout=2.0, env=env, host=host) as cluster:
+    with LocalCluster(
+        tmp_path / "cluster", worker_timeout=2.0, env=env, host=host.address, controller_prefix=host.prefix
+    ) as cluster:
         cluster.start_controller()
+        assert cluster.address.rsplit(":", 1)[0] == host.address
         yield cluster
+        assert cluster.controller is not None and cluster.controller.pid in host.pids(), "the controller ran there"
 
 
 def test_a_controller_beyond_loopback_requires_tls_with_the_cluster_ca(

@@ -33,6 +33,12 @@ class LocalCluster:
     are more ``fray controller`` options. With ``exit_with_owner`` (the default) the daemons
     end soon after this process does, even if :meth:`stop` never ran. Processes are started detached (own session)
     so that tests can kill them with SIGKILL one by one, as a machine failure would.
+
+    ``controller_prefix`` is put before the controller's command line, to run it somewhere
+    else than where the workers run: tests start it inside a simulated host with
+    ``["ip", "netns", "exec", NAME]`` (``tests/netns.py``) and bind ``host`` to that host's
+    address. The prefix must exec the command (as ``ip netns exec`` does), so that the pid
+    this class signals is the controller's.
     """
 
     def __init__(
@@ -47,6 +53,7 @@ class LocalCluster:
         db_path: str | Path | None = None,
         host: str = "127.0.0.1",
         exit_with_owner: bool = True,
+        controller_prefix: Sequence[str] = (),
     ) -> None:
         self.extra_env = dict(env or {})
         # Daemons end when this process does, even if it never called stop() (a test run
@@ -65,6 +72,7 @@ class LocalCluster:
         self.port = port
         self.worker_timeout = worker_timeout
         self.controller_args = list(controller_args)
+        self.controller_prefix = list(controller_prefix)
         self.controller: subprocess.Popen[bytes] | None = None
         self.workers: dict[str, subprocess.Popen[bytes]] = {}
         self.address = ""
@@ -77,7 +85,9 @@ class LocalCluster:
             env["FRAY_TLS_CA"] = str(self.ca_file)
         return env
 
-    def _spawn(self, args: list[str], log_name: str, *, worker: bool = False) -> subprocess.Popen[bytes]:
+    def _spawn(
+        self, args: list[str], log_name: str, *, worker: bool = False, prefix: Sequence[str] = ()
+    ) -> subprocess.Popen[bytes]:
         env = {**os.environ, **self.extra_env, "FRAY_TOKEN": self.token, "PYTHONUNBUFFERED": "1"}
         env.pop("FRAY_CLIENT_SPEC", None)
         env.pop("FRAY_CREDENTIAL", None)
@@ -93,7 +103,7 @@ class LocalCluster:
         log = os.fdopen(open_private(self.directory / log_name), "ab")
         try:
             return subprocess.Popen(
-                [sys.executable, "-m", "fray.cli", *args],
+                [*prefix, sys.executable, "-m", "fray.cli", *args],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -121,7 +131,7 @@ class LocalCluster:
             str(self.worker_timeout),
             *self.controller_args,
         ]
-        self.controller = self._spawn(args, "controller.log")
+        self.controller = self._spawn(args, "controller.log", prefix=self.controller_prefix)
         deadline = time.monotonic() + timeout
         while not address_file.exists():
             if self.controller.poll() is not None:
