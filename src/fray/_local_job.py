@@ -9,6 +9,7 @@ gang member failed) or the whole job (``terminate()``) reaches all of it.
 from __future__ import annotations
 
 import atexit
+import concurrent.futures
 import contextlib
 import os
 import signal
@@ -22,7 +23,7 @@ from fray._lifecycle import JobLifecycle
 from fray._logcapture import LogBuffer
 from fray._process import kill_process_group
 from fray._runtime import StoppableRun, check_terminated
-from fray.errors import ActorUnavailableError, FrayError
+from fray.errors import ActorUnavailableError, FrayError, JobFailed
 from fray.job import JobStatus, _current_job
 from fray.testing import replicas_to_preempt
 
@@ -197,16 +198,89 @@ def wait_for_stop(jobs: Sequence[LocalJob], deadline: float) -> None:
         job.lifecycle.wait_done(max(0.0, deadline - time.monotonic()))
 
 
-class LocalJobHandle:
-    """Handle to a job of a :class:`~fray.local.LocalClient`. Picklable within the process that created it."""
+class _FutureLifecycle:
+    """A job's status read from a :class:`concurrent.futures.Future` (marin's ``LocalJobHandle(job_id, future)``)."""
 
-    def __init__(self, job: LocalJob) -> None:
-        self._job = job
+    def __init__(self, job_id: str, future: concurrent.futures.Future[object]) -> None:
+        self._job_id = job_id
+        self._future = future
+        future.add_done_callback(_notify_future_done)
+
+    @property
+    def status(self) -> JobStatus:
+        future = self._future
+        if future.cancelled():
+            return JobStatus.STOPPED
+        if not future.done():
+            return JobStatus.RUNNING if future.running() else JobStatus.PENDING
+        return JobStatus.FAILED if future.exception() is not None else JobStatus.SUCCEEDED
+
+    @property
+    def finished(self) -> bool:
+        return self._future.done()
+
+    def wait(self, timeout: float | None = None, *, raise_on_failure: bool = True) -> JobStatus:
+        concurrent.futures.wait([self._future], timeout)
+        if not self._future.done():
+            raise TimeoutError(f"job {self._job_id!r} still running after {timeout}s")
+        status = self.status
+        if status == JobStatus.FAILED and raise_on_failure:
+            exc = self._future.exception()
+            raise JobFailed(self._job_id, f"{type(exc).__name__}: {exc}", cause=exc) from exc
+        return status
+
+
+class _FutureJob:
+    """The part of a :class:`LocalJob` a handle reads, for a job that is a future run elsewhere."""
+
+    client_id = ""
+
+    def __init__(self, job_id: str, future: concurrent.futures.Future[object]) -> None:
+        if not isinstance(job_id, str) or not isinstance(future, concurrent.futures.Future):
+            raise TypeError(
+                f"LocalJobHandle(job_id, future) takes a str and a concurrent.futures.Future, got {job_id!r}, {future!r}"
+            )
+        self.job_id = job_id
+        self.name = job_id
+        self.lifecycle = _FutureLifecycle(job_id, future)
+        self.logs = LogBuffer()
+        self._future = future
+
+    def terminate(self) -> None:
+        """Cancel the future if it has not started; a running one cannot be stopped from outside."""
+        self._future.cancel()
+
+    def preempt(self, replica: int | None) -> None:
+        raise FrayError(f"job {self.job_id!r} is a plain future: it cannot be preempted")
+
+
+def _notify_future_done(_: object) -> None:
+    with _FINISHED:
+        _FINISHED.notify_all()
+
+
+class LocalJobHandle:
+    """Handle to a job of a :class:`~fray.local.LocalClient`. Picklable within the process that created it.
+
+    ``LocalJobHandle(job_id, future)`` (marin's constructor) wraps any
+    :class:`concurrent.futures.Future` as a job: SUCCEEDED when it returns, FAILED when it
+    raises, STOPPED when cancelled. Such a handle is not picklable.
+    """
+
+    def __init__(self, job_id: LocalJob | str, future: concurrent.futures.Future[object] | None = None) -> None:
+        # The first argument is the client's LocalJob, or (marin's form) the id of the job ``future`` runs.
+        self._job: LocalJob | _FutureJob
+        if isinstance(job_id, LocalJob):
+            self._job = job_id
+        else:
+            self._job = _FutureJob(job_id, future)  # type: ignore[arg-type]  # checked there
 
     def __repr__(self) -> str:
         return f"LocalJobHandle({self.job_id!r}, {self.status().value})"
 
     def __reduce__(self) -> tuple[object, ...]:
+        if isinstance(self._job, _FutureJob):
+            raise TypeError(f"LocalJobHandle({self.job_id!r}, future) wraps a future and cannot be pickled")
         return (_restore_job_handle, (self._job.client_id, self.job_id))
 
     @property

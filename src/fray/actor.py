@@ -21,20 +21,24 @@ from fray._remote import actor_died
 from fray._runtime import check_terminated
 from fray._serialization import call_parts, check_picklable
 from fray.actor_config import ActorConfig, check_actor_config
-from fray.errors import ActorDiedError, ConfigError, JobFailed, RemoteError
+from fray.actor_context import ActorContext, current_actor
+from fray.errors import ActorDiedError, ActorUnavailableError, ConfigError, JobFailed, RemoteError
 from fray.job import JobHandle, JobStatus, validate_name
 from fray.resources import ResourceConfig
 
 __all__ = [
+    "ActorContext",
     "ActorFuture",
     "ActorGroup",
     "ActorHandle",
     "ActorMethod",
+    "ActorUnavailableError",
     "RemoteMethod",
     "actor_resources",
     "check_actor_method",
     "check_actor_request",
     "constructor_error",
+    "current_actor",
     "group_member_names",
     "public_methods",
 ]
@@ -54,6 +58,10 @@ class ActorMethod(Protocol):
 
     def remote(self, *args: Any, **kwargs: Any) -> ActorFuture:
         """Start the call and return its future at once."""
+        ...
+
+    def submit(self, *args: Any, **kwargs: Any) -> ActorFuture:
+        """The same as :meth:`remote` (marin's name)."""
         ...
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -79,6 +87,10 @@ class RemoteMethod:
     def __init__(self, handle: _Caller, name: str) -> None:
         self._handle = handle
         self._name = name
+
+    def submit(self, *args: Any, **kwargs: Any) -> ActorFuture:
+        """marin's name for :meth:`remote`: start the call, return its future."""
+        return self.remote(*args, **kwargs)
 
     def remote(self, *args: Any, **kwargs: Any) -> ActorFuture:
         """Start the call and return its future at once."""
@@ -141,6 +153,16 @@ def check_actor_request(
     if resources is not None and not isinstance(resources, ResourceConfig):
         raise ConfigError(f"create_actor(resources={resources!r}) must be a ResourceConfig or None")
     config = check_actor_config(actor_config)
+    refused = [
+        f"{field}={getattr(resources, field)!r}"
+        for field in ("image", "target_cluster", "container_profile")
+        if isinstance(resources, ResourceConfig) and getattr(resources, field) is not None
+    ]
+    if refused:
+        raise ConfigError(
+            f"actor {name!r}: ResourceConfig({', '.join(refused)}) cannot be honoured for an actor on Fray's "
+            "backends (see docs/marin.md); leave it unset"
+        )
     check_picklable(f"actor {name!r}", call_parts(actor_class, args, kwargs, "the class"))
     return actor_resources(resources), config
 

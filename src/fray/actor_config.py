@@ -49,14 +49,27 @@ class ActorConfig:
     * ``lifetime``: ``"owned"`` (default) ends the actor with the client that created it;
       ``"detached"`` keeps it running after that client shuts down or its script exits,
       until it is terminated (``fray job stop``) or ends itself.
+    * ``priority`` (default 0): marin's scheduling priority. No Fray backend schedules
+      actors by priority yet, so each refuses a value other than 0 by name.
+
+    As in marin, ``max_restarts=None`` and ``max_task_retries=None`` mean "the default"
+    (0); ``max_restarts=None`` with ``max_task_retries=N`` allows N restarts, so the
+    retried calls have an actor to reach.
     """
 
     max_concurrency: int = 1
-    max_restarts: int = 0
+    max_restarts: int = None  # type: ignore[assignment]  # None: 0, or max_task_retries; an int once built
     max_task_retries: int = 0
     lifetime: str = "owned"
+    priority: int = 0
 
     def __post_init__(self) -> None:
+        retries = 0 if self.max_task_retries is None else self.max_task_retries
+        object.__setattr__(self, "max_task_retries", retries)
+        if self.max_restarts is None:
+            restarts = retries if isinstance(retries, int) and not isinstance(retries, bool) else 0
+            object.__setattr__(self, "max_restarts", restarts)
+        _whole("priority", self.priority, -(2**31), "0 leaves the backend's default priority")
         _whole("max_concurrency", self.max_concurrency, 1, "1 runs one call at a time")
         _whole("max_restarts", self.max_restarts, 0, "0 means a dead actor stays dead")
         _whole("max_task_retries", self.max_task_retries, 0, "0 means calls to a dead actor fail")
@@ -87,6 +100,11 @@ def check_actor_config(actor_config: object) -> ActorConfig:
     if not isinstance(actor_config, ActorConfig):
         raise ConfigError(
             f"create_actor(actor_config={actor_config!r}) must be a fray.ActorConfig, e.g. ActorConfig(max_concurrency=4)"
+        )
+    if actor_config.priority != 0:
+        raise ConfigError(
+            f"ActorConfig(priority={actor_config.priority!r}): no Fray backend schedules actors by priority yet; "
+            "leave it at 0 (see docs/marin.md)"
         )
     return actor_config
 

@@ -90,6 +90,11 @@ class ActorContext:
         return self._index
 
     @property
+    def shutdown_event(self) -> threading.Event:
+        """marin's name for :attr:`shutdown_requested`."""
+        return self.shutdown_requested
+
+    @property
     def handle(self) -> Any:
         """A picklable handle to this actor (an :class:`~fray.actor.ActorHandle`)."""
         with self._lock:

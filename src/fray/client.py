@@ -16,19 +16,24 @@ from urllib.parse import parse_qsl, urlsplit
 from fray._runtime import check_terminated
 from fray.actor import ActorGroup, ActorHandle
 from fray.actor_config import ActorConfig
-from fray.errors import ConfigError
-from fray.job import JobHandle, JobRequest
+from fray.errors import ConfigError, JobAlreadyExists, JobFailed
+from fray.job import JobHandle, JobRequest, JobStatus, wait_all
 from fray.queue import Queue
 from fray.resources import ResourceConfig
 
 __all__ = [
     "Client",
     "ClientSpec",
+    "JobAlreadyExists",
+    "JobFailed",
+    "JobHandle",
+    "JobStatus",
     "client_from_spec",
     "current_client",
     "detect_spec",
     "parse_client_spec",
     "set_current_client",
+    "wait_all",
 ]
 
 
@@ -36,8 +41,13 @@ __all__ = [
 class Client(Protocol):
     """Submits jobs and creates actors on one backend. Use it as a context manager to shut it down."""
 
-    def submit(self, request: JobRequest, *, detached: bool = True) -> JobHandle:
+    def submit(self, request: JobRequest, adopt_existing: bool | None = None, *, detached: bool = True) -> JobHandle:
         """Submit a job; returns at once with its handle.
+
+        ``adopt_existing`` (marin's): ``True`` returns the handle of a live job of the same
+        name instead of submitting, ``False`` raises :class:`~fray.errors.JobAlreadyExists`
+        (with ``.handle``) if there is one, ``None`` (default) submits regardless. See
+        :mod:`fray._adopt`.
 
         ``detached`` (default) lets the job outlive the script where the backend runs it
         outside the script; ``detached=False`` stops it when the script exits or the
@@ -186,6 +196,7 @@ def client_from_spec(text: str) -> Client:
     return client
 
 
+_CORE_METHODS = ("submit", "create_actor", "create_actor_group", "shutdown")
 _current: contextvars.ContextVar[Client | None] = contextvars.ContextVar("fray_current_client", default=None)
 _defaults: dict[str, Client] = {}
 _defaults_lock = threading.Lock()
@@ -215,9 +226,16 @@ def current_client() -> Client:
 
 @contextmanager
 def set_current_client(client: Client) -> Iterator[Client]:
-    """Make ``client`` the current client inside the ``with`` block; the previous one is restored on exit."""
-    if not isinstance(client, Client):
-        raise ConfigError(f"set_current_client needs a fray Client, got {type(client).__name__}")
+    """Make ``client`` the current client inside the ``with`` block; the previous one is restored on exit.
+
+    Any object with the protocol's job and actor methods (``submit``, ``create_actor``,
+    ``create_actor_group``, ``shutdown``) is accepted, e.g. a test's fake client.
+    """
+    missing = [name for name in _CORE_METHODS if not callable(getattr(client, name, None))]
+    if missing:
+        raise ConfigError(
+            f"set_current_client needs a fray Client, got {type(client).__name__} (no {', '.join(missing)})"
+        )
     token = _current.set(client)
     try:
         yield client

@@ -16,6 +16,8 @@ uncaught error prints where it happened.
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "ActorContextError",
     "ActorDiedError",
@@ -188,7 +190,22 @@ def _short(type_name: str) -> str:
 
 
 class JobAlreadyExists(FrayError):
-    """A job or actor with this name is already live where the backend requires unique names."""
+    """A job or actor with this name is already live where the backend requires unique names.
+
+    ``handle`` is the live job's handle when the backend knows it (``submit(request,
+    adopt_existing=False)`` found it), else None.
+    """
+
+    def __init__(self, *args: object, handle: Any = None) -> None:
+        super().__init__(*args)
+        self.handle = handle
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild_already_exists, (self.args, self.handle))
+
+
+def _rebuild_already_exists(args: tuple[object, ...], handle: Any) -> JobAlreadyExists:
+    return JobAlreadyExists(*args, handle=handle)
 
 
 class JobTerminated(FrayError):

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import os
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, overload, runtime_checkable
 
 from fray._progress import progress_bar
 from fray.errors import ConfigError, JobFailed
@@ -24,9 +25,31 @@ __all__ = [
     "JobInfo",
     "JobRequest",
     "JobStatus",
+    "create_environment",
     "current_job",
     "wait_all",
 ]
+
+
+class _Finished:
+    """``JobStatus.finished``: a bool on a status (``status.finished``), a test on the class.
+
+    ``JobStatus.finished(status)`` is marin's spelling; both read the same rule.
+    """
+
+    @overload
+    def __get__(self, status: None, owner: type | None = None) -> Callable[[str], bool]: ...
+    @overload
+    def __get__(self, status: JobStatus, owner: type | None = None) -> bool: ...
+    def __get__(self, status: JobStatus | None, owner: type | None = None) -> bool | Callable[[str], bool]:
+        if status is None:
+            return _is_finished
+        return _is_finished(status)
+
+
+def _is_finished(status: str) -> bool:
+    """True once a job in ``status`` can no longer change state."""
+    return JobStatus(status) in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED)
 
 
 class JobStatus(StrEnum):
@@ -38,10 +61,8 @@ class JobStatus(StrEnum):
     FAILED = "failed"
     STOPPED = "stopped"
 
-    @property
-    def finished(self) -> bool:
-        """True once the job can no longer change state."""
-        return self in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED)
+    finished = _Finished()
+    """True once the job can no longer change state: ``status.finished``, or ``JobStatus.finished(status)``."""
 
 
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -49,14 +70,45 @@ _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 @dataclass(frozen=True)
 class EnvironmentConfig:
-    """Where and with what a job runs: a workspace directory or a docker image, extra pip packages, env vars."""
+    """Where and with what a job runs: a workspace directory or a docker image, extra pip packages, env vars.
+
+    ``secrets``, ``extras``, ``setup_scripts`` and ``sync_packages`` are marin's fields
+    (Iris's uv-based environments, see ``docs/marin.md``): they may be written, and
+    Fray's backends refuse a job that sets them (empty ``setup_scripts`` is Fray's
+    behaviour anyway: no setup runs) rather than run it in another environment.
+    """
 
     workspace: str | None = None
     docker_image: str | None = None
     pip_packages: Sequence[str] = ()
     env_vars: Mapping[str, str] = field(default_factory=dict)
+    secrets: Mapping[str, str] = field(default_factory=dict)
+    extras: Sequence[str] = ()
+    setup_scripts: Sequence[str] | None = None
+    sync_packages: Sequence[str] = ()
+
+    def unsupported(self) -> list[str]:
+        """marin's settings made here that no Fray backend honours yet (``[]`` when none)."""
+        found = [
+            f"{name}={getattr(self, name)!r}" for name in ("secrets", "extras", "sync_packages") if getattr(self, name)
+        ]
+        if self.setup_scripts:
+            found.append(f"setup_scripts={self.setup_scripts!r}")
+        return found
 
     def __post_init__(self) -> None:
+        for name in ("extras", "sync_packages"):
+            value = getattr(self, name)
+            if isinstance(value, str) or not all(isinstance(v, str) for v in value):
+                raise ConfigError(f"EnvironmentConfig({name}={value!r}) must be a list of strings")
+            object.__setattr__(self, name, tuple(value))
+        if self.setup_scripts is not None:
+            if isinstance(self.setup_scripts, str) or not all(isinstance(v, str) for v in self.setup_scripts):
+                raise ConfigError(f"EnvironmentConfig(setup_scripts={self.setup_scripts!r}) must be a list of strings")
+            object.__setattr__(self, "setup_scripts", tuple(self.setup_scripts))
+        if not isinstance(self.secrets, Mapping):
+            raise ConfigError(f"EnvironmentConfig(secrets={self.secrets!r}) must be a mapping of str to str")
+        object.__setattr__(self, "secrets", dict(self.secrets))
         if isinstance(self.pip_packages, str):
             raise ConfigError(
                 f"EnvironmentConfig(pip_packages={self.pip_packages!r}) must be a list, e.g. [{self.pip_packages!r}]"
@@ -84,6 +136,29 @@ class EnvironmentConfig:
                 raise ConfigError(f"EnvironmentConfig({name}={value!r}) must be a non-empty string or None")
 
 
+def create_environment(
+    workspace: str | None = None,
+    docker_image: str | None = None,
+    pip_packages: Sequence[str] | None = None,
+    env_vars: Mapping[str, str] | None = None,
+    extras: Sequence[str] | None = None,
+    setup_scripts: Sequence[str] | None = None,
+    sync_packages: Sequence[str] | None = None,
+    secrets: Mapping[str, str] | None = None,
+) -> EnvironmentConfig:
+    """An :class:`EnvironmentConfig` from optional parts (marin's ``fray.types.create_environment``)."""
+    return EnvironmentConfig(
+        workspace=workspace,
+        docker_image=docker_image,
+        pip_packages=tuple(pip_packages or ()),
+        env_vars=dict(env_vars or {}),
+        secrets=dict(secrets or {}),
+        extras=tuple(extras or ()),
+        setup_scripts=setup_scripts,
+        sync_packages=tuple(sync_packages or ()),
+    )
+
+
 @dataclass(frozen=True)
 class CallableEntrypoint:
     """Run ``callable(*args, **kwargs)`` in Python; the job fails if it raises."""
@@ -91,6 +166,16 @@ class CallableEntrypoint:
     callable: Callable[..., Any]
     args: tuple[Any, ...] = ()
     kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def callable_entrypoint(self) -> CallableEntrypoint:
+        """This entrypoint (marin's ``Entrypoint`` holds one of two parts; this is the callable one)."""
+        return self
+
+    @property
+    def binary_entrypoint(self) -> None:
+        """None: this entrypoint runs a callable."""
+        return None
 
 
 @dataclass(frozen=True)
@@ -104,6 +189,16 @@ class BinaryEntrypoint:
     def argv(self) -> list[str]:
         """The full argument vector."""
         return [self.command, *self.args]
+
+    @property
+    def callable_entrypoint(self) -> None:
+        """None: this entrypoint runs a program."""
+        return None
+
+    @property
+    def binary_entrypoint(self) -> BinaryEntrypoint:
+        """This entrypoint (marin's ``Entrypoint`` holds one of two parts; this is the binary one)."""
+        return self
 
 
 class Entrypoint:
@@ -149,17 +244,58 @@ def validate_name(name: object, what: str = "job name") -> str:
 
 @dataclass(frozen=True)
 class JobRequest:
-    """Everything needed to run a job: name, entrypoint, per-replica resources, environment, retries."""
+    """Everything needed to run a job: name, entrypoint, per-replica resources, environment, retries.
+
+    ``replicas`` left at None takes ``resources.replicas`` (1 unless set, e.g. by
+    ``ResourceConfig.with_tpu(..., slice_count=4)``); it is always a whole number once
+    the request is built. ``resources.image``, when set, becomes the environment's
+    ``docker_image``. ``processes_per_task``, ``max_task_failures``, ``priority`` and
+    ``timeout`` are marin's fields: Fray's backends refuse a value other than the
+    default by name at submit (see ``docs/marin.md``).
+    """
 
     name: str
     entrypoint: EntrypointType
     resources: ResourceConfig = field(default_factory=ResourceConfig)
     environment: EnvironmentConfig | None = None
-    replicas: int = 1
+    replicas: int = None  # type: ignore[assignment]  # None: resources.replicas; an int once built
     max_retries_failure: int = 0
     max_retries_preemption: int = 100
+    processes_per_task: int = 1
+    max_task_failures: int = 0
+    priority: int = 0
+    timeout: Any = None
+
+    def unsupported(self) -> list[str]:
+        """marin's settings made here that no Fray backend honours yet (``[]`` when none)."""
+        found = [
+            f"JobRequest({name}={getattr(self, name)!r})"
+            for name, default in (
+                ("processes_per_task", 1),
+                ("max_task_failures", 0),
+                ("priority", 0),
+                ("timeout", None),
+            )
+            if getattr(self, name) != default
+        ]
+        for name in ("target_cluster", "container_profile"):
+            if getattr(self.resources, name) is not None:
+                found.append(f"ResourceConfig({name}={getattr(self.resources, name)!r})")
+        if self.environment is not None:
+            found.extend(f"EnvironmentConfig({item})" for item in self.environment.unsupported())
+        return found
 
     def __post_init__(self) -> None:
+        if self.replicas is None and isinstance(self.resources, ResourceConfig):
+            object.__setattr__(self, "replicas", self.resources.replicas)
+        if isinstance(self.resources, ResourceConfig) and self.resources.image is not None:
+            env = self.environment if isinstance(self.environment, EnvironmentConfig) else EnvironmentConfig()
+            if env.docker_image not in (None, self.resources.image):
+                raise ConfigError(
+                    f"JobRequest: ResourceConfig(image={self.resources.image!r}) and "
+                    f"EnvironmentConfig(docker_image={env.docker_image!r}) disagree; give the image once"
+                )
+            object.__setattr__(self, "environment", dataclasses.replace(env, docker_image=self.resources.image))
         validate_name(self.name)
         if not isinstance(self.entrypoint, CallableEntrypoint | BinaryEntrypoint):
             raise ConfigError(
@@ -170,9 +306,15 @@ class JobRequest:
             raise ConfigError(f"JobRequest(resources={self.resources!r}) must be a ResourceConfig")
         if self.environment is not None and not isinstance(self.environment, EnvironmentConfig):
             raise ConfigError(f"JobRequest(environment={self.environment!r}) must be an EnvironmentConfig or None")
-        for name in ("replicas", "max_retries_failure", "max_retries_preemption"):
+        for name in (
+            "replicas",
+            "max_retries_failure",
+            "max_retries_preemption",
+            "processes_per_task",
+            "max_task_failures",
+        ):
             value = getattr(self, name)
-            least = 1 if name == "replicas" else 0
+            least = 1 if name in ("replicas", "processes_per_task") else 0
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ConfigError(f"JobRequest({name}={value!r}) must be a whole number >= {least}")
 

@@ -24,6 +24,7 @@ from functools import partial
 from types import TracebackType
 from typing import Any
 
+from fray._adopt import adopt_or_check
 from fray._driver_exit import report_leftovers
 from fray._lifecycle import Failure, exit_status
 from fray._local_actor import LocalActor, LocalActorHandle
@@ -249,7 +250,9 @@ class LocalClient:
 
     # ----- jobs -------------------------------------------------------------------------------
 
-    def submit(self, request: JobRequest, *, detached: bool = True) -> LocalJobHandle:
+    def submit(
+        self, request: JobRequest, adopt_existing: bool | None = None, *, detached: bool = True
+    ) -> LocalJobHandle:
         """Start a job; returns at once. See the class docstring for what runs where.
 
         Jobs run inside this process, so they end with it whatever ``detached`` says
@@ -259,6 +262,9 @@ class LocalClient:
         check_terminated()
         if not isinstance(request, JobRequest):
             raise ConfigError(f"submit() takes a JobRequest, got {type(request).__name__}")
+        live = adopt_or_check("local", request, adopt_existing, self._live_job)
+        if live is not None:
+            return live
         entry = request.entrypoint
         environment = request.environment or EnvironmentConfig()
         if isinstance(entry, CallableEntrypoint):
@@ -285,6 +291,18 @@ class LocalClient:
             _never_started(job)
             raise
         return LocalJobHandle(job)
+
+    def _live_job(self, name: str) -> LocalJobHandle | None:
+        """A PENDING or RUNNING job (not an actor) named ``name`` of this client, under the same parent job."""
+        parent = _current_job.get()
+        prefix = f"{parent.job_id}/" if parent is not None else ""
+        with self._lock:
+            jobs = [job for job in self._jobs.values() if job.job_id not in self._actors_by_job]
+        for job in jobs:
+            child = job.job_id[len(prefix) :] if job.job_id.startswith(prefix) else ""
+            if job.name == name and child and "/" not in child and not job.lifecycle.finished:
+                return LocalJobHandle(job)
+        return None
 
     def _new_job(self, name: str, max_retries_failure: int = 0, max_retries_preemption: int = 0) -> LocalJob:
         parent = _current_job.get()

@@ -10,5 +10,35 @@
 * :mod:`fray.cluster.messages` -- what they send each other.
 
 Nothing is imported here, so that a client never loads the controller's store or the
-worker daemon.
+worker daemon. marin's ``fray.cluster`` names (``from fray.cluster import ResourceConfig``)
+are found on first use in :mod:`fray.types`, which holds only values.
 """
+
+from __future__ import annotations
+
+from typing import Any
+
+_MARIN_NAMES = (
+    "ANY_REGION",
+    "CpuConfig",
+    "DeviceConfig",
+    "Entrypoint",
+    "EnvironmentConfig",
+    "GpuConfig",
+    "JobRequest",
+    "JobStatus",
+    "ResourceConfig",
+    "TpuConfig",
+    "TpuTopologyInfo",
+    "create_environment",
+    "get_tpu_topology",
+)
+
+
+def __getattr__(name: str) -> Any:
+    """marin's value names, taken from :mod:`fray.types` (the same objects)."""
+    if name in _MARIN_NAMES:
+        import fray.types
+
+        return getattr(fray.types, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
 
+from fray._adopt import adopt_or_check
 from fray._driver_exit import report_leftovers
 from fray._lifecycle import Failure
 from fray._remote import job_failed
@@ -302,7 +303,9 @@ class ClusterClient:
             handles.extend(ClusterJobHandle(self.address, view.job_id, self._token) for view in views)
         return handles
 
-    def submit(self, request: JobRequest, *, detached: bool = True) -> ClusterJobHandle:
+    def submit(
+        self, request: JobRequest, adopt_existing: bool | None = None, *, detached: bool = True
+    ) -> ClusterJobHandle:
         """Submit a job to the cluster; returns at once.
 
         The job outlives this script unless ``detached=False``, which stops it when the
@@ -311,10 +314,21 @@ class ClusterClient:
         check_terminated()
         if not isinstance(request, JobRequest):
             raise ConfigError(f"submit() takes a JobRequest, got {type(request).__name__}")
+        live = adopt_or_check("Fray cluster", request, adopt_existing, self._live_job)
+        if live is not None:
+            return live
         spec = ship_environment(
             JobSpec.from_request(self._placed_request(request)), self.address, self._token, self._controller
         )
         return self._submit(spec, is_actor=False, detached=detached)
+
+    def _live_job(self, name: str) -> ClusterJobHandle | None:
+        """The oldest PENDING or RUNNING job named ``name`` in this client's namespace, as the controller sees it."""
+        views = self._controller.list_jobs([JobStatus.PENDING.value, JobStatus.RUNNING.value])
+        for view in views:
+            if view.name == name and view.namespace == self.namespace:
+                return ClusterJobHandle(self.address, view.job_id, self._token)
+        return None
 
     def _placed_request(self, request: JobRequest) -> JobRequest:
         """``request`` for one device among its alternatives; its replicas learn which from ``FRAY_DEVICE``."""

@@ -21,6 +21,7 @@ from connectrpc.errors import ConnectError
 from iris.client import JobAlreadyExists as IrisJobAlreadyExists
 from iris.cluster.types import Entrypoint as IrisEntrypoint
 
+from fray._adopt import adopt_or_check
 from fray._codepickle import dumps
 from fray._driver_exit import ExitNotice, JobsAtExit
 from fray._local_context import LocalJobContext
@@ -134,7 +135,9 @@ class IrisClient:
 
     # ----- jobs ---------------------------------------------------------------------------------------
 
-    def submit(self, request: JobRequest, *, detached: bool = True) -> IrisJobHandle:
+    def submit(
+        self, request: JobRequest, adopt_existing: bool | None = None, *, detached: bool = True
+    ) -> IrisJobHandle:
         """Submit the job to Iris; returns at once.
 
         The job outlives this script unless ``detached=False``, which stops it when the
@@ -144,6 +147,8 @@ class IrisClient:
         check_terminated()
         if not isinstance(request, JobRequest):
             raise ConfigError(f"submit() takes a JobRequest, got {type(request).__name__}")
+        # Iris itself refuses a second live job of a name (JobAlreadyExists); adopting one is not done yet.
+        adopt_or_check("Iris", request, adopt_existing, None)
         entry = request.entrypoint
         if isinstance(entry, CallableEntrypoint):
             payload = _pickled(f"job {request.name!r}", entry.callable, entry.args, dict(entry.kwargs))

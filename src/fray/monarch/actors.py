@@ -336,6 +336,10 @@ class MonarchActorMethod:
         self._handle = handle
         self._name = name
 
+    def submit(self, *args: Any, **kwargs: Any) -> ActorFuture:
+        """marin's name for :meth:`remote`: start the call, return its future."""
+        return self.remote(*args, **kwargs)
+
     def remote(self, *args: Any, **kwargs: Any) -> ActorFuture:
         """Send the call now; its result arrives in the returned future."""
         check_terminated()

@@ -23,6 +23,7 @@ from typing import Any
 
 from monarch.actor import this_host
 
+from fray._adopt import adopt_or_check, is_named
 from fray._codepickle import dumps
 from fray._driver_exit import ExitNotice, JobsAtExit
 from fray._runtime import check_terminated
@@ -177,7 +178,9 @@ class MonarchClient:
 
     # ----- jobs --------------------------------------------------------------------------------
 
-    def submit(self, request: JobRequest, *, detached: bool = True) -> MonarchJobHandle:
+    def submit(
+        self, request: JobRequest, adopt_existing: bool | None = None, *, detached: bool = True
+    ) -> MonarchJobHandle:
         """Start a job as processes on this host (one per replica); returns at once.
 
         The processes are the script's own children, so its jobs end with it whatever
@@ -187,6 +190,9 @@ class MonarchClient:
         self._check_open()
         if not isinstance(request, JobRequest):
             raise ConfigError(f"submit() takes a JobRequest, got {type(request).__name__}")
+        live = adopt_or_check("Monarch", request, adopt_existing, self._live_job)
+        if live is not None:
+            return live
         request = dataclasses.replace(request, resources=_check_resources(f"job {request.name!r}", request.resources))
         _check_environment(request.name, request.environment or EnvironmentConfig())
         entry = request.entrypoint
@@ -203,6 +209,16 @@ class MonarchClient:
         handle = MonarchJobHandle(job, job_id)
         _AT_EXIT.track(handle, _NOTICE, detached=detached, outlives_driver=False)
         return handle
+
+    def _live_job(self, name: str) -> MonarchJobHandle | None:
+        """A PENDING or RUNNING job named ``name`` that this client submitted."""
+        with self._lock:
+            jobs = list(self._jobs)
+        for job in jobs:
+            handle = MonarchJobHandle(job, job.job_id)
+            if is_named(job.job_id, name) and not handle.status().finished:
+                return handle
+        return None
 
     # ----- actors ------------------------------------------------------------------------------
 

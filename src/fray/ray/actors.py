@@ -207,6 +207,10 @@ class _RayActorMethod:
             err = self._translate(exc, restarts)
             raise err from err.__cause__
 
+    def submit(self, *args: Any, **kwargs: Any) -> ActorFuture:
+        """marin's name for :meth:`remote`: start the call, return its future."""
+        return self.remote(*args, **kwargs)
+
     def remote(self, *args: Any, **kwargs: Any) -> ActorFuture:
         """Send the call; returns its future at once."""
         if self._handle._killed:

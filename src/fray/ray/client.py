@@ -29,6 +29,7 @@ from urllib.parse import quote
 
 import cloudpickle
 
+from fray._adopt import adopt_or_check, is_named
 from fray._codepickle import dumps
 from fray._serialization import call_parts, check_picklable
 from fray.actor import ActorGroup, check_actor_request, group_member_names
@@ -155,15 +156,28 @@ class RayClient:
 
     # ----- jobs -------------------------------------------------------------------------------
 
-    def submit(self, request: JobRequest, *, detached: bool = True) -> RayJobHandle:
+    def submit(self, request: JobRequest, adopt_existing: bool | None = None, *, detached: bool = True) -> RayJobHandle:
         """Start a job on the cluster; returns at once.
 
         Binary jobs outlive this script unless ``detached=False``; callable jobs are Ray
         tasks of this driver and end with it (see :mod:`fray.ray._driver_exit`).
         """
+        self._check_open()
+        live = adopt_or_check("Ray", request, adopt_existing, self._live_job)
+        if live is not None:
+            return live
         job = self._submit(request)
         track(job, detached=detached, outlives_driver=isinstance(job, BinaryJob))
         return job
+
+    def _live_job(self, name: str) -> RayJobHandle | None:
+        """A PENDING or RUNNING job named ``name`` that this client submitted (and whose handle is still held)."""
+        with self._lock:
+            jobs = [j for j in self._jobs.values() if not isinstance(j, ActorJob)]
+        for job in jobs:
+            if is_named(job.job_id, name) and not job.status().finished:
+                return job
+        return None
 
     def _submit(self, request: JobRequest) -> RayJobHandle:
         self._check_open()

@@ -422,6 +422,10 @@ class _RpcMethod:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._client._call(self._method, args, kwargs)
 
+    def submit(self, *args: Any, **kwargs: Any) -> ActorFuture:
+        """marin's name for :meth:`remote`: start the call, return its future."""
+        return self.remote(*args, **kwargs)
+
     def remote(self, *args: Any, **kwargs: Any) -> ActorFuture:
         """Start the call and return its future at once."""
         return self._client._call_async(self._method, args, kwargs)

@@ -1,0 +1,28 @@
+"""marin's ``fray.current_client`` module: ``current_client``, ``set_current_client``, ``_current_client_var``.
+
+Fray's package also has a *function* ``fray.current_client``. Importing this module
+rebinds ``fray.current_client`` to the module, so the module is made callable: calling
+it calls :func:`fray.client.current_client`. Both ``fray.current_client()`` and
+``from fray.current_client import current_client`` work, whichever was imported first.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+
+from fray.client import Client, current_client, set_current_client
+from fray.client import _current as _current_client_var
+
+__all__ = ["Client", "current_client", "set_current_client"]
+
+
+class _CallableModule(types.ModuleType):
+    """This module, callable as the function it is named after."""
+
+    def __call__(self) -> Client:
+        return current_client()
+
+
+sys.modules[__name__].__class__ = _CallableModule
+_ = _current_client_var  # re-exported for marin's code, which sets it directly
