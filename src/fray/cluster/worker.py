@@ -7,7 +7,11 @@ Three loops, none of which may die (each catches, logs and carries on after anyt
   (and a heartbeat when there are none);
 * the *lease* loop renews the worker's lease with its fork server several times a
   second, so that tasks of a frozen worker are killed before the controller replaces
-  them (see :mod:`fray.cluster._forkserver`).
+  them (see :mod:`fray.cluster._forkserver`). It renews only up to the lease's length
+  after the worker last heard from the controller: a worker cut off from it (a network
+  partition, a controller down) stops its own tasks 0.75 x the worker timeout after its
+  last contact, before the controller, which waits the whole timeout, can have given
+  them to another worker. No task ever has two live attempts.
 
 One thread per task reads its output and waits for it to exit.
 
@@ -35,6 +39,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -249,6 +254,9 @@ class Worker:
         self._registered = False
         self._epoch = 0
         self._lease_seconds = 0.0
+        # When the controller last answered (monotonic; taken when the request was sent, so never later
+        # than the controller heard from us): the lease runs from here, not from the local clock.
+        self._contact = time.monotonic()
         self._threads: list[threading.Thread] = []
         self._forkserver: ForkServer | None = None
         self._refused: set[TaskKey] = set()
@@ -306,10 +314,12 @@ class Worker:
         self._forkserver = self._start_forkserver()
         while not self._stopping.is_set():
             try:
+                sent = time.monotonic()
                 if not self._registered:
                     commands = self._register()
                 else:
                     commands = poller.poll(self.worker_id, self._epoch, self._poll_wait)
+                self._heard(sent)
                 backoff = 0.05
                 self._obey(commands)
             except Exception as exc:  # never dies: an unreachable controller, or a bug of ours
@@ -559,7 +569,9 @@ class Worker:
     def _report_loop(self) -> None:
         backoff = 0.05
         while not self._stopping.is_set():
-            if self._report_ready.wait(self._heartbeat):
+            # Several heartbeats per lease: one delayed answer must not let the lease lapse.
+            beat = min(self._heartbeat, self._lease_seconds / 4) if self._lease_seconds else self._heartbeat
+            if self._report_ready.wait(beat):
                 # Gather what else happens in the next moment (a burst of exits) into this report.
                 self._stopping.wait(_REPORT_GATHER_SECONDS)
             self._report_ready.clear()
@@ -597,7 +609,10 @@ class Worker:
                 exits = self._journal.pending()
             try:
                 report = WorkerReport(started, exits, logs, self._health)
+                sent = time.monotonic()
                 accepted = self._client.report(self.worker_id, self._epoch, report)
+                if accepted:
+                    self._heard(sent)
             except BaseException:
                 with self._lock:
                     self._pending.put_back(started, logs)
@@ -611,12 +626,20 @@ class Worker:
                     self._pending.put_back(started, logs)
                 self._registered = False
 
+    def _heard(self, sent: float) -> None:
+        """The controller answered a request sent at ``sent``: the lease may run from there."""
+        with self._lock:
+            self._contact = max(self._contact, sent)
+
     def _lease_loop(self) -> None:
         while not self._stopping.is_set():
             lease, server = self._lease_seconds, self._forkserver
             if lease and server is not None and server.alive:
+                with self._lock:
+                    left = self._contact + lease - time.monotonic()
                 try:
-                    server.renew(lease)
+                    if left > 0:  # else it lapses: cut off for too long, the tasks must stop
+                        server.renew(left)
                 except Exception as exc:  # never dies; the fork server is restarted on the next launch
                     logger.debug("cannot renew the lease (%s)", exc)
             self._stopping.wait(min(0.25, lease / 4) if lease else 0.25)
