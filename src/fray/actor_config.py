@@ -67,7 +67,8 @@ class ActorConfig:
         retries = 0 if self.max_task_retries is None else self.max_task_retries
         object.__setattr__(self, "max_task_retries", retries)
         if self.max_restarts is None:
-            restarts = retries if isinstance(retries, int) and not isinstance(retries, bool) else 0
+            # A bad max_task_retries is named by its own check below, not as a bad max_restarts.
+            restarts = retries if isinstance(retries, int) and not isinstance(retries, bool) and retries > 0 else 0
             object.__setattr__(self, "max_restarts", restarts)
         _whole("priority", self.priority, -(2**31), "0 leaves the backend's default priority")
         _whole("max_concurrency", self.max_concurrency, 1, "1 runs one call at a time")

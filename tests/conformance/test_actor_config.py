@@ -27,13 +27,19 @@ from support import wait_until
         ({"max_concurrency": True}, "whole number"),
         ({"max_restarts": -1}, "max_restarts=-1"),
         ({"max_task_retries": -2}, "max_task_retries=-2"),
-        ({"max_task_retries": 1}, "set max_restarts"),
+        ({"max_restarts": 0, "max_task_retries": 1}, "set max_restarts"),
         ({"lifetime": "forever"}, "lifetime='forever'"),
     ],
 )
 def test_bad_actor_config_says_what_to_do(settings, words):
     with pytest.raises(ConfigError, match=words):
         ActorConfig(**settings)
+
+
+def test_call_retries_without_restarts_allow_as_many_restarts():
+    # marin's ActorConfig(max_task_retries=N) leaves max_restarts unset: retried calls need an actor to reach.
+    assert ActorConfig(max_task_retries=2).max_restarts == 2
+    assert ActorConfig().max_restarts == 0
 
 
 def test_actor_config_must_be_an_actor_config(client, uid):
