@@ -8,6 +8,7 @@ it calls :func:`fray.client.current_client`. Both ``fray.current_client()`` and
 
 from __future__ import annotations
 
+import importlib
 import sys
 import types
 
@@ -22,6 +23,11 @@ class _CallableModule(types.ModuleType):
 
     def __call__(self) -> Client:
         return current_client()
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        # A function shipped by value may hold it (``from fray import current_client`` after this module
+        # was imported gives the module): it travels as a reference, as plain modules do.
+        return importlib.import_module, (self.__name__,)
 
 
 sys.modules[__name__].__class__ = _CallableModule

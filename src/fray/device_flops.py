@@ -79,16 +79,20 @@ def normalize_dtype(dtype: str) -> str:
     return _DTYPES[key]
 
 
+_TPU_SLICE = re.compile(r"^(v\d+[a-z]*)-\d+$")
+
+
 def normalize_device_type(device_type: str) -> str:
     """A device name as a key of :data:`DEVICE_FLOPS`: a GPU type, or a TPU slice type's family."""
-    from fray.resources import TPU_TOPOLOGIES
-
     text = str(device_type).strip()
     text = text.split(":", 1)[1] if text.lower().startswith(("tpu:", "gpu:")) else text
     text = text.rsplit(":", 1)[0] if text.count(":") == 1 and text.rsplit(":", 1)[1].isdigit() else text
-    if text in TPU_TOPOLOGIES:
-        return TPU_TOPOLOGIES[text].family
     key = text.lower()
+    # A TPU slice type is its family and its size ("v4-8", "v5p-128", "v6e-16"); v5litepod is v5e, below.
+    # Read from the name, not from fray.resources' table, which imports this module.
+    slice_type = _TPU_SLICE.match(key)
+    if slice_type and not key.startswith("v5lite"):
+        return slice_type.group(1)
     if key.startswith("v5litepod") or key.startswith("v5lite"):
         return "v5e"
     if key.startswith("a100"):
