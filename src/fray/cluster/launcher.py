@@ -148,8 +148,12 @@ class LocalCluster:
         self.port = int(self.address.rsplit(":", 1)[1])
         return self.address
 
-    def add_worker(self, worker_id: str, *extra: str) -> subprocess.Popen[bytes]:
-        """Start a worker process (``extra``: more ``fray worker`` options such as ``--cpu 2``)."""
+    def add_worker(self, worker_id: str, *extra: str, prefix: Sequence[str] = ()) -> subprocess.Popen[bytes]:
+        """Start a worker process (``extra``: more ``fray worker`` options such as ``--cpu 2``).
+
+        ``prefix`` goes before its command, as ``controller_prefix`` does for the controller's
+        (e.g. ``ip netns exec HOST``: a worker on a simulated host).
+        """
         args = [
             "worker",
             "--controller",
@@ -160,7 +164,7 @@ class LocalCluster:
             str(self.directory / worker_id),
             *extra,
         ]
-        proc = self._spawn(args, f"{worker_id}.log", worker=True)
+        proc = self._spawn(args, f"{worker_id}.log", worker=True, prefix=prefix)
         self.workers[worker_id] = proc
         return proc
 
