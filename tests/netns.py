@@ -46,6 +46,8 @@ from pathlib import Path
 
 import pytest
 
+from fray._process import pid_alive
+
 __all__ = ["Host", "Hosts", "NamespacesUnavailable", "hosts", "simulated_hosts"]
 
 #: Every simulated host's link is 10.231.<k>.0/24 (k in 1..254).
@@ -91,16 +93,6 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     if check and result.returncode != 0:
         raise RuntimeError(f"ip {' '.join(args)} failed ({result.returncode}): {result.stderr.strip()}")
     return result
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _unavailable() -> str | None:
@@ -215,7 +207,7 @@ def _delete_leftovers() -> None:
     for line in _ip("netns", "list", check=False).stdout.splitlines():
         name = line.split()[0] if line.split() else ""
         match = _NAME.match(name)
-        if match and not _alive(int(match.group(1))):
+        if match and not pid_alive(int(match.group(1))):
             _ip("netns", "del", name, check=False)
     # A guard route whose subnet is on no interface any more belongs to a rig that is gone.
     addresses = _ip("-4", "addr", "show").stdout
