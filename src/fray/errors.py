@@ -24,6 +24,7 @@ __all__ = [
     "ActorUnavailableError",
     "AuthenticationError",
     "CallNotSentError",
+    "CapacityUnavailable",
     "ConfigError",
     "FrayError",
     "IllegalTransition",
@@ -36,7 +37,9 @@ __all__ = [
     "ObjectLostError",
     "PermissionDenied",
     "ProtocolError",
+    "ProviderError",
     "QueueAlreadyExists",
+    "QuotaExceeded",
     "RemoteError",
     "RemoteTraceback",
     "RpcTimeoutError",
@@ -44,6 +47,7 @@ __all__ = [
     "StorageError",
     "StoreError",
     "TaskLostError",
+    "VmNotFound",
 ]
 
 
@@ -330,3 +334,30 @@ class LeaseExpired(LeaseError):
     Another consumer may process (or have processed) the item again; make the work
     idempotent, or use a longer ``lease_timeout``.
     """
+
+
+class ProviderError(FrayError):
+    """A VM provider (the cloud behind the autoscaler, or the simulated one) refused or failed a call.
+
+    The autoscaler never lets one escape into scheduling: it records the error against the
+    scale group (``fray status`` shows it) and tries again later or elsewhere.
+    """
+
+
+class QuotaExceeded(ProviderError):
+    """The provider refused to create VMs because the project's quota for them is used up.
+
+    The autoscaler blocks the scale group for a while and routes its demand to the next
+    group by priority. Raise the quota, or add a group with another machine type or zone.
+    """
+
+
+class CapacityUnavailable(ProviderError):
+    """The provider has no capacity for the requested VMs right now (a stocked-out zone or type)."""
+
+
+class VmNotFound(ProviderError, KeyError):
+    """No VM or slice with that id exists at the provider (already deleted, or never created)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
