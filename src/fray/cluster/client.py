@@ -14,19 +14,18 @@ import dataclasses
 import functools
 import getpass
 import os
-import threading
 import time
 import uuid
 from collections.abc import Sequence
-from types import TracebackType
 from typing import Any
 
-from fray._adopt import adopt_or_check
+from fray._client_core import ClientCore
 from fray._driver_exit import report_leftovers
 from fray._lifecycle import Failure
+from fray._pending_notice import watch as watch_pending
 from fray._remote import job_failed
 from fray._runtime import check_terminated
-from fray.actor import ActorGroup, check_actor_request, group_member_names
+from fray.actor import check_actor_request
 from fray.actor_config import ActorConfig
 from fray.client import ClientSpec
 from fray.cluster._actor_host import host_actor
@@ -42,8 +41,7 @@ from fray.errors import (
     ConfigError,
     FrayError,
 )
-from fray.job import Entrypoint, EnvironmentConfig, JobRequest, JobStatus
-from fray.queue import check_queue_name
+from fray.job import Entrypoint, EnvironmentConfig, JobRequest, JobStatus, JobSummary, timeout_error
 from fray.resources import DeviceConfig, GpuConfig, ResourceConfig, TpuConfig, device_name
 from fray.rpc.namespace import resolve_namespace
 
@@ -114,7 +112,7 @@ class ClusterJobHandle:
                     _raise_for(view)
                 return view.state
             if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError(f"job {self._job_id!r} still {view.state.value} after {timeout}s")
+                raise timeout_error(_summary(view), timeout)
 
     @classmethod
     def _fray_wait_some(cls, jobs: Sequence[ClusterJobHandle], timeout: float | None) -> list[JobStatus]:
@@ -174,6 +172,15 @@ class ClusterJobHandle:
         """Why the job is not running yet ("" once it runs)."""
         return self.view().pending_reason
 
+    def info(self) -> JobSummary:
+        """The job's status and, while it is PENDING, the scheduler's reason (see :class:`~fray.job.JobSummary`)."""
+        return _summary(self.view())
+
+
+def _summary(view: JobView) -> JobSummary:
+    status = _settled_status(view)
+    return JobSummary(view.job_id, status, view.pending_reason if status == JobStatus.PENDING else "")
+
 
 # One submit_many call carries at most this many jobs, or this many bytes of arguments.
 _BATCH_JOBS = 500
@@ -212,7 +219,7 @@ def _release_at_exit() -> None:
         client._release_at_exit(timeout=2.0)
 
 
-class ClusterClient:
+class ClusterClient(ClientCore["ClusterJobHandle", "ClusterActorHandle"]):
     """A client of the Fray cluster whose controller is at ``address`` (``host:port``).
 
     ``token`` is a :class:`~fray.cluster.credentials.Credential` or the cluster token;
@@ -222,11 +229,20 @@ class ClusterClient:
     cluster job the client submits child jobs of that job, in its namespace. Actors it
     created are stopped when the process exits (or at :meth:`shutdown`); jobs keep running
     unless submitted with ``detached=False`` (see :mod:`fray._driver_exit`).
+
+    Every :class:`~fray.actor_config.ActorConfig` field is honoured: ``max_concurrency``
+    by the actor's RPC server, restarts as retries of the actor's job (its preemption
+    budget is ``max_restarts``), ``max_task_retries`` by the handles, and a detached
+    actor is left running at :meth:`shutdown` and at exit. An actor's handle works at
+    once; its calls wait until it serves.
     """
+
+    BACKEND = "Fray cluster"
 
     def __init__(
         self, address: str, *, token: CredentialLike = None, namespace: str | None = None, user: str | None = None
     ) -> None:
+        super().__init__()
         self.address = address
         self._token = resolve_credential(token)
         self._controller = connect_controller(address, self._token)
@@ -238,9 +254,6 @@ class ClusterClient:
             namespace or (os.environ.get("FRAY_NAMESPACE") if inside else None) or f"{self.user}-{uuid.uuid4().hex[:8]}"
         )
         self._owned: list[tuple[str, bool, bool]] = []  # (job id, is actor, detached)
-        self._job_context: ClusterJobContext | None = None
-        self._lock = threading.Lock()
-        self._closed = False
         live_clients.add(self)
 
     @classmethod
@@ -255,19 +268,6 @@ class ClusterClient:
 
     def __repr__(self) -> str:
         return f"ClusterClient({self.address!r}, namespace={self.namespace!r})"
-
-    @property
-    def closed(self) -> bool:
-        """True once :meth:`shutdown` was called."""
-        return self._closed
-
-    def __enter__(self) -> ClusterClient:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.shutdown(wait=exc_type is None)
 
     def _submit(self, spec: JobSpec, is_actor: bool, detached: bool = True) -> ClusterJobHandle:
         if self._closed:
@@ -301,26 +301,17 @@ class ClusterClient:
             with self._lock:
                 self._owned.extend((view.job_id, False, detached) for view in views)
             handles.extend(ClusterJobHandle(self.address, view.job_id, self._token) for view in views)
+        for handle in handles:
+            watch_pending(handle)
         return handles
 
-    def submit(
-        self, request: JobRequest, adopt_existing: bool | None = None, *, detached: bool = True
-    ) -> ClusterJobHandle:
-        """Submit a job to the cluster; returns at once.
-
-        The job outlives this script unless ``detached=False``, which stops it when the
-        script exits (or at :meth:`shutdown`).
-        """
-        check_terminated()
-        if not isinstance(request, JobRequest):
-            raise ConfigError(f"submit() takes a JobRequest, got {type(request).__name__}")
-        live = adopt_or_check("Fray cluster", request, adopt_existing, self._live_job)
-        if live is not None:
-            return live
+    def _start_job(self, request: JobRequest, detached: bool) -> ClusterJobHandle:
         spec = ship_environment(
             JobSpec.from_request(self._placed_request(request)), self.address, self._token, self._controller
         )
-        return self._submit(spec, is_actor=False, detached=detached)
+        job = self._submit(spec, is_actor=False, detached=detached)
+        watch_pending(job)
+        return job
 
     def _live_job(self, name: str) -> ClusterJobHandle | None:
         """The oldest PENDING or RUNNING job named ``name`` in this client's namespace, as the controller sees it."""
@@ -339,24 +330,6 @@ class ClusterClient:
             request, resources=resources, environment=dataclasses.replace(environment, env_vars=env_vars)
         )
 
-    def create_actor(
-        self,
-        actor_class: type,
-        *args: Any,
-        name: str,
-        resources: ResourceConfig | None = None,
-        actor_config: ActorConfig | None = None,
-        **kwargs: Any,
-    ) -> ClusterActorHandle:
-        """Start the actor as a job on the cluster; the handle works at once (calls wait until it serves).
-
-        Every :class:`~fray.actor_config.ActorConfig` field is honoured: ``max_concurrency``
-        by the actor's RPC server, restarts as retries of the actor's job (its preemption
-        budget is ``max_restarts``), ``max_task_retries`` by the handles, and a detached
-        actor is left running at :meth:`shutdown` and at exit.
-        """
-        return self._create_actor(actor_class, args, kwargs, name, resources, actor_config, None)
-
     def _create_actor(
         self,
         actor_class: type,
@@ -366,8 +339,7 @@ class ClusterClient:
         resources: ResourceConfig | None,
         actor_config: ActorConfig | None,
         group: tuple[str, int] | None,
-    ) -> ClusterActorHandle:
-        check_terminated()
+    ) -> tuple[ClusterActorHandle, ClusterJobHandle]:
         reserved, config = check_actor_request(actor_class, name, resources, args, kwargs, actor_config)
         reserved, env = self._placed(reserved)
         make_handle = functools.partial(
@@ -394,7 +366,7 @@ class ClusterClient:
         job = self._submit(spec, is_actor=True, detached=config.detached)
         handle = make_handle(job_id=job.job_id, token=self._token)
         handle._watch()
-        return handle
+        return handle, job
 
     def _placed(self, resources: ResourceConfig) -> tuple[ResourceConfig, dict[str, str]]:
         """``resources`` for one device (the first alternative some worker has), and the env saying which."""
@@ -412,24 +384,6 @@ class ClusterClient:
             )
             resources = resources.with_device(chosen)
         return resources, {"FRAY_DEVICE": device_name(chosen)}
-
-    def create_actor_group(
-        self,
-        actor_class: type,
-        *args: Any,
-        name: str,
-        count: int,
-        resources: ResourceConfig | None = None,
-        actor_config: ActorConfig | None = None,
-        **kwargs: Any,
-    ) -> ActorGroup:
-        """Start ``count`` actors ``{name}-0`` ... ``{name}-{count-1}``, each its own job."""
-        handles = [
-            self._create_actor(actor_class, args, kwargs, member, resources, actor_config, (name, index))
-            for index, member in enumerate(group_member_names(name, count))
-        ]
-        jobs = [ClusterJobHandle(self.address, h._job_id, self._token) for h in handles]
-        return ActorGroup(handles, jobs, name)
 
     def _release_at_exit(self, *, timeout: float) -> None:
         """Best effort, bounded: end this client's actors and attached jobs; say which jobs keep running."""
@@ -464,27 +418,18 @@ class ClusterClient:
 
     # ----- the job level -------------------------------------------------------------------------
 
-    def _fray_job_context(self) -> ClusterJobContext:
-        """This client's job context (``fray.get_job_context()`` inside its jobs): tasks on executor jobs."""
-        with self._lock:
-            if self._job_context is None:
-                if self._closed:
-                    raise FrayError("this ClusterClient is shut down; create a new one")
-                self._job_context = ClusterJobContext(self)
-            return self._job_context
+    def _make_job_context(self) -> ClusterJobContext:
+        """The job context inside this client's jobs: tasks on executor jobs."""
+        return ClusterJobContext(self)
 
     # ----- queues ------------------------------------------------------------------------------
 
-    def create_queue(self, name: str, *, exist_ok: bool = False) -> ClusterQueue[Any]:
+    def _open_queue(self, name: str, exist_ok: bool) -> ClusterQueue[Any]:
         """A durable queue with leases in the controller, named ``name`` in this client's namespace.
 
         ``exist_ok`` attaches to the namespace's queue of that name (a job of this client's
         namespace does so to reach its submitter's queue). See :mod:`fray.cluster.queue`.
         """
-        check_terminated()
-        if self._closed:
-            raise FrayError("this ClusterClient is shut down; create a new one")
-        check_queue_name(name)
         key = f"{self.namespace}/{name}"
         self._controller.queue("create", key, exist_ok, uuid.uuid4().hex, self.user)
         return ClusterQueue(self.address, key, name, self._token)
