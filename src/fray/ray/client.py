@@ -19,20 +19,20 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import threading
 import types
 import weakref
 from collections.abc import Mapping
-from types import TracebackType
 from typing import Any
 from urllib.parse import quote
 
 import cloudpickle
 
-from fray._adopt import adopt_or_check, is_named
+from fray._adopt import is_named
+from fray._client_core import ClientCore
 from fray._codepickle import dumps
+from fray._pending_notice import watch as watch_pending
 from fray._serialization import call_parts, check_picklable
-from fray.actor import ActorGroup, check_actor_request, group_member_names
+from fray.actor import check_actor_request
 from fray.actor_config import ActorConfig
 from fray.client import ClientSpec
 from fray.errors import ConfigError, FrayError, JobAlreadyExists
@@ -57,7 +57,7 @@ __all__ = ["RayClient"]
 _CLIENTS: weakref.WeakValueDictionary[str, RayClient] = weakref.WeakValueDictionary()
 
 
-class RayClient:
+class RayClient(ClientCore["RayJobHandle", "RayActorHandle"]):
     """Runs Fray jobs and actors on a Ray cluster.
 
     ``address`` is what ``ray.init`` takes: None connects to the running cluster (from
@@ -74,7 +74,15 @@ class RayClient:
     connection with different namespaces: each puts its actors into its own namespace
     (Ray's per-actor ``namespace`` option), while tasks, which have no namespace in Ray,
     simply run on the shared cluster.
+
+    Binary jobs outlive the script unless submitted with ``detached=False``; callable jobs
+    are Ray tasks of this driver and end with it (see :mod:`fray.ray._driver_exit`).
+    Every :class:`~fray.actor_config.ActorConfig` field maps onto Ray's own actor option of
+    the same name (``lifetime="detached"`` onto Ray's detached lifetime); Ray restarts the
+    actor and retries its calls itself. Actors are named Ray actors in the client's namespace.
     """
+
+    BACKEND = "Ray"
 
     def __init__(
         self,
@@ -85,6 +93,7 @@ class RayClient:
     ) -> None:
         import ray
 
+        super().__init__()
         if namespace is not None:
             validate_name(namespace, "Ray namespace")
         CONNECTION.acquire(address, namespace, dict(ray_init_kwargs or {}))
@@ -97,8 +106,6 @@ class RayClient:
         self._jobs: weakref.WeakValueDictionary[str, RayJobHandle] = weakref.WeakValueDictionary()
         self._actor_jobs: dict[str, ActorJob] = {}
         self._queues: list[RayQueue[Any]] = []
-        self._lock = threading.Lock()
-        self._closed = False
         self._actor_classes: weakref.WeakKeyDictionary[type, Any] = weakref.WeakKeyDictionary()
         self._function_pickles: weakref.WeakKeyDictionary[Any, bytes] = weakref.WeakKeyDictionary()
         _CLIENTS.setdefault(self.namespace, self)
@@ -130,19 +137,7 @@ class RayClient:
     def __repr__(self) -> str:
         return f"RayClient(address={self.address!r}, namespace={self.namespace!r})"
 
-    def __enter__(self) -> RayClient:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.shutdown(wait=exc_type is None)
-
     # ----- helpers ----------------------------------------------------------------------------
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise FrayError("this RayClient is shut down; create a new one")
 
     def _new_job_id(self, name: str) -> str:
         parent = current_job()
@@ -156,18 +151,10 @@ class RayClient:
 
     # ----- jobs -------------------------------------------------------------------------------
 
-    def submit(self, request: JobRequest, adopt_existing: bool | None = None, *, detached: bool = True) -> RayJobHandle:
-        """Start a job on the cluster; returns at once.
-
-        Binary jobs outlive this script unless ``detached=False``; callable jobs are Ray
-        tasks of this driver and end with it (see :mod:`fray.ray._driver_exit`).
-        """
-        self._check_open()
-        live = adopt_or_check("Ray", request, adopt_existing, self._live_job)
-        if live is not None:
-            return live
+    def _start_job(self, request: JobRequest, detached: bool) -> RayJobHandle:
         job = self._submit(request)
         track(job, detached=detached, outlives_driver=isinstance(job, BinaryJob))
+        watch_pending(job)
         return job
 
     def _live_job(self, name: str) -> RayJobHandle | None:
@@ -246,23 +233,6 @@ class RayClient:
             self._actor_classes[cls] = ray_cls
         return ray_cls
 
-    def create_actor(
-        self,
-        actor_class: type,
-        *args: Any,
-        name: str,
-        resources: ResourceConfig | None = None,
-        actor_config: ActorConfig | None = None,
-        **kwargs: Any,
-    ) -> RayActorHandle:
-        """Create the named Ray actor ``name`` in this client's namespace; the handle is usable at once.
-
-        Every :class:`~fray.actor_config.ActorConfig` field maps onto Ray's own actor
-        option of the same name (``lifetime="detached"`` onto Ray's detached lifetime);
-        Ray restarts the actor and retries its calls itself.
-        """
-        return self._create_actor(actor_class, args, kwargs, name, resources, actor_config, None)[0]
-
     def _create_actor(
         self,
         actor_class: type,
@@ -273,7 +243,6 @@ class RayClient:
         actor_config: ActorConfig | None,
         group: tuple[str, int] | None,
     ) -> tuple[RayActorHandle, ActorJob]:
-        self._check_open()
         reserved, config = check_actor_request(actor_class, name, resources, args, kwargs, actor_config)
         reserved = self._placed(reserved)
         if isinstance(reserved.device, TpuConfig):
@@ -317,23 +286,6 @@ class RayClient:
         own(handle)
         return handle, job
 
-    def create_actor_group(
-        self,
-        actor_class: type,
-        *args: Any,
-        name: str,
-        count: int,
-        resources: ResourceConfig | None = None,
-        actor_config: ActorConfig | None = None,
-        **kwargs: Any,
-    ) -> ActorGroup:
-        """Create ``count`` actors ``{name}-0`` ... ``{name}-{count-1}``; returns at once."""
-        members = [
-            self._create_actor(actor_class, args, kwargs, member, resources, actor_config, (name, index))
-            for index, member in enumerate(group_member_names(name, count))
-        ]
-        return ActorGroup([handle for handle, _ in members], [job for _, job in members], name)
-
     def _forget_actor(self, job_id: str) -> None:
         with self._lock:
             job = self._actor_jobs.pop(job_id, None)
@@ -346,12 +298,11 @@ class RayClient:
         """This client's job context (``fray.get_job_context()`` inside its jobs): Ray tasks and objects."""
         return context_for(self.namespace, self)
 
-    def create_queue(self, name: str, *, exist_ok: bool = False) -> RayQueue[Any]:
+    def _open_queue(self, name: str, exist_ok: bool) -> RayQueue[Any]:
         """A queue with leases kept by a Ray actor of this client (see :mod:`fray.ray.queue`).
 
         ``exist_ok`` attaches to the namespace's queue of that name if there is one.
         """
-        self._check_open()
         queue, created = create_queue(name, self.namespace, exist_ok=exist_ok)
         if created:  # ends with this client, like its actors; an attached queue is its creator's
             with self._lock:
