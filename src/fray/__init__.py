@@ -46,6 +46,7 @@ from fray.job import (
     JobInfo,
     JobRequest,
     JobStatus,
+    JobSummary,
     current_job,
     wait_all,
 )
@@ -97,6 +98,7 @@ __all__ = [
     "JobInfo",
     "JobRequest",
     "JobStatus",
+    "JobSummary",
     "JobTerminated",
     "Lease",
     "LeaseError",

@@ -24,7 +24,7 @@ from fray._logcapture import LogBuffer
 from fray._process import kill_process_group
 from fray._runtime import StoppableRun, check_terminated
 from fray.errors import ActorUnavailableError, FrayError, JobFailed
-from fray.job import JobStatus, _current_job
+from fray.job import JobStatus, JobSummary, _current_job, timeout_error
 from fray.testing import replicas_to_preempt
 
 __all__ = ["STOP_GRACE", "Attempt", "LocalJob", "LocalJobHandle", "stop_deadline", "wait_for_stop"]
@@ -126,6 +126,7 @@ class LocalJob:
         self.lifecycle.add_done_callback(_notify_finished)
         self.logs = LogBuffer(echo=echo)
         self.cancel = threading.Event()  # set by terminate(); checked at every Fray call
+        self.waiting_for = ""  # why the client holds the job back (no free threads), "" when it does not
         self._lock = threading.Lock()
         self._attempt: Attempt | None = None
         self._on_stop: list[Callable[[], None]] = [wake]
@@ -292,9 +293,22 @@ class LocalJobHandle:
         """The job's current status."""
         return self._job.lifecycle.status
 
+    def info(self) -> JobSummary:
+        """The job's status and, while it is PENDING, why (waiting for free threads, or for its retry)."""
+        status = self.status()
+        reason = ""
+        if status == JobStatus.PENDING:
+            reason = getattr(self._job, "waiting_for", "") or getattr(self._job.lifecycle, "pending_reason", "")
+        return JobSummary(self.job_id, status, reason)
+
     def wait(self, timeout: float | None = None, *, raise_on_failure: bool = True) -> JobStatus:
         """Block until the job finishes; raise JobFailed if it failed and ``raise_on_failure``."""
-        return self._job.lifecycle.wait(timeout, raise_on_failure=raise_on_failure)
+        try:
+            return self._job.lifecycle.wait(timeout, raise_on_failure=raise_on_failure)
+        except TimeoutError as exc:
+            if isinstance(exc, JobFailed):  # the job's own TimeoutError, not the wait's
+                raise
+            raise timeout_error(self.info(), timeout) from None
 
     def terminate(self) -> None:
         """Stop the job; see :class:`~fray.local.LocalClient` for how threads are stopped.

@@ -25,6 +25,7 @@ __all__ = [
     "JobInfo",
     "JobRequest",
     "JobStatus",
+    "JobSummary",
     "create_environment",
     "current_job",
     "wait_all",
@@ -319,6 +320,42 @@ class JobRequest:
                 raise ConfigError(f"JobRequest({name}={value!r}) must be a whole number >= {least}")
 
 
+@dataclass(frozen=True)
+class JobSummary:
+    """What :meth:`JobHandle.info` returns: a job's status now and, while it is PENDING, why.
+
+    ``pending_reason`` is what the backend knows of why nothing runs the job yet (what it
+    needs and the largest worker or node there is, the retry it waits for), "" when the
+    job is not PENDING or the backend cannot tell.
+    """
+
+    job_id: str
+    status: JobStatus
+    pending_reason: str = ""
+
+    def describe(self) -> str:
+        """``"train-ab12 pending (no worker has 64 cores ...)"``: the id, the status, and the reason if any."""
+        text = f"{self.job_id} {self.status.value}"
+        return f"{text} ({self.pending_reason})" if self.pending_reason else text
+
+
+def timeout_error(summary: JobSummary, timeout: float | None) -> TimeoutError:
+    """The ``TimeoutError`` of a ``JobHandle.wait`` that ran out: the job's state and why it is pending."""
+    why = f": {summary.pending_reason}" if summary.pending_reason else ""
+    return TimeoutError(f"job {summary.job_id!r} still {summary.status.value} after {timeout}s{why}")
+
+
+def summarize(job: JobHandle) -> JobSummary:
+    """``job.info()``, or what can be read without it (a handle that has no ``info``, a backend gone)."""
+    try:
+        return job.info()
+    except Exception:  # the summary only words an error being raised: it must not replace it
+        try:
+            return JobSummary(job.job_id, job.status())
+        except Exception:
+            return JobSummary(job.job_id, JobStatus.RUNNING, "state unknown: its backend did not answer")
+
+
 @runtime_checkable
 class JobHandle(Protocol):
     """A submitted job. Every backend's handle is picklable."""
@@ -337,6 +374,10 @@ class JobHandle(Protocol):
 
     def status(self) -> JobStatus:
         """The job's current status."""
+        ...
+
+    def info(self) -> JobSummary:
+        """The job's status and, while it is PENDING, why it is (see :class:`JobSummary`)."""
         ...
 
     def terminate(self) -> None:
@@ -359,7 +400,7 @@ def wait_all(
 
     Raises :class:`JobFailed` as soon as any job fails (not after the earlier ones
     finish) when ``raise_on_failure``, and ``TimeoutError`` when ``timeout`` seconds
-    pass first. Returns the final statuses in input order. ``progress`` draws a
+    pass first, naming each unfinished job, its status and why it is pending. Returns the final statuses in input order. ``progress`` draws a
     progress bar of finished jobs on a terminal (nothing when stderr is not a TTY).
 
     Backends whose handles can wait for many jobs in one go (a class method
@@ -398,9 +439,10 @@ def _wait_all(
         if len(final) == len(jobs):
             return [final[i] for i in range(len(jobs))]
         if deadline is not None and time.monotonic() >= deadline:
-            waiting = [jobs[i].job_id for i in range(len(jobs)) if i not in final]
+            waiting = [summarize(jobs[i]) for i in range(len(jobs)) if i not in final]
             raise TimeoutError(
-                f"wait_all: {len(waiting)} of {len(jobs)} jobs still running after {timeout}s: {waiting}"
+                f"wait_all: {len(waiting)} of {len(jobs)} jobs unfinished after {timeout}s: "
+                + "; ".join(summary.describe() for summary in waiting)
             )
         if batch is None:
             pause = delay if deadline is None else min(delay, max(0.0, deadline - time.monotonic()))

@@ -31,6 +31,7 @@ from fray._local_actor import LocalActor, LocalActorHandle
 from fray._local_context import LocalJobContext
 from fray._local_job import Attempt, LocalJob, LocalJobHandle, stop_deadline, wait_for_stop
 from fray._logcapture import capture_to
+from fray._pending_notice import watch as watch_pending
 from fray._runtime import check_terminated, terminating_on
 from fray._serialization import call_parts, check_picklable
 from fray.actor import ActorGroup, check_actor_request, group_member_names
@@ -290,7 +291,9 @@ class LocalClient:
         except BaseException:
             _never_started(job)
             raise
-        return LocalJobHandle(job)
+        handle = LocalJobHandle(job)
+        watch_pending(handle)
+        return handle
 
     def _live_job(self, name: str) -> LocalJobHandle | None:
         """A PENDING or RUNNING job (not an actor) named ``name`` of this client, under the same parent job."""
@@ -371,7 +374,13 @@ class LocalClient:
                 and self.max_threads is not None
                 and self._busy_threads + need > self.max_threads
             ):
+                free = self.max_threads - self._busy_threads
+                job.waiting_for = (
+                    f"needs {need} thread(s) at once; {free} of LocalClient(max_threads={self.max_threads}) "
+                    "are free, the others run earlier jobs"
+                )
                 self._slots.wait()  # woken by a finished attempt or by terminate()
+            job.waiting_for = ""
             if job.cancel.is_set():
                 return False
             self._busy_threads += need

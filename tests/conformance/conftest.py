@@ -41,6 +41,15 @@ _MONARCH_NO_PREEMPT = (
     "after a process that had called an actor dies abruptly (tests/conformance/test_fault_injection.py)"
 )
 _IRIS_NO_PREEMPT = "Fray does not preempt Iris tasks: fray.testing.preempt is refused by name there"
+_MONARCH_NEVER_WAITS = (
+    "the Monarch backend starts every job at once on this host (cpu, ram and disk are not reserved there), "
+    "so no job waits for a place"
+)
+_WAITING_TESTS = (
+    "test_a_job_nothing_can_place_says_why_once_on_stderr",
+    "test_info_carries_the_pending_reason",
+    "test_timeouts_name_the_pending_job_and_why",
+)
 _PREEMPT_TESTS = (
     "test_preempted_job_is_retried_within_its_preemption_budget",
     "test_preemption_past_the_budget_fails_with_the_lifecycle_wording",
@@ -52,6 +61,7 @@ _PREEMPT_TESTS = (
 NOT_APPLICABLE: dict[str, dict[str, str]] = {
     "monarch": {
         **dict.fromkeys(_PREEMPT_TESTS, _MONARCH_NO_PREEMPT),
+        **dict.fromkeys(_WAITING_TESTS, _MONARCH_NEVER_WAITS),
         "test_killed_actor_restarts_and_in_flight_calls_fail": _MONARCH_NO_RESTARTS,
         "test_killed_actor_without_restarts_stays_dead": _MONARCH_NO_RESTARTS,
         "test_call_in_flight_is_retried_on_the_restarted_actor": _MONARCH_NO_RESTARTS,

@@ -25,6 +25,7 @@ from fray._adopt import adopt_or_check
 from fray._codepickle import dumps
 from fray._driver_exit import ExitNotice, JobsAtExit
 from fray._local_context import LocalJobContext
+from fray._pending_notice import watch as watch_pending
 from fray._runtime import check_terminated
 from fray._serialization import call_parts, check_picklable
 from fray.actor import ActorGroup, check_actor_request, group_member_names
@@ -161,6 +162,7 @@ class IrisClient:
         if not self._in_task:  # inside a task Iris ends its children with it, and its log is no place for advice
             notice = ExitNotice(f"the Iris cluster at {self.address}")
             _AT_EXIT.track(handle, notice, detached=detached, outlives_driver=True)
+        watch_pending(handle)
         return handle
 
     def _launch(

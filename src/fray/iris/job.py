@@ -29,7 +29,7 @@ from fray.errors import FrayError, NotFound
 from fray.iris import _connect
 from fray.iris._task import END_TAG, FAILURE_TAG, decode_failure_line
 from fray.iris.mapping import fray_status
-from fray.job import JobStatus
+from fray.job import JobStatus, JobSummary, timeout_error
 
 if TYPE_CHECKING:
     from iris.client import IrisClient as IrisLib
@@ -135,6 +135,16 @@ class IrisJobHandle:
         with iris_errors(self._job_id):
             return fray_status(self._iris().job_state(self._name()))
 
+    def info(self) -> JobSummary:
+        """The job's status and, while it is PENDING, Iris's own reason (one status query to the controller)."""
+        if self._final is not None:
+            return JobSummary(self._job_id, fray_status(self._final.state))
+        with iris_errors(self._job_id):
+            current = self._iris().job_status(self._name())
+        status = fray_status(current.state)
+        reason = current.pending_reason if status == JobStatus.PENDING else ""
+        return JobSummary(self._job_id, status, reason or "")
+
     def wait(self, timeout: float | None = None, *, raise_on_failure: bool = True) -> JobStatus:
         """Block until the job finished; raise the job's failure (JobFailed) if it failed, unless told not to."""
         final = self._final
@@ -150,7 +160,7 @@ class IrisJobHandle:
                     )
                 )
             except TimeoutError:
-                raise TimeoutError(f"job {self._job_id!r} still {self.status().value} after {timeout}s") from None
+                raise timeout_error(self.info(), timeout) from None
             self._final = final
         status = fray_status(final.state)
         if status == JobStatus.FAILED and raise_on_failure:

@@ -26,6 +26,7 @@ from monarch.actor import this_host
 from fray._adopt import adopt_or_check, is_named
 from fray._codepickle import dumps
 from fray._driver_exit import ExitNotice, JobsAtExit
+from fray._pending_notice import watch as watch_pending
 from fray._runtime import check_terminated
 from fray._serialization import call_parts, check_picklable
 from fray.actor import ActorGroup, check_actor_request, group_member_names
@@ -208,6 +209,7 @@ class MonarchClient:
         job.start()
         handle = MonarchJobHandle(job, job_id)
         _AT_EXIT.track(handle, _NOTICE, detached=detached, outlives_driver=False)
+        watch_pending(handle)
         return handle
 
     def _live_job(self, name: str) -> MonarchJobHandle | None:

@@ -35,6 +35,8 @@ from fray.job import (
     JobInfo,
     JobRequest,
     JobStatus,
+    JobSummary,
+    timeout_error,
 )
 from fray.monarch.actors import _RECORDS
 
@@ -220,9 +222,20 @@ class MonarchJobHandle:
         """The job's current status."""
         return self._get().lifecycle.status
 
+    def info(self) -> JobSummary:
+        """The job's status and, while it is PENDING, why (Monarch starts a job at once: only a retry waits)."""
+        lifecycle = self._get().lifecycle
+        status = lifecycle.status
+        retry = lifecycle.pending_reason if status == JobStatus.PENDING else ""
+        reason = retry.splitlines()[0] if retry else ""
+        return JobSummary(self._job_id, status, reason)
+
     def wait(self, timeout: float | None = None, *, raise_on_failure: bool = True) -> JobStatus:
         """Block until the job finishes; raise :class:`~fray.errors.JobFailed` if it failed (unless told not to)."""
-        return self._get().lifecycle.wait(timeout, raise_on_failure=raise_on_failure)
+        lifecycle = self._get().lifecycle
+        if not lifecycle.wait_done(timeout):
+            raise timeout_error(self.info(), timeout)
+        return lifecycle.result(raise_on_failure=raise_on_failure)
 
     def terminate(self) -> None:
         """Stop the job (every replica, and every process it started). A no-op for a finished job."""

@@ -19,7 +19,7 @@ from fray._lifecycle import Failure
 from fray.job import BinaryEntrypoint, JobInfo, JobRequest, JobStatus, replica_env
 from fray.ray._launch import Launcher, runtime_env, user_env
 from fray.ray.jobs import RayJobHandle
-from fray.ray.resources import ray_options
+from fray.ray.resources import bundle, ray_options
 from fray.resources import device_name
 
 __all__ = ["BinaryJob"]
@@ -157,6 +157,10 @@ class BinaryJob(RayJobHandle):
             message = f"{self._entry.command!r} lost its Ray job: {info.message}"
             return Failure.lost(message + ("; last output:\n" + "\n".join(tail) if tail else ""))
         return Failure.from_exit(self._entry.command, int(code), tail)
+
+    def _needs(self) -> tuple[dict[str, float], int] | None:
+        options = ray_options(self._request.resources, pin_resource=self._launcher.pin_resource())
+        return bundle(options), self._request.replicas
 
     def status(self) -> JobStatus:
         """Asks Ray's job API while the job is live (so RUNNING shows as soon as Ray says so)."""

@@ -25,14 +25,15 @@ from fray._logcapture import LogBuffer
 from fray._remote import RemoteFailure
 from fray.actor_context import SHUTDOWN_GRACE
 from fray.errors import FrayError
-from fray.job import JobInfo, JobRequest, JobStatus, replica_env
+from fray.job import JobInfo, JobRequest, JobStatus, JobSummary, replica_env, timeout_error
 from fray.ray import _worker
 from fray.ray._actor_end import read_end
 from fray.ray._board import BOARD
 from fray.ray._errors import first_line, is_preemption
 from fray.ray._launch import Launcher, unique_suffix, user_env
+from fray.ray._pending import placement_reason
 from fray.ray.actors import RayActorHandle
-from fray.ray.resources import bundle
+from fray.ray.resources import bundle, ray_options
 from fray.resources import device_name
 from fray.testing import replicas_to_preempt
 
@@ -85,9 +86,28 @@ class RayJobHandle:
         """The job's current status."""
         return self._lifecycle.status
 
+    def info(self) -> JobSummary:
+        """The job's status and, while it is PENDING, why: its request against Ray's nodes, or its retry."""
+        status = self.status()
+        reason = ""
+        if status == JobStatus.PENDING:
+            needs = self._needs()
+            if needs is not None:
+                with contextlib.suppress(Exception):  # Ray's state API unreachable: the retry reason, if any
+                    reason = placement_reason(*needs)
+            if not reason and self._lifecycle.pending_reason:
+                reason = self._lifecycle.pending_reason.splitlines()[0]
+        return JobSummary(self._job_id, status, reason)
+
+    def _needs(self) -> tuple[dict[str, float], int] | None:
+        """What one replica asks Ray for (a bundle), and how many replicas start together; None if unknown."""
+        return None
+
     def wait(self, timeout: float | None = None, *, raise_on_failure: bool = True) -> JobStatus:
         """Block until the job finishes; raise JobFailed if it failed and ``raise_on_failure``."""
-        return self._lifecycle.wait(timeout, raise_on_failure=raise_on_failure)
+        if not self._lifecycle.wait_done(timeout):
+            raise timeout_error(self.info(), timeout)
+        return self._lifecycle.result(raise_on_failure=raise_on_failure)
 
     def terminate(self) -> None:
         """Stop every replica of the job (a no-op once it finished)."""
@@ -183,6 +203,10 @@ class CallableJob(RayJobHandle):
         self._settle_lock = threading.Lock()
         self._armed: list[Any] | None = None  # the refs whose completion calls back (see _arm)
         self._completed = False  # a ref completed since the job last looked (set by those callbacks)
+
+    def _needs(self) -> tuple[dict[str, float], int] | None:
+        options = ray_options(self._request.resources, pin_resource=self._launcher.pin_resource())
+        return bundle(options), self._request.replicas
 
     # Launching ---------------------------------------------------------------------------------
 
@@ -357,7 +381,7 @@ class CallableJob(RayJobHandle):
         while not self._lifecycle.finished:
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
-                raise TimeoutError(f"job {self._job_id!r} still {self.status().value} after {timeout}s")
+                raise timeout_error(self.info(), timeout)
             self._poll(remaining)
         return self._lifecycle.result(raise_on_failure=raise_on_failure)
 
@@ -627,7 +651,7 @@ class ActorJob(RayJobHandle):
         deadline = None if timeout is None else time.monotonic() + timeout
         self._watch()
         if not self._lifecycle.wait_done(timeout):
-            raise TimeoutError(f"actor job {self._job_id!r} still {self.status().value} after {timeout}s")
+            raise timeout_error(self.info(), timeout)
         if self._terminated:
             # ray.kill only asks; wait (bounded) until Ray says the actor is gone, so that
             # after wait() no other process can still reach it. Ray has no event for this.
