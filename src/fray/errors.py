@@ -26,6 +26,7 @@ __all__ = [
     "CallNotSentError",
     "CapacityUnavailable",
     "ConfigError",
+    "ControllerUnreachable",
     "FrayError",
     "IllegalTransition",
     "JobAlreadyExists",
@@ -261,6 +262,15 @@ class CallNotSentError(ActorUnavailableError):
     """The call provably never reached the actor: it did not run, and sending it again is safe.
 
     Every other :class:`ActorUnavailableError` about a call means it may or may not have run.
+    """
+
+
+class ControllerUnreachable(CallNotSentError):
+    """A client that has never reached its Fray controller gave up after a few seconds (nothing was sent).
+
+    Its message names the address and how to fix it: start a cluster (``fray cluster up``)
+    or point ``FRAY_CLIENT_SPEC`` at a running one. A client that has reached its
+    controller once keeps retrying through a later outage (a restart) instead.
     """
 
 

@@ -21,10 +21,9 @@ import uuid
 import weakref
 from collections.abc import Callable
 from functools import partial
-from types import TracebackType
 from typing import Any
 
-from fray._adopt import adopt_or_check
+from fray._client_core import ClientCore
 from fray._driver_exit import report_leftovers
 from fray._lifecycle import Failure, exit_status
 from fray._local_actor import LocalActor, LocalActorHandle
@@ -32,9 +31,9 @@ from fray._local_context import LocalJobContext
 from fray._local_job import Attempt, LocalJob, LocalJobHandle, stop_deadline, wait_for_stop
 from fray._logcapture import capture_to
 from fray._pending_notice import watch as watch_pending
-from fray._runtime import check_terminated, terminating_on
+from fray._runtime import terminating_on
 from fray._serialization import call_parts, check_picklable
-from fray.actor import ActorGroup, check_actor_request, group_member_names
+from fray.actor import check_actor_request
 from fray.actor_config import ActorConfig
 from fray.actor_context import bind_actor
 from fray.client import ClientSpec, _bind_client
@@ -48,7 +47,7 @@ from fray.job import (
     _current_job,
     replica_env,
 )
-from fray.queue import LocalQueue, check_queue_name, queue_exists
+from fray.queue import LocalQueue, queue_exists
 from fray.resources import CpuConfig, ResourceConfig, device_name
 
 __all__ = ["LocalActorHandle", "LocalClient", "LocalJobHandle"]
@@ -175,7 +174,7 @@ def _binary_replica(
     return None if code == 0 else Failure.from_exit(entry.command, code, list(last))
 
 
-class LocalClient:
+class LocalClient(ClientCore["LocalJobHandle", "LocalActorHandle"]):
     """Runs everything inside this process: callable jobs in threads, binary jobs as subprocesses,
     actors as objects each served by its own thread.
 
@@ -195,13 +194,23 @@ class LocalClient:
     SIGTERM, then SIGKILL. A terminated actor's calls fail with ``ActorDiedError`` at
     once, and its thread is stopped the same way (``async def`` methods at their next
     ``await``).
+
+    Jobs run inside this process, so they end with it whatever ``detached`` says (the
+    driver-exit rule, :mod:`fray._driver_exit`); at exit, Fray names the ones that were
+    still running. Actors run on their own thread(s) and every
+    :class:`~fray.actor_config.ActorConfig` field is honoured; resources reserve nothing
+    (actors take no thread slots); a ``detached`` actor survives :meth:`shutdown` but, like
+    everything of this backend, ends with the process.
     """
+
+    BACKEND = "local"
 
     def __init__(self, max_threads: int | None = None, *, namespace: str | None = None, echo_logs: bool = True) -> None:
         if max_threads is not None and (
             isinstance(max_threads, bool) or not isinstance(max_threads, int) or max_threads < 1
         ):
             raise ConfigError(f"LocalClient(max_threads={max_threads!r}) must be a whole number >= 1 or None")
+        super().__init__()
         self.client_id = _short_id()
         self.namespace = namespace or f"local-{self.client_id}"
         self.max_threads = max_threads
@@ -209,11 +218,8 @@ class LocalClient:
         self._jobs: dict[str, LocalJob] = {}
         self._actors_by_job: dict[str, LocalActor] = {}
         self._actors_by_name: dict[str, LocalActor] = {}
-        self._lock = threading.Lock()
         self._slots = threading.Condition(self._lock)
         self._busy_threads = 0
-        self._closed = False
-        self._job_context: LocalJobContext | None = None
         self._queues: dict[str, LocalQueue[Any]] = {}
         _live_clients.add(self)
 
@@ -235,37 +241,9 @@ class LocalClient:
     def __repr__(self) -> str:
         return f"LocalClient(namespace={self.namespace!r}, max_threads={self.max_threads})"
 
-    @property
-    def closed(self) -> bool:
-        """True once :meth:`shutdown` was called; a closed client accepts no more work."""
-        return self._closed
-
-    def __enter__(self) -> LocalClient:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        # After an error nobody will wait for the remaining work, so stop it instead of hanging.
-        self.shutdown(wait=exc_type is None)
-
     # ----- jobs -------------------------------------------------------------------------------
 
-    def submit(
-        self, request: JobRequest, adopt_existing: bool | None = None, *, detached: bool = True
-    ) -> LocalJobHandle:
-        """Start a job; returns at once. See the class docstring for what runs where.
-
-        Jobs run inside this process, so they end with it whatever ``detached`` says
-        (the driver-exit rule, :mod:`fray._driver_exit`); at exit, Fray names the ones
-        that were still running.
-        """
-        check_terminated()
-        if not isinstance(request, JobRequest):
-            raise ConfigError(f"submit() takes a JobRequest, got {type(request).__name__}")
-        live = adopt_or_check("local", request, adopt_existing, self._live_job)
-        if live is not None:
-            return live
+    def _start_job(self, request: JobRequest, detached: bool) -> LocalJobHandle:
         entry = request.entrypoint
         environment = request.environment or EnvironmentConfig()
         if isinstance(entry, CallableEntrypoint):
@@ -463,23 +441,6 @@ class LocalClient:
 
     # ----- actors -----------------------------------------------------------------------------
 
-    def create_actor(
-        self,
-        actor_class: type,
-        *args: Any,
-        name: str,
-        resources: ResourceConfig | None = None,
-        actor_config: ActorConfig | None = None,
-        **kwargs: Any,
-    ) -> LocalActorHandle:
-        """Start the actor ``name`` on its own thread(s); the handle is usable at once.
-
-        Every :class:`~fray.actor_config.ActorConfig` field is honoured. Resources reserve
-        nothing here (actors do not take thread slots); a ``detached`` actor survives
-        :meth:`shutdown` but, like everything of this backend, ends with the process.
-        """
-        return self._create_actor(actor_class, args, kwargs, name, resources, actor_config, None)
-
     def _create_actor(
         self,
         actor_class: type,
@@ -489,8 +450,7 @@ class LocalClient:
         resources: ResourceConfig | None,
         actor_config: ActorConfig | None,
         group: tuple[str, int] | None,
-    ) -> LocalActorHandle:
-        check_terminated()
+    ) -> tuple[LocalActorHandle, LocalJobHandle]:
         reserved, config = check_actor_request(actor_class, name, resources, args, kwargs, actor_config)
         with self._lock:
             if name in self._actors_by_name:
@@ -512,25 +472,7 @@ class LocalClient:
         except BaseException:
             _never_started(job)
             raise
-        return LocalActorHandle(actor, actor_class, name, self.client_id)
-
-    def create_actor_group(
-        self,
-        actor_class: type,
-        *args: Any,
-        name: str,
-        count: int,
-        resources: ResourceConfig | None = None,
-        actor_config: ActorConfig | None = None,
-        **kwargs: Any,
-    ) -> ActorGroup:
-        """Start ``count`` actors ``{name}-0`` ... ``{name}-{count-1}``; returns at once."""
-        handles = [
-            self._create_actor(actor_class, args, kwargs, member, resources, actor_config, (name, index))
-            for index, member in enumerate(group_member_names(name, count))
-        ]
-        jobs = [LocalJobHandle(h._actor_or_raise().job) for h in handles]
-        return ActorGroup(handles, jobs, name)
+        return LocalActorHandle(actor, actor_class, name, self.client_id), LocalJobHandle(job)
 
     def _forget_actor(self, actor: LocalActor) -> None:
         with self._lock:
@@ -539,17 +481,12 @@ class LocalClient:
 
     # ----- the job level ----------------------------------------------------------------------
 
-    def _fray_job_context(self) -> LocalJobContext:
-        """This client's job context (``fray.get_job_context()`` here): tasks on threads, made once."""
-        with self._lock:
-            if self._job_context is None:
-                self._job_context = LocalJobContext(client=self)
-            return self._job_context
+    def _make_job_context(self) -> LocalJobContext:
+        """This client's job context (``fray.get_job_context()`` here): tasks on threads."""
+        return LocalJobContext(client=self)
 
-    def create_queue(self, name: str, *, exist_ok: bool = False) -> LocalQueue[Any]:
+    def _open_queue(self, name: str, exist_ok: bool) -> LocalQueue[Any]:
         """A queue with leases in this process (see :mod:`fray.queue`); ``exist_ok`` returns the existing one."""
-        check_terminated()
-        check_queue_name(name)
         with self._lock:
             if self._closed:
                 raise FrayError("this LocalClient is shut down; create a new one")

@@ -534,6 +534,7 @@ def test_version_2_and_3_files_gain_the_blobs_table(tmp_path: Path, version: int
         if had_blobs:  # an operator build before version 4 made this table outside the schema
             store.write_with(lambda cur: _blobs.put_blob(cur, "sha256:kept", b"old workspace", 1.0))
     with sqlite3.connect(path) as conn:
+        conn.execute("DROP TABLE credentials")  # versions before 5 had none
         if not had_blobs:
             conn.execute("DROP TABLE blobs")
         if version == 2:
@@ -541,7 +542,8 @@ def test_version_2_and_3_files_gain_the_blobs_table(tmp_path: Path, version: int
             conn.execute("ALTER TABLE workers DROP COLUMN health")
         conn.execute("UPDATE schema_version SET version = ?", (version,))
     with ClusterStore(path) as store:
-        assert store.schema_version == SCHEMA_VERSION == 4
+        assert store.schema_version == SCHEMA_VERSION == 5
+        assert store.issued() == []  # the credentials table is there
         assert store.get_job(done.job_id).state == JobStatus.SUCCEEDED  # finished jobs keep their history
         kept = store.write_with(lambda cur: _blobs.get_blob(cur, "sha256:kept", 5.0))
         assert kept == (b"old workspace" if had_blobs else None)

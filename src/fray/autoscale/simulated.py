@@ -496,6 +496,7 @@ def planned_calls(config: ClusterConfig, *, controller: str) -> list[str]:
     would start; slice and VM ids have the autoscaler's shape, numbered from 0.
     """
     lines = []
+    boot = config.provider.number("boot_seconds", DEFAULT_BOOT_SECONDS)
     for group in config.by_priority():
         res = group.resources
         shape = f"cpu={res.cpu:g} ram={format_size(res.ram_bytes)} disk={format_size(res.disk_bytes)}"
@@ -504,9 +505,8 @@ def planned_calls(config: ClusterConfig, *, controller: str) -> list[str]:
         for index in range(group.min):
             slice_id = f"{config.name}-{group.name}-{index}"
             lines.append(
-                f"simulated create_slice group={group.name} slice={slice_id} hosts={group.hosts} {shape} "
-                f"preemptible={'true' if group.preemptible else 'false'}: "
-                f"{group.hosts} `fray worker --controller {controller} --attr scale-group={group.name} ...` "
-                f"process(es) after boot_seconds={config.provider.number('boot_seconds', DEFAULT_BOOT_SECONDS):g}"
+                f"create_slice(group={group.name}, slice={slice_id}, hosts={group.hosts}, {shape}, "
+                f"preemptible={'true' if group.preemptible else 'false'}); after {boot:g}s each VM runs "
+                f"`fray worker --controller {controller} --id VM --attr scale-group={group.name} ...`"
             )
     return lines

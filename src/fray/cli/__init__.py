@@ -25,7 +25,7 @@ import fray
 from fray.cli._common import stdout_console
 from fray.cli._errors import CliError, debug_enabled, report, set_debug
 from fray.cli.cluster import cluster
-from fray.cli.daemons import controller, worker
+from fray.cli.daemons import controller, token, worker
 from fray.cli.jobs import job
 from fray.cli.status import dashboard, endpoint, status
 from fray.client import _BACKENDS, VALID_SPECS, detect_spec, parse_client_spec
@@ -118,5 +118,5 @@ def _importable(module: str) -> bool:
         return False
 
 
-for _command in (cluster, controller, worker, job, status, dashboard, endpoint):
+for _command in (cluster, controller, worker, token, job, status, dashboard, endpoint):
     main.add_command(_command)

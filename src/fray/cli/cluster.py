@@ -25,12 +25,16 @@ from rich.markup import escape
 
 from fray._private_files import write_private
 from fray._procident import ProcessIdentity, identify
+from fray.autoscale.config import ClusterConfig
+from fray.autoscale.provider import Provider
 from fray.cli._common import STATE_FILE, TOKEN_FILE, console, echo_json, read_state
 from fray.cli._errors import CliError
 from fray.cli.daemons import check_port_free
+from fray.cli.vms import vm
 from fray.cluster.controller_client import ops_client
 from fray.cluster.launcher import LocalCluster
-from fray.errors import FrayError
+from fray.errors import ConfigError, FrayError
+from fray.resources import format_size
 
 __all__ = ["DASHBOARD_INSTALL", "DEFAULT_DIR", "cluster", "dashboard_unavailable", "up_again"]
 
@@ -42,13 +46,20 @@ DASHBOARD_INSTALL = 'pip install "fray[dashboard]"'
 
 # Seconds a process gets to exit after SIGTERM before `down` sends SIGKILL.
 _STOP_GRACE = 10.0
+# The copy of the cluster file `up --config` started with: what `down` opens the provider from.
+_APPLIED_CONFIG = "cluster.yaml"
+# The controller's --worker-timeout for a cluster without --config (a cluster file says its own).
+_DEFAULT_WORKER_TIMEOUT = 10.0
 # What `fray cluster up` gives every worker unless told otherwise (see cluster_up).
 _DEFAULT_WORKER_ARGS = ["--attr", "preemptible=false"]
 
 
 @click.group()
 def cluster() -> None:
-    """Start, stop and restart a Fray cluster on this machine."""
+    """Start, stop and restart a Fray cluster on this machine (and look at its VMs: `fray cluster vm`)."""
+
+
+cluster.add_command(vm)
 
 
 def _token() -> str:
@@ -65,7 +76,7 @@ def _recorded(state: dict[str, Any]) -> dict[str, ProcessIdentity]:
 
 
 def _write_state(
-    launcher: LocalCluster, worker_args: list[str], ready_seconds: float, dashboard: str
+    launcher: LocalCluster, worker_args: list[str], ready_seconds: float, dashboard: str, config: str | None
 ) -> dict[str, Any]:
     procs = {"controller": launcher.controller, **launcher.workers}
     identities = {}
@@ -84,7 +95,10 @@ def _write_state(
         "processes": identities,
         "dashboard": dashboard,
         "ready_seconds": round(ready_seconds, 3),
+        "worker_timeout": launcher.worker_timeout,
     }
+    if config is not None:
+        state["config"] = str(Path(config).resolve())
     write_private(STATE_FILE, json.dumps(state, indent=2))
     return state
 
@@ -137,7 +151,7 @@ def up_again(state: dict[str, Any]) -> str:
     """
     args = ["fray", "cluster", "up"]
     workers = len(state.get("workers", []))
-    if workers != 2:
+    if workers != 2 and not state.get("config"):  # a --config cluster's --config is among its controller args
         args += ["--workers", str(workers)]
     if int(state.get("port", 7100)) != 7100:
         args += ["--port", str(state["port"])]
@@ -154,7 +168,17 @@ def up_again(state: dict[str, Any]) -> str:
 
 
 @cluster.command("up")
-@click.option("--workers", type=click.IntRange(min=0), default=2, show_default=True, help="How many workers.")
+@click.option("--workers", type=click.IntRange(min=0), default=None, help="How many workers [default: 2].")
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="A cluster file: workers come from its VM provider through the autoscaler (see examples/cluster.yaml).",
+)
+@click.option(
+    "--dry-run", is_flag=True, help="With --config: print the provider calls start-up would make; start nothing."
+)
 @click.option(
     "--port", type=click.IntRange(0, 65535), default=7100, show_default=True, help="Controller port (0: any)."
 )
@@ -168,7 +192,9 @@ def up_again(state: dict[str, Any]) -> str:
 @click.option("--no-dashboard", is_flag=True, help="Serve no web dashboard.")
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 def cluster_up(
-    workers: int,
+    workers: int | None,
+    config_path: str | None,
+    dry_run: bool,
     port: int,
     directory: str | None,
     worker_options: tuple[str, ...],
@@ -178,7 +204,12 @@ def cluster_up(
     no_dashboard: bool,
     as_json: bool,
 ) -> None:
-    """Start a controller and N workers in the background and print how to use them."""
+    """Start a controller and N workers (or, with --config, a VM provider's) in the background; print how to use them."""
+    config = _load_config(config_path, workers, dry_run)
+    if config is not None and dry_run:
+        _print_plan(config, port)
+        return
+    workers = 0 if config is not None else 2 if workers is None else workers
     state = read_state()
     if state is not None:
         processes = _recorded(state)
@@ -201,14 +232,18 @@ def cluster_up(
     if not no_dashboard:
         check_port_free("127.0.0.1", dashboard_port, "--dashboard-port")
     token = _token()
+    if config is not None and config_path is not None:
+        write_private(Path(directory) / _APPLIED_CONFIG, Path(config_path).read_text())
     started = time.monotonic()
     launcher = LocalCluster(
         directory,
         exit_with_owner=False,
         token=token,
         port=port,
+        worker_timeout=config.worker_timeout if config is not None else _DEFAULT_WORKER_TIMEOUT,
         controller_args=_retention_args(retention_days, retention_jobs)
-        + (["--no-dashboard"] if no_dashboard else ["--dashboard-port", str(dashboard_port)]),
+        + (["--no-dashboard"] if no_dashboard else ["--dashboard-port", str(dashboard_port)])
+        + (["--config", str(Path(config_path).resolve())] if config is not None and config_path else []),
     )
     extra = [part for option in worker_options for part in option.split()]
     if not any(part.startswith("preemptible=") for part in extra):
@@ -216,20 +251,31 @@ def cluster_up(
         # ResourceConfig(preemptible=False) actors (curriculum, coordinators) run here.
         extra += _DEFAULT_WORKER_ARGS
     try:
-        status = console.status(f"starting a controller and {workers} workers...")
+        what = "a controller and its autoscaler" if config is not None else f"a controller and {workers} workers"
+        status = console.status(f"starting {what}...")
         with status if not as_json else contextlib.nullcontext():
             launcher.start(workers, *extra)
     except FrayError as exc:
         launcher.stop()
         raise CliError(str(exc), f"read the logs in {directory}") from None
     elapsed = time.monotonic() - started
-    state = _write_state(launcher, extra, elapsed, _dashboard_address(launcher))
+    state = _write_state(launcher, extra, elapsed, _dashboard_address(launcher), config_path if config else None)
     if as_json:
         echo_json(state)
         return
-    console.print(
-        f"[green]Fray cluster up[/green] in {elapsed:.2f}s: controller [bold]{launcher.address}[/bold], {workers} workers"
-    )
+    if config is not None:
+        console.print(
+            f"[green]Fray cluster up[/green] in {elapsed:.2f}s: controller [bold]{launcher.address}[/bold], "
+            f"workers from the {config.provider.kind} provider ({state['config']})"
+        )
+        for line in _group_lines(config):
+            console.print(escape(line))
+        console.print("  watch VMs: fray cluster vm list   (scale groups and unmet demand: fray status)")
+    else:
+        console.print(
+            f"[green]Fray cluster up[/green] in {elapsed:.2f}s: controller [bold]{launcher.address}[/bold], "
+            f"{workers} workers"
+        )
     console.print(f"  use it:   export FRAY_CLIENT_SPEC=fray://{launcher.address}")
     console.print(f"  token:    {'$FRAY_TOKEN' if os.environ.get('FRAY_TOKEN') else TOKEN_FILE}")
     console.print(f"  state:    {directory}/controller.db   logs: {directory}/*.log")
@@ -238,6 +284,67 @@ def cluster_up(
     elif not no_dashboard:
         console.print(escape(f"  dashboard: none ({_why_no_dashboard(state)})"))
     console.print("  stop it:  fray cluster down")
+
+
+def _load_config(path: str | None, workers: int | None, dry_run: bool) -> ClusterConfig | None:
+    """The checked cluster file of ``--config`` (None without one); its mistakes are the user's."""
+    if path is None:
+        if dry_run:
+            raise CliError("--dry-run needs --config", "e.g. fray cluster up --config cluster.yaml --dry-run")
+        return None
+    if workers is not None:
+        raise CliError(
+            "--workers cannot be combined with --config: a --config cluster's workers are its VMs",
+            "drop --workers (the cluster file's scale_groups say how many VMs), or drop --config",
+        )
+    try:
+        return ClusterConfig.load(path)
+    except ConfigError as exc:
+        raise CliError(
+            str(exc), "examples/cluster.yaml is a complete cluster file; docs/autoscaling.md says every key"
+        ) from None
+
+
+def _planned_calls(config: ClusterConfig, controller: str) -> list[str]:
+    """The provider module's own account of the calls start-up makes."""
+    if config.provider.kind == "gcp":
+        from fray.autoscale import gcp
+
+        return gcp.planned_calls(config, controller=controller)
+    from fray.autoscale import simulated
+
+    return simulated.planned_calls(config, controller=controller)
+
+
+def _print_plan(config: ClusterConfig, port: int) -> None:
+    controller = f"127.0.0.1:{port if port else '<port>'}"
+    try:
+        calls = _planned_calls(config, controller)
+    except ConfigError as exc:
+        raise CliError(str(exc), "fix the provider: section of the cluster file") from None
+    click.echo(f"dry run: nothing is started. A controller on {controller} with these scale groups:")
+    for line in _group_lines(config):
+        click.echo(line)
+    if calls:
+        click.echo(f"at start-up it would make {len(calls)} provider call(s) (each group's min):")
+        for line in calls:
+            click.echo(f"  {line}")
+    else:
+        click.echo("at start-up it would make no provider call: every group has min 0 (VMs come with demand)")
+
+
+def _group_lines(config: ClusterConfig) -> list[str]:
+    """One line per scale group, in the order demand tries them."""
+    lines = []
+    for group in config.by_priority():
+        res = group.resources
+        shape = f"cpu {res.cpu:g}, ram {format_size(res.ram_bytes)}" + "".join(f", {d}" for d in res.devices)
+        unit = f"slices of {group.hosts} VMs" if group.is_slice else "VMs"
+        spot = ", preemptible" if group.preemptible else ""
+        lines.append(
+            f"  group {group.name}: {group.min}..{group.max} {unit} ({shape}{spot}), priority {group.priority}"
+        )
+    return lines
 
 
 def _why_no_dashboard(state: dict[str, Any]) -> str:
@@ -261,7 +368,10 @@ def _dashboard_address(launcher: LocalCluster) -> str:
 def cluster_down() -> None:
     """Stop the cluster started by `fray cluster up` (only processes that are still the ones it started).
 
-    With no cluster up it says so and succeeds, so it is safe to run twice or in a cleanup step.
+    A ``--config`` cluster's VMs are deleted too: through the controller while it runs, then
+    at the provider itself, whose listing is the truth (so a dead controller leaves no VM
+    behind). With no cluster up it says so and succeeds, so it is safe to run twice or in a
+    cleanup step.
     """
     state = read_state()
     if state is None:
@@ -274,10 +384,68 @@ def cluster_down() -> None:
             f"[yellow]{STATE_FILE} was written by an older Fray and names no process identities; "
             "nothing was signalled[/yellow] (stop its processes by hand if they still run)"
         )
+    if state.get("config"):
+        controller = processes.get("controller")
+        if controller is not None and controller.alive():
+            # First the autoscaler: it stops creating, so nothing new appears while the controller stops.
+            _delete_vms_through_controller(state)
     for note in _stop(processes):
         console.print(note)
+    if state.get("config"):
+        _delete_vms_at_provider(state)
     STATE_FILE.unlink(missing_ok=True)
     click.echo(f"Fray cluster at {state.get('address')} stopped")
+
+
+def _delete_vms_through_controller(state: dict[str, Any]) -> None:
+    ops = ops_client(str(state["address"]), _token(), timeout=60.0)
+    try:
+        deleted = int(ops.delete_all_vms())
+    except (FrayError, OSError) as exc:
+        console.print(escape(f"the controller did not delete the VMs ({exc}); deleting them at the provider"))
+        return
+    finally:
+        ops.close()
+    click.echo(f"the autoscaler deleted {deleted} VM(s)")
+
+
+def _delete_vms_at_provider(state: dict[str, Any]) -> None:
+    """Delete every VM the provider lists for this cluster (the listing is the truth, whatever the controller did)."""
+    directory = Path(state["directory"])
+    try:
+        config = ClusterConfig.load(directory / _APPLIED_CONFIG)
+        provider = _open_provider(config, state)
+    except FrayError as exc:
+        raise CliError(
+            f"cannot open the cluster's VM provider to delete its VMs: {exc}",
+            f"fix that, then run `fray cluster down` again (the cluster stays recorded in {STATE_FILE})",
+        ) from None
+    try:
+        slices = sorted({vm.slice_id for vm in provider.list_vms()})
+        for slice_id in slices:
+            provider.delete_slice(slice_id)
+    except FrayError as exc:
+        raise CliError(
+            f"deleting the cluster's VMs failed: {exc}",
+            f"run `fray cluster down` again (the cluster stays recorded in {STATE_FILE})",
+        ) from None
+    finally:
+        provider.close()
+    if slices:
+        click.echo(f"deleted {len(slices)} slice(s) left at the {config.provider.kind} provider")
+
+
+def _open_provider(config: ClusterConfig, state: dict[str, Any]) -> Provider:
+    """The cluster's provider, opened from this command: it lists and deletes, and starts no worker."""
+    state_dir = Path(state["directory"]) / "vms"
+    if config.provider.kind == "simulated":
+        from fray.autoscale.simulated import SimulatedProvider
+
+        return SimulatedProvider(state_dir, cluster=config.name)
+    from fray.autoscale.providers import make_provider
+
+    credential = (Path(state["directory"]) / "worker.credential").read_text().strip()
+    return make_provider(config, state_dir=state_dir, controller=str(state["address"]), credential=credential)
 
 
 @cluster.command("restart")
@@ -296,6 +464,7 @@ def cluster_restart() -> None:
         state["directory"],
         token=_token(),
         port=int(state["port"]),
+        worker_timeout=float(state.get("worker_timeout", _DEFAULT_WORKER_TIMEOUT)),
         controller_args=state.get("controller_args", []),
         exit_with_owner=False,
     )
@@ -323,3 +492,5 @@ def cluster_restart() -> None:
         f"[green]restarted[/green] {', '.join(dead)} in {time.monotonic() - started:.2f}s: "
         f"controller {state['address']} (same database, same port)"
     )
+    if state.get("config") and "controller" in dead:
+        click.echo("the controller adopts the VMs its provider lists (`fray cluster vm list` shows them)")

@@ -1,4 +1,5 @@
-"""``fray controller`` and ``fray worker``: the cluster's daemons, run in the foreground; ``fray worker list``."""
+"""``fray controller`` and ``fray worker``: the cluster's daemons, run in the foreground; ``fray worker list`` and
+``revoke``; ``fray token`` (join tokens and user credentials, made and revoked by the administrator)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import os
 import signal
 import socket
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,7 @@ from fray.cluster._shipping import CONTAINER_RUNTIME_ATTRIBUTE
 from fray.cluster.launcher import OWNER_ENV
 from fray.errors import ConfigError
 
-__all__ = ["DEFAULT_DB", "busy_port_error", "check_port_free", "controller", "worker"]
+__all__ = ["DEFAULT_DB", "busy_port_error", "check_port_free", "controller", "token", "worker"]
 
 #: Where ``fray controller`` keeps its SQLite file unless told.
 DEFAULT_DB = Path.home() / ".local" / "state" / "fray" / "controller.db"
@@ -186,7 +188,14 @@ def _size(option: str, text: str | None) -> int | None:
 @click.option("--disk", default=None, help="Disk to offer, e.g. 100g (default: free space).")
 @click.option("--device", "devices", multiple=True, help="An accelerator, KIND:TYPE:COUNT (repeatable).")
 @click.option("--attr", "attrs", multiple=True, help="An attribute KEY=VALUE, e.g. preemptible=false (repeatable).")
-@click.option("--workdir", default=None, help="Where task directories and cached environments go.")
+@click.option("--workdir", default=None, help="Where task directories, cached environments and its credential go.")
+@click.option(
+    "--join",
+    "join",
+    default=None,
+    envvar="FRAY_JOIN",
+    help="A join token (fray token create --role worker): checks the controller, then gets this worker's credential.",
+)
 def worker(
     address: str,
     worker_id: str | None,
@@ -196,12 +205,13 @@ def worker(
     devices: tuple[str, ...],
     attrs: tuple[str, ...],
     workdir: str | None,
+    join: str | None,
 ) -> None:
-    """Run a worker that takes tasks from the controller at --controller (or: fray worker list)."""
+    """Run a worker that takes tasks from the controller at --controller (or: fray worker list / revoke)."""
     if click.get_current_context().invoked_subcommand is not None:
         return
     if not address:
-        raise CliError("fray worker needs the controller's address", "fray worker --controller HOST:PORT")
+        raise CliError("fray worker needs the controller's address", "fray worker --controller HOST:PORT --join TOKEN")
     from fray.cluster.worker import Worker
 
     attributes = {}
@@ -217,18 +227,24 @@ def worker(
     if cpu is not None and cpu <= 0:
         raise CliError(f"--cpu {cpu:g} must be a positive number of cores", "e.g. --cpu 4")
     gave_up = threading.Event()
-    node = Worker(
-        address,
-        token=None,  # FRAY_CREDENTIAL (the worker credential), else the cluster token (see fray.cluster.credentials)
-        worker_id=worker_id,
-        cpu=cpu,
-        ram_bytes=_size("--ram", ram),
-        disk_bytes=_size("--disk", disk),
-        devices=tuple(_parse_device(d) for d in devices),
-        attributes=attributes,
-        workdir=workdir,
-        on_refused=lambda _reason: gave_up.set(),
-    ).start()
+    if join is not None and not join.strip():
+        raise CliError("--join is empty", "pass the line `fray token create --role worker` printed")
+    try:
+        node = Worker(
+            address,
+            token=None,  # FRAY_CREDENTIAL (the worker credential), else the cluster token (see fray.cluster.credentials)
+            worker_id=worker_id,
+            cpu=cpu,
+            ram_bytes=_size("--ram", ram),
+            disk_bytes=_size("--disk", disk),
+            devices=tuple(_parse_device(d) for d in devices),
+            attributes=attributes,
+            workdir=workdir,
+            on_refused=lambda _reason: gave_up.set(),
+            join=join,
+        ).start()
+    except ConfigError as exc:  # a malformed join token
+        raise CliError(str(exc), "fray token create --role worker (run by the administrator) prints a join token") from None
     click.echo(f"fray worker {node.worker_id} taking tasks from {address}", err=True)
     wait_for_signal(node.stop, gave_up)
     if node.refusal is not None:
@@ -236,11 +252,20 @@ def worker(
         raise CliError(node.refusal)
 
 
+def _ago(now: float, then: float) -> str:
+    seconds = max(0.0, now - then)
+    if seconds < 120:
+        return f"{seconds:.1f}s ago"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m ago"
+    return f"{seconds / 3600:.1f}h ago"
+
+
 @worker.command("list")
 @controller_option
 @click.option("--json", "as_json", is_flag=True)
 def worker_list(address: str | None, as_json: bool) -> None:
-    """List the workers the controller knows, with their resources and attributes."""
+    """List the workers the controller knows: state (alive, lost, revoked), last contact, resources, attributes."""
     rows: list[dict[str, Any]] = [
         {
             "worker_id": w.info.worker_id,
@@ -250,14 +275,97 @@ def worker_list(address: str | None, as_json: bool) -> None:
             "devices": [f"{d.kind}:{d.type}:{d.count}" for d in w.info.devices],
             "attributes": w.info.attributes,
             "last_heartbeat": w.last_heartbeat,
+            "last_contact": w.last_heartbeat,
+            "epoch": w.epoch,
         }
         for w in Session.open(address).controller.list_workers()
     ]
     if as_json:
         echo_json(rows)
         return
-    table = Table("worker", "state", "cpu", "ram", "devices", "attributes")
+    now = time.time()
+    table = Table("worker", "state", "last contact", "cpu", "ram", "devices", "attributes")
     for row in rows:
         attrs = " ".join(f"{k}={v}" for k, v in row["attributes"].items())
-        table.add_row(row["worker_id"], row["state"], f"{row['cpu']:g}", row["ram"], " ".join(row["devices"]), attrs)
+        table.add_row(
+            row["worker_id"],
+            row["state"],
+            _ago(now, row["last_contact"]),
+            f"{row['cpu']:g}",
+            row["ram"],
+            " ".join(row["devices"]),
+            attrs,
+        )
     stdout_console().print(table)
+
+
+@worker.command("revoke")
+@controller_option
+@click.argument("worker_id")
+def worker_revoke(address: str | None, worker_id: str) -> None:
+    """Revoke a worker's credential now: it is lost (its tasks run again elsewhere) and must join with a new token."""
+    from fray.errors import NotFound
+
+    try:
+        record = Session.open(address).controller.revoke_worker(worker_id)
+    except NotFound:
+        raise CliError(f"no worker {worker_id!r} on this cluster", "`fray worker list` shows the workers") from None
+    click.echo(f"worker {record.info.worker_id} revoked ({record.state.value}); its tasks get new attempts elsewhere")
+
+
+@click.group()
+def token() -> None:
+    """Join tokens for workers and credentials for users, made and revoked by the administrator (cluster token)."""
+
+
+@token.command("create")
+@controller_option
+@click.option(
+    "--role", required=True, help="worker: a join token for `fray worker --join`; user:NAME: a user's credential."
+)
+@click.option("--ttl", type=float, default=None, help="Seconds it stays valid (a join token: 86400 unless told).")
+def token_create(address: str | None, role: str, ttl: float | None) -> None:
+    """Print one line: a join token (--role worker) or a user credential (--role user:NAME), pinning the CA."""
+    try:
+        made = Session.open(address).controller.create_token(role, ttl)
+    except ConfigError as exc:
+        raise CliError(str(exc), "e.g. fray token create --role worker --ttl 3600, or --role user:alice") from None
+    expires = made["expires_at"]
+    until = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(expires)) if expires else "never"
+    use = "fray worker --controller HOST:PORT --join '<line>'" if role == "worker" else "FRAY_CREDENTIAL='<line>'"
+    click.echo(f"token {made['id']} ({role}), expires {until}; use: {use}", err=True)
+    click.echo(made["line"])
+
+
+@token.command("list")
+@controller_option
+@click.option("--json", "as_json", is_flag=True)
+def token_list(address: str | None, as_json: bool) -> None:
+    """List join tokens and issued credentials (never their keys): id, for whom, state, expiry."""
+    rows = Session.open(address).controller.list_credentials()
+    if as_json:
+        echo_json(rows)
+        return
+    table = Table("id", "for", "state", "created", "expires", "via")
+    for row in rows:
+
+        def when(t: float | None) -> str:
+            return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "-"
+
+        subject = "worker join token" if row["subject"] == "join" else row["subject"]
+        table.add_row(row["id"], subject, row["state"], when(row["created_at"]), when(row["expires_at"]), row["via"])
+    stdout_console().print(table)
+
+
+@token.command("revoke")
+@controller_option
+@click.argument("credential_id")
+def token_revoke(address: str | None, credential_id: str) -> None:
+    """Revoke a join token or an issued credential by id (fray token list): it stops working at once."""
+    from fray.errors import NotFound
+
+    try:
+        changed = Session.open(address).controller.revoke_credential(credential_id)
+    except NotFound:
+        raise CliError(f"no token or credential {credential_id!r}", "`fray token list` shows their ids") from None
+    click.echo(f"{credential_id} revoked" if changed else f"{credential_id} was already revoked")

@@ -8,12 +8,13 @@ encodes the answer. Nothing here, or anywhere in the controller, unpickles anyth
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
 from fray.cluster import _codec as codec
-from fray.cluster.credentials import ADMIN, WORKER
-from fray.errors import PermissionDenied, ProtocolError, StorageError
+from fray.cluster.credentials import ADMIN, WORKER, Issued, issued_id
+from fray.errors import AuthenticationError, PermissionDenied, ProtocolError, StorageError
 
 __all__ = ["ControllerAPI"]
 
@@ -33,18 +34,44 @@ def _opt_str(value: Any) -> str | None:
 _WORKER_METHODS = frozenset({"register_worker", "poll", "report"})
 # What a worker credential may call: its own protocol and nothing that changes jobs.
 _WORKER_MAY = _WORKER_METHODS | {"health", "job", "tasks", "list_workers"}
+# The administrator's alone: issuing and revoking credentials.
+_ADMIN_METHODS = frozenset({"create_token", "list_credentials", "revoke_credential", "revoke_worker"})
+
+
+def _issued_data(record: Issued, now: float) -> dict[str, Any]:
+    return {
+        "id": record.credential_id,
+        "subject": record.subject,
+        "created_at": record.created_at,
+        "expires_at": record.expires_at,
+        "revoked_at": record.revoked_at,
+        "via": record.via,
+        "state": record.state(now),
+    }
 
 
 class Caller:
     """Who is calling, from the principal their connection proved (see :mod:`fray.cluster.credentials`)."""
 
     def __init__(self, principal: str, service: Any) -> None:
+        if not service.principal_valid(principal):
+            # Checked on every call, so a revoked (or expired) credential stops working at once, even on a
+            # connection it opened before.
+            raise AuthenticationError(f"the credential {principal!r} was revoked or has expired")
         self.principal = principal
         self.admin = principal == ADMIN
-        self.worker = principal == WORKER
-        self.job_id = principal.removeprefix("job:") if principal.startswith("job:") else None
-        if principal.startswith("user:"):
-            self.user: str | None = principal.removeprefix("user:")
+        issued = issued_id(principal) is not None
+        kind, _, name = principal.partition(":")
+        if issued:
+            name = name.rpartition("#")[0]  # WORKER#ID or NAME#ID: the credential's own id is not the name
+        #: A join token: it may only exchange itself for a worker's credential.
+        self.joining = issued and kind == "join"
+        #: The one worker an issued worker credential speaks for (None: the shared worker credential, or no worker).
+        self.worker_id = name if issued and kind == "worker" else None
+        self.worker = principal == WORKER or self.worker_id is not None
+        self.job_id = name if kind == "job" else None
+        if kind == "user":
+            self.user: str | None = name
         elif self.job_id is not None:
             self.user = service.job(self.job_id).user  # a job acts for its user
         else:
@@ -118,7 +145,61 @@ class ControllerAPI:
             "namespace_token": self._namespace_token,
             "logs": self._logs,
             "list_jobs": self._list_jobs,
+            "join": self._join,
+            "register_worker": self._register_worker,
+            "poll": self._poll,
+            "report": self._report,
         }
+
+    # -- workers: an issued worker credential speaks for its own worker only ------------------------
+
+    def _own_worker(self, caller: Caller, worker_id: Any) -> str:
+        worker_id = str(worker_id)
+        if caller.worker_id is not None and caller.worker_id != worker_id:
+            raise PermissionDenied(f"the credential of worker {caller.worker_id!r} may not act as worker {worker_id!r}")
+        return worker_id
+
+    def _register_worker(self, caller: Caller, info: Any, address: Any, running: Any, exited: Any = ()) -> Any:
+        worker_info = codec.worker_info_from(info)
+        self._own_worker(caller, worker_info.worker_id)
+        if caller.worker_id is None and not caller.admin and self._service.worker_revoked(worker_info.worker_id):
+            raise PermissionDenied(
+                f"worker {worker_info.worker_id!r} was revoked: it joins again only with a new join token "
+                "(fray token create --role worker; fray worker --join TOKEN)"
+            )
+        return self._methods["register_worker"](info, address, running, exited)
+
+    def _poll(self, caller: Caller, worker_id: Any, epoch: Any, wait: Any = 1.0) -> Any:
+        return self._methods["poll"](self._own_worker(caller, worker_id), epoch, wait)
+
+    def _report(self, caller: Caller, worker_id: Any, epoch: Any, report: Any) -> Any:
+        return self._methods["report"](self._own_worker(caller, worker_id), epoch, report)
+
+    def _join(self, caller: Caller, worker_id: Any) -> str:
+        if not caller.joining:
+            raise PermissionDenied("join needs a join token (fray token create --role worker)")
+        return str(self._service.join(caller.principal, str(worker_id)))
+
+    # -- credentials: the administrator's -------------------------------------------------------------
+
+    def _admin(self, method: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
+        s = self._service
+
+        def create_token(role: Any, ttl: Any = None) -> dict[str, Any]:
+            record, line = s.create_token(str(role), None if ttl is None else float(ttl))
+            return {**_issued_data(record, record.created_at), "line": line}
+
+        def revoke_worker(worker_id: Any) -> dict[str, Any]:
+            return codec.worker_record_data(s.revoke_worker(str(worker_id)))
+
+        now = time.time()
+        methods: dict[str, _Method] = {
+            "create_token": create_token,
+            "list_credentials": lambda: [_issued_data(r, now) for r in s.list_credentials()],
+            "revoke_credential": lambda credential_id: bool(s.revoke_credential(str(credential_id))),
+            "revoke_worker": revoke_worker,
+        }
+        return methods[method](*args, **kwargs)
 
     # -- methods that depend on who calls ----------------------------------------------------------
 
@@ -216,6 +297,12 @@ class ControllerAPI:
             raise
 
     def _dispatch(self, caller: Caller, method: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
+        if caller.joining and method != "join":
+            raise PermissionDenied(f"a join token may only join a worker, not call {method}")
+        if method in _ADMIN_METHODS:
+            if not caller.admin:
+                raise PermissionDenied(f"{method} needs the cluster token (the administrator's)")
+            return self._admin(method, args, kwargs)
         if method.startswith(_OPS_PREFIX) and self._ops is not None:
             return self._ops(caller, method.removeprefix(_OPS_PREFIX), args, kwargs)
         if method in _WORKER_METHODS and not (caller.admin or caller.worker):

@@ -42,7 +42,7 @@ __all__ = [
 ]
 
 #: The version of the layout below; :func:`create_or_migrate` brings older files up to it.
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 SCHEMA = """
 CREATE TABLE schema_version (version INTEGER NOT NULL);
@@ -120,6 +120,14 @@ CREATE TABLE workers (
     epoch INTEGER NOT NULL DEFAULT 0,
     health TEXT NOT NULL DEFAULT ''
 );
+CREATE TABLE credentials (
+    id TEXT PRIMARY KEY,
+    subject TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    expires_at REAL,
+    revoked_at REAL,
+    via TEXT NOT NULL DEFAULT ''
+);
 CREATE TABLE endpoints (
     namespace TEXT NOT NULL,
     name TEXT NOT NULL,
@@ -173,7 +181,8 @@ WORKER_COLS = (
 # gives every worker an epoch, which each registration advances (fencing), and a health
 # note (empty: healthy; otherwise why the worker takes no new tasks). Version 4 adds the
 # blobs table (job workspaces by content hash, :mod:`fray.cluster._blobs`); a file an
-# earlier operator build gave that table already keeps it.
+# earlier operator build gave that table already keeps it. Version 5 adds the credentials
+# table: join tokens and the credentials the controller issued, so they can expire and be revoked.
 _MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: ("ALTER TABLE jobs ADD COLUMN failure BLOB", "UPDATE tasks SET failure = NULL"),
     2: (
@@ -191,6 +200,10 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
     3: (
         "CREATE TABLE IF NOT EXISTS blobs (digest TEXT PRIMARY KEY, data BLOB NOT NULL, size INTEGER NOT NULL, "
         "created_at REAL NOT NULL, used_at REAL NOT NULL)",
+    ),
+    4: (
+        "CREATE TABLE IF NOT EXISTS credentials (id TEXT PRIMARY KEY, subject TEXT NOT NULL, created_at REAL NOT NULL, "
+        "expires_at REAL, revoked_at REAL, via TEXT NOT NULL DEFAULT '')",
     ),
 }
 

@@ -45,7 +45,7 @@ _TOKEN_FILE = Path.home() / ".config" / "fray" / "token"
 CONTROLLER_RETRY_SECONDS = 60.0
 
 # submit() creates something and preempt() ends an attempt; every other controller call can safely be repeated.
-_NOT_IDEMPOTENT = frozenset({"submit", "submit_many", "preempt"})
+_NOT_IDEMPOTENT = frozenset({"submit", "submit_many", "preempt", "create_token", "join"})
 
 
 def load_token(token: str | bytes | None = None) -> bytes | None:
@@ -76,7 +76,9 @@ def _data_client(
 ) -> DataClient:
     if credential is None:
         return DataClient(address, None, timeout=timeout, ca=ca)
-    return DataClient(address, credential.key, principal=credential.principal, timeout=timeout, ca=ca)
+    return DataClient(
+        address, credential.key, principal=credential.principal, timeout=timeout, ca=ca, pin=credential.pin
+    )
 
 
 class ControllerProxy:
@@ -120,6 +122,27 @@ class ControllerProxy:
 
     def report(self, worker_id: str, epoch: int, report: WorkerReport) -> bool:
         return bool(self._call("report", worker_id, epoch, codec.report_data(report)))
+
+    def join(self, worker_id: str) -> Credential:
+        """Exchange the join token this proxy authenticates with for ``worker_id``'s own credential."""
+        return Credential.decode(str(self._call("join", worker_id)))
+
+    # -- credentials (the administrator's) --------------------------------------------------------
+
+    def create_token(self, role: str, ttl: float | None = None) -> dict[str, Any]:
+        """Issue a join token (``"worker"``) or a user credential (``"user:NAME"``): its record, and ``line``."""
+        return dict(self._call("create_token", role, ttl))
+
+    def list_credentials(self) -> list[dict[str, Any]]:
+        """Every issued credential and join token: id, subject, times, state (never a key)."""
+        return [dict(r) for r in self._call("list_credentials")]
+
+    def revoke_credential(self, credential_id: str) -> bool:
+        return bool(self._call("revoke_credential", credential_id))
+
+    def revoke_worker(self, worker_id: str) -> WorkerRecord:
+        """Revoke the worker's credentials: it is lost at once (its tasks rescheduled) and must join again."""
+        return codec.worker_record_from(self._call("revoke_worker", worker_id))
 
     # -- jobs -----------------------------------------------------------------------------------
 

@@ -86,7 +86,7 @@ class LocalCluster:
         return env
 
     def _spawn(
-        self, args: list[str], log_name: str, *, worker: bool = False, prefix: Sequence[str] = ()
+        self, args: list[str], log_name: str, *, worker: bool = False, prefix: Sequence[str] = (), joins: bool = False
     ) -> subprocess.Popen[bytes]:
         env = {**os.environ, **self.extra_env, "FRAY_TOKEN": self.token, "PYTHONUNBUFFERED": "1"}
         env.pop("FRAY_CLIENT_SPEC", None)
@@ -94,12 +94,13 @@ class LocalCluster:
         env.pop(OWNER_ENV, None)
         if self.exit_with_owner:
             env[OWNER_ENV] = str(os.getpid())
-        if self.ca_file is not None:
+        if self.ca_file is not None and not joins:
             env["FRAY_TLS_CA"] = str(self.ca_file)
         if worker:
             # Workers hold the worker credential only: never the cluster token, which their tasks must not see.
             del env["FRAY_TOKEN"]
-            env["FRAY_CREDENTIAL"] = self.worker_credential.encode()
+            if not joins:  # a joining worker has its join token, which pins the CA, and nothing else
+                env["FRAY_CREDENTIAL"] = self.worker_credential.encode()
         log = os.fdopen(open_private(self.directory / log_name), "ab")
         try:
             return subprocess.Popen(
@@ -148,11 +149,15 @@ class LocalCluster:
         self.port = int(self.address.rsplit(":", 1)[1])
         return self.address
 
-    def add_worker(self, worker_id: str, *extra: str, prefix: Sequence[str] = ()) -> subprocess.Popen[bytes]:
+    def add_worker(
+        self, worker_id: str, *extra: str, prefix: Sequence[str] = (), join: str | None = None
+    ) -> subprocess.Popen[bytes]:
         """Start a worker process (``extra``: more ``fray worker`` options such as ``--cpu 2``).
 
         ``prefix`` goes before its command, as ``controller_prefix`` does for the controller's
-        (e.g. ``ip netns exec HOST``: a worker on a simulated host).
+        (e.g. ``ip netns exec HOST``: a worker on a simulated host). With ``join`` (a join token,
+        :meth:`create_token`) the worker joins as one on another machine would: with that token
+        alone, no shared worker credential and no CA file.
         """
         args = [
             "worker",
@@ -163,10 +168,19 @@ class LocalCluster:
             "--workdir",
             str(self.directory / worker_id),
             *extra,
+            *(("--join", join) if join else ()),
         ]
-        proc = self._spawn(args, f"{worker_id}.log", worker=True, prefix=prefix)
+        proc = self._spawn(args, f"{worker_id}.log", worker=True, prefix=prefix, joins=join is not None)
         self.workers[worker_id] = proc
         return proc
+
+    def create_token(self, role: str = "worker", ttl: float | None = None) -> str:
+        """A join token (``role="worker"``) or a user credential (``"user:NAME"``), as ``fray token create`` prints it."""
+        client = controller_client(self.address, self.token, ca=self.ca_file)
+        try:
+            return str(client.create_token(role, ttl)["line"])
+        finally:
+            client.close()
 
     def wait_for_workers(self, count: int, timeout: float = 30.0) -> None:
         """Block until ``count`` workers are registered and alive."""

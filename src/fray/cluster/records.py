@@ -77,6 +77,8 @@ class WorkerState(StrEnum):
 
     ALIVE = "alive"
     LOST = "lost"
+    #: Its credential was revoked (``fray worker revoke``): lost, and back only by joining with a new token.
+    REVOKED = "revoked"
 
 
 TASK_TRANSITIONS: Mapping[TaskState, frozenset[TaskState]] = {
@@ -96,7 +98,8 @@ TASK_TRANSITIONS: Mapping[TaskState, frozenset[TaskState]] = {
 
 WORKER_TRANSITIONS: Mapping[WorkerState, frozenset[WorkerState]] = {
     WorkerState.ALIVE: frozenset({WorkerState.ALIVE, WorkerState.LOST}),
-    WorkerState.LOST: frozenset({WorkerState.ALIVE}),
+    WorkerState.LOST: frozenset({WorkerState.ALIVE, WorkerState.REVOKED}),
+    WorkerState.REVOKED: frozenset({WorkerState.ALIVE, WorkerState.REVOKED}),
 }
 """For each worker state, the states it may move to (ALIVE -> ALIVE is a re-registration)."""
 

@@ -23,7 +23,7 @@ from fray.cluster.store import ClusterStore
 from fray.errors import ConfigError
 from fray.rpc.datarpc import DataServer
 from fray.rpc.namespace import default_token
-from fray.rpc.tls import TlsFiles, ensure_cluster_tls, is_loopback_address, server_context
+from fray.rpc.tls import TlsFiles, ca_pin, ensure_cluster_tls, is_loopback_address, server_context
 
 __all__ = ["Controller"]
 
@@ -69,7 +69,9 @@ class Controller:
         else:
             self.tls_files = None
         self.store = ClusterStore(db_path)
-        self.service = ControllerService(self.store, worker_timeout=worker_timeout, master=resolved)
+        #: The pin of the cluster CA (``sha256:HEX``; "" without TLS): credentials the controller issues carry it.
+        self.pin = ca_pin(self.tls_files.ca_cert.read_text()) if self.tls_files is not None else ""
+        self.service = ControllerService(self.store, worker_timeout=worker_timeout, master=resolved, pin=self.pin)
         # The operator API (listings, status, retention, workspaces): its own object, served by the
         # same data-only server under "ops." method names (see fray.cluster._ops_api).
         self.ops = OpsService(

@@ -57,6 +57,7 @@ from fray.cluster._schema import (
     write_worker,
 )
 from fray.cluster.capacity import TaskResources, WorkerInfo
+from fray.cluster.credentials import Issued
 from fray.cluster.credit import CreditPolicy
 from fray.cluster.records import (
     Effects,
@@ -581,6 +582,64 @@ class ClusterStore:
     def lose_worker(self, worker_id: str, now: float, reason: str = "preempted") -> Effects:
         """Declare ``worker_id`` lost now (e.g. on a preemption notice); not applied if it is not alive."""
         return self._change_alive_worker(worker_id, now, lambda change: change.lose_worker(worker_id, reason))
+
+    def revoke_worker(self, worker_id: str, now: float) -> Effects:
+        """Revoke ``worker_id``: its issued credentials stop working, it is lost (its gangs retried) and REVOKED.
+
+        NotFound if no such worker was ever registered. Only a credential issued after this (a new
+        join) brings it back.
+        """
+        with self._db.txn() as cur:
+            row = cur.execute("SELECT state FROM workers WHERE id = ?", (worker_id,)).fetchone()
+            if row is None:
+                raise NotFound(f"no worker {worker_id!r}")
+            cur.execute(
+                "UPDATE credentials SET revoked_at = ? WHERE subject = ? AND revoked_at IS NULL",
+                (now, f"worker:{worker_id}"),
+            )
+            change = self._change(cur, now)
+            state = WorkerState(row[0])
+            if state == WorkerState.ALIVE:
+                change.lose_worker(worker_id, "its credential was revoked")
+                state = WorkerState.LOST
+            check_worker_transition(state, WorkerState.REVOKED)
+            cur.execute("UPDATE workers SET state = 'revoked' WHERE id = ?", (worker_id,))
+            return change.effects()
+
+    # -- issued credentials (join tokens, workers' and users' own) --------------------------------
+
+    def add_issued(self, record: Issued) -> None:
+        """Record an issued credential or join token."""
+        with self._db.txn() as cur:
+            cur.execute(
+                "INSERT INTO credentials (id, subject, created_at, expires_at, revoked_at, via) VALUES (?, ?, ?, ?, ?, ?)",
+                (
+                    record.credential_id,
+                    record.subject,
+                    record.created_at,
+                    record.expires_at,
+                    record.revoked_at,
+                    record.via,
+                ),
+            )
+
+    def issued(self) -> list[Issued]:
+        """Every issued credential and join token, oldest first."""
+        with self._db.locked():
+            rows = self._db.conn.execute(
+                "SELECT id, subject, created_at, expires_at, revoked_at, via FROM credentials ORDER BY created_at, id"
+            ).fetchall()
+        return [Issued(str(i), str(subject), float(c), e, r, str(via)) for i, subject, c, e, r, via in rows]
+
+    def revoke_issued(self, credential_id: str, now: float) -> bool:
+        """Revoke one issued credential or join token; False if it was revoked already; NotFound if unknown."""
+        with self._db.txn() as cur:
+            if cur.execute("SELECT 1 FROM credentials WHERE id = ?", (credential_id,)).fetchone() is None:
+                raise NotFound(f"no credential or token {credential_id!r}")
+            updated = cur.execute(
+                "UPDATE credentials SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL", (now, credential_id)
+            )
+            return updated.rowcount == 1
 
     def refresh_heartbeats(self, now: float) -> int:
         """Set every alive worker's last heartbeat to ``now``; return how many.

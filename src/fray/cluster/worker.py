@@ -19,7 +19,15 @@ Retrying is for what may heal: a controller not up yet, or restarting. A first a
 cannot change by retrying -- the controller refuses the worker's credential, or the server is
 not the cluster's (its TLS certificate is not the cluster CA's; it cannot prove it holds the
 key) -- ends the worker instead, with one line saying why (see :attr:`Worker.refusal`). Once
-registered, the worker never gives up: its tasks keep running through anything.
+registered, the worker gives up only when the controller refuses its credential (it was
+revoked): it stops its tasks, which the controller has given new attempts elsewhere. Anything
+else it retries: its tasks keep running through it.
+
+Joining (``join=``, ``fray worker --join TOKEN``): a worker with a join token first checks the
+controller against the CA the token pins (before anything secret is sent), exchanges the token
+for its own credential and keeps it 0600 in ``workdir/credential`` with the token's id; started
+again with the same token (or none), it reuses that credential, so a token may expire once its
+workers have joined.
 
 Exactly-once completion: a task's exit goes into the durable :class:`OutcomeJournal`
 first, and leaves it only when the controller has recorded it -- through a report, or
@@ -54,6 +62,7 @@ from fray.cluster._journal import OutcomeJournal
 from fray.cluster._launch import ForkedProcess, ForkServer, die_with_worker
 from fray.cluster.capacity import Device, WorkerInfo
 from fray.cluster.controller_client import CredentialLike, controller_client, resolve_credential
+from fray.cluster.credentials import Credential, issued_id
 from fray.cluster.messages import TaskAssignment, TaskExit, WorkerCommands, WorkerReport
 from fray.cluster.records import TaskKey
 from fray.errors import AuthenticationError, ConfigError, FrayError, PermissionDenied
@@ -207,9 +216,14 @@ class Worker:
     ``zone``, ``tpu-name``, ``tpu-worker-id``, ...) describe what the scheduler may
     rely on.
 
+    ``join`` is a join token (its one-line form): the worker joins with it unless its
+    ``workdir`` holds a credential from that same token (or ``join`` is None and it holds
+    one), and then speaks with its own credential (see the module's docstring).
+
     If the controller's first answer is a refusal that retrying cannot change (see the
-    module's docstring), the worker stops, sets :attr:`refusal` to a one-line reason and
-    calls ``on_refused`` with it (default: logs it).
+    module's docstring), or it later refuses the worker's credential (revoked), the worker
+    stops, sets :attr:`refusal` to a one-line reason and calls ``on_refused`` with it
+    (default: logs it).
     """
 
     def __init__(
@@ -227,11 +241,20 @@ class Worker:
         poll_wait: float = 2.0,
         heartbeat: float = 1.0,
         on_refused: Callable[[str], None] | None = None,
+        join: str | None = None,
     ) -> None:
         self.controller = controller
-        self.worker_id = worker_id or f"worker-{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
+        token_of_join = _join_token(join) if join else None
+        # A joining worker's default id is its host's name (one worker a host), so that it is the same
+        # when it starts again and finds its credential.
+        default_id = (
+            socket.gethostname().split(".")[0] if join else f"worker-{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
+        )
+        self.worker_id = worker_id or default_id
         self.workdir = private_dir(workdir or Path.home() / ".cache" / "fray" / "workers" / self.worker_id)
         private_dir(self.workdir / "tasks")  # also when an older Fray made it with the umask's mode
+        #: Where a worker that joined keeps its own credential (0600) and the id of the token it came from.
+        self.credential_file = self.workdir / "credential"
         self.info = WorkerInfo(
             worker_id=self.worker_id,
             cpu_millis=int((cpu if cpu is not None else os.cpu_count() or 1) * 1000),
@@ -242,7 +265,12 @@ class Worker:
         )
         self._poll_wait = poll_wait
         self._heartbeat = heartbeat
-        self._credential = resolve_credential(token)  # also what fetches job workspaces
+        self._join_token = token_of_join
+        stored = self._stored_credential(token_of_join)
+        if stored is not None or token_of_join is not None:
+            self._credential: Credential | None = stored  # None: join first (see _register)
+        else:
+            self._credential = resolve_credential(token)  # also what fetches job workspaces
         self._client = controller_client(controller, self._credential)
         self._lock = threading.Lock()
         self._session = threading.Lock()  # registrations and reports never overlap
@@ -310,7 +338,6 @@ class Worker:
         # Task processes are started from this one long-lived thread: the kernel's
         # parent-death signal follows the thread that forked them.
         backoff = 0.05
-        poller = self._client.with_timeout(self._poll_wait + 30.0)
         self._forkserver = self._start_forkserver()
         while not self._stopping.is_set():
             try:
@@ -318,12 +345,16 @@ class Worker:
                 if not self._registered:
                     commands = self._register()
                 else:
+                    poller = self._client.with_timeout(self._poll_wait + 30.0)
                     commands = poller.poll(self.worker_id, self._epoch, self._poll_wait)
                 self._heard(sent)
                 backoff = 0.05
                 self._obey(commands)
             except Exception as exc:  # never dies: an unreachable controller, or a bug of ours
-                refusal = None if self._joined else _refusal(self.worker_id, self.controller, exc)
+                if self._joined:
+                    refusal = _revoked(self.worker_id, self.controller, exc)
+                else:
+                    refusal = _refusal(self.worker_id, self.controller, exc, joining=self._join_token is not None)
                 if refusal is not None:
                     self._give_up(refusal)
                     return
@@ -331,8 +362,43 @@ class Worker:
                 self._stopping.wait(backoff)
                 backoff = min(backoff * 2, 2.0)
 
+    def _stored_credential(self, token: Credential | None) -> Credential | None:
+        """The credential this worker joined with before, if it may use it (same token, or none given)."""
+        try:
+            lines = self.credential_file.read_text().splitlines()
+        except OSError:
+            return None
+        try:
+            credential = Credential.decode(lines[0]) if lines else None
+        except ConfigError:
+            return None
+        via = lines[1].removeprefix("join-token ").strip() if len(lines) > 1 else ""
+        if credential is None or not credential.principal.startswith(f"worker:{self.worker_id}#"):
+            return None  # another worker's (a reused workdir): join anew
+        if token is not None and via != issued_id(token.principal):
+            return None  # a new token: join with it (e.g. after a revocation)
+        return credential
+
+    def _join(self) -> None:
+        """Exchange the join token for this worker's own credential, kept 0600 in :attr:`credential_file`."""
+        assert self._join_token is not None
+        joiner = controller_client(self.controller, self._join_token, timeout=30.0)
+        try:
+            credential = joiner.join(self.worker_id)
+        finally:
+            joiner.close()
+        write_private(
+            self.credential_file, f"{credential.encode()}\njoin-token {issued_id(self._join_token.principal)}\n"
+        )
+        self._credential = credential
+        old, self._client = self._client, controller_client(self.controller, credential)
+        old.close()
+        logger.info("worker %s joined %s with its own credential", self.worker_id, self.controller)
+
     def _register(self) -> WorkerCommands:
         """(Re)join with every task still running here and every outcome not acknowledged yet."""
+        if self._credential is None:
+            self._join()
         with self._session:
             with self._lock:
                 running = list(self._tasks)
@@ -353,6 +419,10 @@ class Worker:
         self.refusal = refusal
         self._stopping.set()
         self._report_ready.set()
+        with self._lock:
+            procs = [t.proc for t in self._tasks.values() if t.proc is not None]
+        for proc in procs:  # revoked: the controller has given them new attempts elsewhere
+            kill_process_group(proc, grace=1.0)
         if self._on_refused is not None:
             self._on_refused(refusal)
         else:
@@ -649,7 +719,32 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _refusal(worker_id: str, controller: str, exc: Exception) -> str | None:
+def _join_token(line: str) -> Credential:
+    """The join token in ``line``; ConfigError (one line saying what it should be) if it is not one."""
+    try:
+        token = Credential.decode(line)
+    except ConfigError:
+        token = None
+    if token is None or not token.principal.startswith("join:"):
+        raise ConfigError(
+            "--join takes the one line `fray token create --role worker` printed (fray-credential-v1 join:...), "
+            "and this is not one"
+        )
+    return token
+
+
+def _revoked(worker_id: str, controller: str, exc: Exception) -> str | None:
+    """The line a registered worker gives up with when the controller refuses its credential, else None."""
+    if not isinstance(exc, AuthenticationError) or isinstance(exc, UntrustedServerError):
+        return None
+    return (
+        f"worker {worker_id}: the controller at {controller} refused its credential (revoked: fray worker revoke) "
+        "and its tasks were stopped -- join again with a new token: fray worker --join TOKEN "
+        "(fray token create --role worker makes one)"
+    )
+
+
+def _refusal(worker_id: str, controller: str, exc: Exception, *, joining: bool = False) -> str | None:
     """The one line a worker gives up with when ``exc`` is an answer retrying cannot change, else None.
 
     Connection failures (``CallNotSentError``, timeouts, a lost connection) are None: the
@@ -657,7 +752,14 @@ def _refusal(worker_id: str, controller: str, exc: Exception) -> str | None:
     """
     lines = str(exc).strip().splitlines()
     detail = lines[0] if lines else type(exc).__name__
-    if isinstance(exc, UntrustedServerError):
+    if joining and isinstance(exc, UntrustedServerError):
+        fix = "the join token pins another controller's CA: check --controller, or mint a token on that controller"
+    elif joining and isinstance(exc, (AuthenticationError, PermissionDenied)):
+        fix = (
+            "the join token, or the credential this worker got with it earlier, is expired, revoked or another "
+            "cluster's: mint a new token with `fray token create --role worker` on the controller's machine"
+        )
+    elif isinstance(exc, UntrustedServerError):
         fix = (
             "set FRAY_TLS_CA to the CA of the controller's cluster (`fray controller` prints its path when it starts) "
             "and check that --controller names that controller"

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import threading
 import weakref
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from connectrpc.code import Code
@@ -21,14 +19,13 @@ from connectrpc.errors import ConnectError
 from iris.client import JobAlreadyExists as IrisJobAlreadyExists
 from iris.cluster.types import Entrypoint as IrisEntrypoint
 
-from fray._adopt import adopt_or_check
+from fray._client_core import ClientCore
 from fray._codepickle import dumps
 from fray._driver_exit import ExitNotice, JobsAtExit
 from fray._local_context import LocalJobContext
 from fray._pending_notice import watch as watch_pending
-from fray._runtime import check_terminated
 from fray._serialization import call_parts, check_picklable
-from fray.actor import ActorGroup, check_actor_request, group_member_names
+from fray.actor import check_actor_request
 from fray.actor_config import ActorConfig, check_actor_config_supported
 from fray.errors import ConfigError, FrayError, JobAlreadyExists, SerializationError
 from fray.iris import _connect, _task
@@ -72,16 +69,29 @@ def _release_actors_at_exit() -> None:
         client._terminate_owned(actors_only=True)
 
 
-class IrisClient:
+class IrisClient(ClientCore["IrisJobHandle", "IrisActorHandle"]):
     """A Fray client of the Iris cluster whose controller is at ``address`` (``HOST:PORT``).
 
     ``address=None`` means the cluster the calling Iris task runs in (what
     ``current_client()`` picks inside a task). ``workspace`` is a directory Iris bundles
     and ships to the workers with every job (Iris's ``IrisClient.remote(workspace=...)``).
     Inside a task, jobs and actors are children of the task's job, in its namespace.
+
+    A job outlives the script unless submitted with ``detached=False``, which stops it
+    when the script exits (the driver-exit rule, :mod:`fray._driver_exit`); inside an
+    Iris task, jobs are children of the task's job and end with it. Actors are Iris jobs;
+    of :class:`~fray.actor_config.ActorConfig`, ``max_concurrency`` (Iris's actor server
+    threads) and ``lifetime`` are honoured, restarts and call retries are refused by name.
+    Queues are refused (no queue with leases of its own yet): keep one in an actor with
+    ``fray.queue.actor_queue(client, name)``.
     """
 
+    BACKEND = "Iris"
+    # Iris itself refuses a second live job of a name (JobAlreadyExists); adopting one is not done yet.
+    ADOPTS = False
+
     def __init__(self, address: str | None = None, *, workspace: str | None = None) -> None:
+        super().__init__()
         in_task = _connect.in_task()
         if address is None and not in_task:
             raise ConfigError(
@@ -98,9 +108,6 @@ class IrisClient:
 
             self._iris = IrisLib.remote(_connect.controller_url(self.address or ""), workspace=Path(self.workspace))
         self._owned: list[tuple[IrisJobHandle, bool]] = []  # (job, is an actor)
-        self._lock = threading.Lock()
-        self._closed = False
-        self._job_context: LocalJobContext | None = None
         _live_clients.add(self)
 
     @classmethod
@@ -121,35 +128,9 @@ class IrisClient:
         """The wrapped ``iris.client.IrisClient``."""
         return self._iris
 
-    @property
-    def closed(self) -> bool:
-        """True once :meth:`shutdown` was called."""
-        return self._closed
-
-    def __enter__(self) -> IrisClient:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.shutdown(wait=exc_type is None)
-
     # ----- jobs ---------------------------------------------------------------------------------------
 
-    def submit(
-        self, request: JobRequest, adopt_existing: bool | None = None, *, detached: bool = True
-    ) -> IrisJobHandle:
-        """Submit the job to Iris; returns at once.
-
-        The job outlives this script unless ``detached=False``, which stops it when the
-        script exits (the driver-exit rule, :mod:`fray._driver_exit`). Inside an Iris
-        task, jobs are children of the task's job and end with it.
-        """
-        check_terminated()
-        if not isinstance(request, JobRequest):
-            raise ConfigError(f"submit() takes a JobRequest, got {type(request).__name__}")
-        # Iris itself refuses a second live job of a name (JobAlreadyExists); adopting one is not done yet.
-        adopt_or_check("Iris", request, adopt_existing, None)
+    def _start_job(self, request: JobRequest, detached: bool) -> IrisJobHandle:
         entry = request.entrypoint
         if isinstance(entry, CallableEntrypoint):
             payload = _pickled(f"job {request.name!r}", entry.callable, entry.args, dict(entry.kwargs))
@@ -230,22 +211,6 @@ class IrisClient:
 
     # ----- actors -------------------------------------------------------------------------------------
 
-    def create_actor(
-        self,
-        actor_class: type,
-        *args: Any,
-        name: str,
-        resources: ResourceConfig | None = None,
-        actor_config: ActorConfig | None = None,
-        **kwargs: Any,
-    ) -> IrisActorHandle:
-        """Start the actor as an Iris job; the handle works at once (calls wait until it serves).
-
-        Of :class:`~fray.actor_config.ActorConfig`, ``max_concurrency`` (Iris's actor server
-        threads) and ``lifetime`` are honoured; restarts and call retries are refused by name.
-        """
-        return self._create_actor(actor_class, args, kwargs, name, resources, actor_config, None)
-
     def _create_actor(
         self,
         actor_class: type,
@@ -255,8 +220,7 @@ class IrisClient:
         resources: ResourceConfig | None,
         actor_config: ActorConfig | None,
         group: tuple[str, int] | None,
-    ) -> IrisActorHandle:
-        check_terminated()
+    ) -> tuple[IrisActorHandle, IrisJobHandle]:
         reserved, config = check_actor_request(actor_class, name, resources, args, kwargs, actor_config)
         check_actor_config_supported("Iris", config, _ACTOR_CONFIG)
         payload = _pickled(f"actor {name!r}", actor_class, args, kwargs, "the class")
@@ -272,43 +236,13 @@ class IrisClient:
         job = self._launch(
             request, entrypoint, actor_class.__qualname__, binary=False, ports=["actor"], detached=config.detached
         )
-        return IrisActorHandle(name, job, actor_class, self.address, self._iris, config.max_concurrency)
-
-    def create_actor_group(
-        self,
-        actor_class: type,
-        *args: Any,
-        name: str,
-        count: int,
-        resources: ResourceConfig | None = None,
-        actor_config: ActorConfig | None = None,
-        **kwargs: Any,
-    ) -> ActorGroup:
-        """Start ``count`` actors ``{name}-0`` ... ``{name}-{count-1}``, each its own Iris job."""
-        members = group_member_names(name, count)
-        handles = [
-            self._create_actor(actor_class, args, kwargs, member, resources, actor_config, (name, index))
-            for index, member in enumerate(members)
-        ]
-        return ActorGroup(handles, [handle.job for handle in handles], name)
+        return IrisActorHandle(name, job, actor_class, self.address, self._iris, config.max_concurrency), job
 
     # ----- the job level ------------------------------------------------------------------------------
 
-    def _fray_job_context(self) -> LocalJobContext:
-        """The job context inside an Iris job: tasks on threads of the job's process (made once)."""
-        with self._lock:
-            if self._job_context is None:
-                self._job_context = LocalJobContext(client=self)
-            return self._job_context
-
-    # ----- queues -------------------------------------------------------------------------------------
-
-    def create_queue(self, name: str, *, exist_ok: bool = False) -> Any:
-        """Refused: the Iris backend has no queue of its own yet (the message names the alternative)."""
-        raise ConfigError(
-            f"create_queue({name!r}): the Iris backend has no queue with leases yet; keep one in an actor with "
-            "fray.queue.actor_queue(client, name), or run the pool on a Fray cluster or Ray"
-        )
+    def _make_job_context(self) -> LocalJobContext:
+        """The job context inside an Iris job: tasks on threads of the job's process."""
+        return LocalJobContext(client=self)
 
     # ----- shutdown -----------------------------------------------------------------------------------
 

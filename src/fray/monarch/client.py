@@ -14,20 +14,18 @@ import importlib.metadata
 import re
 import shutil
 import tempfile
-import threading
 import uuid
 import weakref
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from monarch.actor import this_host
 
-from fray._adopt import adopt_or_check, is_named
+from fray._adopt import is_named
+from fray._client_core import ClientCore
 from fray._codepickle import dumps
 from fray._driver_exit import ExitNotice, JobsAtExit
 from fray._pending_notice import watch as watch_pending
-from fray._runtime import check_terminated
 from fray._serialization import call_parts, check_picklable
 from fray.actor import ActorGroup, check_actor_request, group_member_names
 from fray.actor_config import ActorConfig, check_actor_config_supported
@@ -100,7 +98,7 @@ def _check_environment(name: str, environment: EnvironmentConfig) -> None:
         )
 
 
-class MonarchClient:
+class MonarchClient(ClientCore["MonarchJobHandle", "MonarchActorHandle"]):
     """Jobs as processes on this host, actors as Monarch actors on process meshes.
 
     ``procs`` (spec ``monarch?procs=N``) is the size of the pool of pre-spawned worker
@@ -108,11 +106,22 @@ class MonarchClient:
     Limits: everything runs on this host; ``cpu``, ``ram`` and ``disk`` are not
     enforced; accelerators and ``regions`` are refused; ``docker_image`` is refused and
     ``pip_packages`` must already be installed; job handles work in this process only.
+
+    A job's processes are the script's own children, so its jobs end with it whatever
+    ``detached`` says (the driver-exit rule, :mod:`fray._driver_exit`); at exit, Fray names
+    the ones that were still running. An actor runs on a new Monarch process (a group on
+    one process mesh); of :class:`~fray.actor_config.ActorConfig`, ``max_concurrency`` is
+    honoured, restarts, call retries and a detached lifetime are refused by name (see
+    ``docs/monarch.md``). Queues are kept by one of the client's actors
+    (:func:`fray.queue.actor_queue`).
     """
+
+    BACKEND = "Monarch"
 
     def __init__(self, procs: int | None = None, *, namespace: str | None = None, echo_logs: bool = False) -> None:
         if procs is not None and (isinstance(procs, bool) or not isinstance(procs, int) or procs < 1):
             raise ConfigError(f"MonarchClient(procs={procs!r}) must be a whole number >= 1 or None")
+        super().__init__()
         supervision.configure()
         self.client_id = _short_id()
         self.namespace = namespace or f"monarch-{self.client_id}"
@@ -122,13 +131,10 @@ class MonarchClient:
         self._workdir = Path(tempfile.mkdtemp(prefix=f"fray-monarch-{self.client_id}-"))
         # Logs and payloads outlive shutdown() (a finished job's logs stay readable) and go with the client.
         weakref.finalize(self, shutil.rmtree, str(self._workdir), True)
-        self._lock = threading.Lock()
         self._jobs: list[MonarchJob] = []
         self._actors: dict[str, ActorRecord] = {}  # live actors by name
         self._all_actors: list[ActorRecord] = []
         self._meshes: list[HostMesh] = []
-        self._job_context: MonarchJobContext | None = None
-        self._closed = False
 
     @classmethod
     def from_spec(cls, spec: ClientSpec) -> MonarchClient:
@@ -148,19 +154,6 @@ class MonarchClient:
     def __repr__(self) -> str:
         return f"MonarchClient(namespace={self.namespace!r}, procs={self.procs})"
 
-    @property
-    def closed(self) -> bool:
-        """True once :meth:`shutdown` was called; a closed client accepts no more work."""
-        return self._closed
-
-    def __enter__(self) -> MonarchClient:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.shutdown(wait=exc_type is None)
-
     # ----- identity ----------------------------------------------------------------------------
 
     def _new_job_id(self, name: str) -> str:
@@ -172,28 +165,9 @@ class MonarchClient:
         parent = current_job()
         return parent.namespace if parent is not None and parent.namespace else self.namespace
 
-    def _check_open(self) -> None:
-        check_terminated()
-        if self._closed:
-            raise FrayError("this MonarchClient is shut down; create a new one")
-
     # ----- jobs --------------------------------------------------------------------------------
 
-    def submit(
-        self, request: JobRequest, adopt_existing: bool | None = None, *, detached: bool = True
-    ) -> MonarchJobHandle:
-        """Start a job as processes on this host (one per replica); returns at once.
-
-        The processes are the script's own children, so its jobs end with it whatever
-        ``detached`` says (the driver-exit rule, :mod:`fray._driver_exit`); at exit,
-        Fray names the ones that were still running.
-        """
-        self._check_open()
-        if not isinstance(request, JobRequest):
-            raise ConfigError(f"submit() takes a JobRequest, got {type(request).__name__}")
-        live = adopt_or_check("Monarch", request, adopt_existing, self._live_job)
-        if live is not None:
-            return live
+    def _start_job(self, request: JobRequest, detached: bool) -> MonarchJobHandle:
         request = dataclasses.replace(request, resources=_check_resources(f"job {request.name!r}", request.resources))
         _check_environment(request.name, request.environment or EnvironmentConfig())
         entry = request.entrypoint
@@ -224,26 +198,22 @@ class MonarchClient:
 
     # ----- actors ------------------------------------------------------------------------------
 
-    def create_actor(
+    def _create_actor(
         self,
         actor_class: type,
-        *args: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
         name: str,
-        resources: ResourceConfig | None = None,
-        actor_config: ActorConfig | None = None,
-        **kwargs: Any,
-    ) -> MonarchActorHandle:
-        """Start the actor ``name`` on a new Monarch process; the handle is usable at once.
-
-        Of :class:`~fray.actor_config.ActorConfig`, ``max_concurrency`` is honoured; restarts,
-        call retries and a detached lifetime are refused by name (see ``docs/monarch.md``).
-        """
-        self._check_open()
+        resources: ResourceConfig | None,
+        actor_config: ActorConfig | None,
+        group: tuple[str, int] | None,
+    ) -> tuple[MonarchActorHandle, MonarchJobHandle]:
+        """One actor on a new Monarch process (groups are made whole, on one mesh, by create_actor_group)."""
         reserved, config = check_actor_request(actor_class, name, resources, args, kwargs, actor_config)
         check_actor_config_supported("Monarch", config, _ACTOR_CONFIG)
         _check_resources(f"actor {name!r}", reserved)
-        handles, _ = self._spawn(actor_class, args, kwargs, [name], config, None)
-        return handles[0]
+        handles, records = self._spawn(actor_class, args, kwargs, [name], config, None)
+        return handles[0], MonarchJobHandle(records[0], records[0].job_id)
 
     def create_actor_group(
         self,
@@ -329,16 +299,13 @@ class MonarchClient:
 
     # ----- the job level -------------------------------------------------------------------------
 
-    def _fray_job_context(self) -> MonarchJobContext:
-        """This client's job context: tasks on a pool of ``procs`` Monarch processes (made once, on first use)."""
-        with self._lock:
-            if self._job_context is None:
-                self._job_context = MonarchJobContext(self, self.procs)
-            return self._job_context
+    def _make_job_context(self) -> MonarchJobContext:
+        """This client's job context: tasks on a pool of ``procs`` Monarch processes."""
+        return MonarchJobContext(self, self.procs)
 
     # ----- queues --------------------------------------------------------------------------------
 
-    def create_queue(self, name: str, *, exist_ok: bool = False) -> ActorQueue[Any]:
+    def _open_queue(self, name: str, exist_ok: bool) -> ActorQueue[Any]:
         """A queue with leases kept by one of this client's actors (:func:`fray.queue.actor_queue`)."""
         return actor_queue(self, name, exist_ok=exist_ok)
 

@@ -57,7 +57,14 @@ from fray.errors import (
 from fray.rpc import wire
 from fray.rpc._accept import Acceptor, Limits
 from fray.rpc.server import bind_listener
-from fray.rpc.tls import CA_FILE, UntrustedServerError, client_context, default_ca, is_loopback_address
+from fray.rpc.tls import (
+    CA_FILE,
+    UntrustedServerError,
+    client_context,
+    default_ca,
+    fetch_pinned_ca,
+    is_loopback_address,
+)
 
 __all__ = ["DEFAULT_MAX_REQUEST_BYTES", "DataClient", "DataServer", "pack", "unpack"]
 
@@ -231,17 +238,24 @@ class DataServer:
 
 class _Conn:
     def __init__(
-        self, host: str, port: int, token: bytes | None, principal: str, timeout: float, ca: Path | None
+        self, host: str, port: int, token: bytes | None, principal: str, timeout: float, ca: Path | None, pin: str = ""
     ) -> None:
         tls = None
         if not is_loopback_address(host):
-            ca = ca or default_ca()
-            if ca is None:
-                raise ConfigError(
-                    f"{host}:{port} is not on this machine, so the connection must use TLS: set FRAY_TLS_CA to the "
-                    f"cluster's CA certificate (fray cluster up writes it to {CA_FILE})"
-                )
-            tls = client_context(ca)
+            if ca is None and pin:
+                # The credential pins the controller's CA: find it (a TLS handshake, nothing secret) and
+                # trust only it, so an impostor is refused before the Fray handshake.
+                ca_pem = fetch_pinned_ca(host, port, pin, min(timeout, wire.HANDSHAKE_TIMEOUT))
+                tls = client_context(ca_pem=ca_pem)
+            else:
+                ca = ca or default_ca()
+                if ca is None:
+                    raise ConfigError(
+                        f"{host}:{port} is not on this machine, so the connection must use TLS: set FRAY_TLS_CA to "
+                        f"the cluster's CA certificate (fray cluster up writes it to {CA_FILE}), or use a credential "
+                        "that pins it (fray token create)"
+                    )
+                tls = client_context(ca)
         sock = socket.create_connection((host, port), timeout=min(timeout, wire.HANDSHAKE_TIMEOUT))
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -251,7 +265,7 @@ class _Conn:
                     sock = tls.wrap_socket(sock)
                 except ssl.SSLCertVerificationError as exc:
                     raise UntrustedServerError(
-                        f"{host}:{port} did not present a certificate of this cluster's CA ({ca}): {exc}"
+                        f"{host}:{port} did not present a certificate of this cluster's CA ({ca or pin}): {exc}"
                     ) from None
             session = wire.client_handshake(sock, token, f"{host}:{port}", principal)
             sock.settimeout(None)
@@ -285,7 +299,8 @@ class DataClient:
 
     ``token`` is the key of ``principal`` ("" for the plain token). A server beyond this
     machine is reached over TLS, trusting the CA certificate ``ca`` (default: see
-    :func:`~fray.rpc.tls.default_ca`).
+    :func:`~fray.rpc.tls.default_ca`), or the CA whose pin is ``pin`` when no ``ca`` is given
+    (:func:`~fray.rpc.tls.fetch_pinned_ca`).
 
     A call that provably was not sent (no connection could be opened) raises
     :class:`~fray.errors.CallNotSentError`; one whose connection broke after it was sent
@@ -304,6 +319,7 @@ class DataClient:
         timeout: float = 30.0,
         max_idle: int = 4,
         ca: Path | None = None,
+        pin: str = "",
     ) -> None:
         host, _, port = address.rpartition(":")
         self.address = address
@@ -311,6 +327,7 @@ class DataClient:
         self._token = token
         self._principal = principal
         self._ca = ca
+        self._pin = pin
         self.timeout = timeout
         self._lock = threading.Lock()
         self._idle: list[_Conn] = []
@@ -324,7 +341,7 @@ class DataClient:
         conn = self._take()
         if conn is None:
             try:
-                conn = _Conn(self._host, self._port, self._token, self._principal, timeout, self._ca)
+                conn = _Conn(self._host, self._port, self._token, self._principal, timeout, self._ca, self._pin)
             except (OSError, EOFError) as exc:
                 raise CallNotSentError(f"{what} was not sent: cannot connect: {exc}") from None
         conn.ids += 1

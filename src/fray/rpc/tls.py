@@ -14,6 +14,8 @@ Certificates are made with the ``cryptography`` package (``pip install 'fray[tls
 from __future__ import annotations
 
 import datetime
+import hashlib
+import hmac
 import ipaddress
 import os
 import socket
@@ -27,9 +29,11 @@ __all__ = [
     "CA_FILE",
     "TlsFiles",
     "UntrustedServerError",
+    "ca_pin",
     "client_context",
     "default_ca",
     "ensure_cluster_tls",
+    "fetch_pinned_ca",
     "is_loopback_address",
     "server_context",
 ]
@@ -65,6 +69,9 @@ class TlsFiles:
         self.ca_key = self.directory / "ca.key"
         self.cert = self.directory / "server.pem"
         self.key = self.directory / "server.key"
+        #: The server certificate followed by the CA's: what the server presents, so that a client
+        #: holding only the CA's pin can find the CA (see :func:`fetch_pinned_ca`).
+        self.chain = self.directory / "chain.pem"
 
     def exist(self) -> bool:
         return all(p.exists() for p in (self.ca_cert, self.cert, self.key))
@@ -129,15 +136,23 @@ def ensure_cluster_tls(directory: str | os.PathLike[str], hosts: list[str]) -> T
 
 
 def server_context(files: TlsFiles) -> ssl.SSLContext:
-    """The server side: present the controller's certificate (TLS 1.2 or later)."""
+    """The server side: present the controller's certificate and the CA's (TLS 1.2 or later)."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
-    context.load_cert_chain(files.cert, files.key)
+    chain = files.cert.read_text() + files.ca_cert.read_text()
+    if not files.chain.exists() or files.chain.read_text() != chain:
+        write_private(files.chain, chain)
+    context.load_cert_chain(files.chain, files.key)
     return context
 
 
-def client_context(ca_file: str | os.PathLike[str]) -> ssl.SSLContext:
-    """The client side: trust only servers whose certificate the cluster CA signed."""
+def ca_pin(ca_pem: str) -> str:
+    """The pin of a CA certificate: ``sha256:`` and the hex SHA-256 of its DER bytes."""
+    return "sha256:" + hashlib.sha256(ssl.PEM_cert_to_DER_cert(ca_pem)).hexdigest()
+
+
+def client_context(ca_file: str | os.PathLike[str] | None = None, *, ca_pem: str | None = None) -> ssl.SSLContext:
+    """The client side: trust only servers whose certificate the cluster CA (a file, or ``ca_pem``) signed."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     # The CA is this cluster's own: any certificate it signed is the cluster's, whatever
@@ -145,12 +160,54 @@ def client_context(ca_file: str | os.PathLike[str]) -> ssl.SSLContext:
     context.check_hostname = False
     context.verify_mode = ssl.CERT_REQUIRED
     try:
-        context.load_verify_locations(ca_file)
+        if ca_pem is not None:
+            context.load_verify_locations(cadata=ca_pem)
+        else:
+            context.load_verify_locations(ca_file)
     except (OSError, ssl.SSLError) as exc:
         # A ConfigError, not an OSError: callers retry OSErrors as connection failures, and a
         # missing or unreadable CA file does not fix itself.
-        raise ConfigError(f"cannot use the cluster CA {ca_file} (FRAY_TLS_CA): {exc}") from None
+        raise ConfigError(f"cannot use the cluster CA {ca_file or 'of the pin'} (FRAY_TLS_CA): {exc}") from None
     return context
+
+
+_pinned: dict[tuple[str, int, str], str] = {}
+
+
+def fetch_pinned_ca(host: str, port: int, pin: str, timeout: float = 5.0) -> str:
+    """The CA certificate (PEM) the server at ``host:port`` presents whose pin is ``pin``.
+
+    Only a TLS handshake is exchanged, nothing of Fray's and nothing secret: the CA a server
+    presents is public, and the caller then connects again trusting only that CA, which an
+    impostor cannot have signed its certificate with. :class:`UntrustedServerError` when no
+    certificate the server presents has the pin. Remembered per address and pin.
+    """
+    known = _pinned.get((host, port, pin))
+    if known is not None:
+        return known
+    probe = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    probe.minimum_version = ssl.TLSVersion.TLSv1_2
+    probe.check_hostname = False
+    probe.verify_mode = ssl.CERT_NONE  # the pin decides, on the next connection
+    with socket.create_connection((host, port), timeout=timeout) as plain, probe.wrap_socket(plain) as sock:
+        for der in _unverified_chain(sock):
+            if hmac.compare_digest("sha256:" + hashlib.sha256(der).hexdigest(), pin):
+                pem = ssl.DER_cert_to_PEM_cert(der)
+                _pinned[(host, port, pin)] = pem
+                return pem
+    raise UntrustedServerError(
+        f"{host}:{port} did not present the CA that the credential pins ({pin[:19]}...): "
+        "it is not that cluster's controller"
+    )
+
+
+def _unverified_chain(sock: ssl.SSLSocket) -> list[bytes]:
+    """The DER certificates the server presented (Python 3.13 has this in public; 3.11 and 3.12 in ``_sslobj``)."""
+    public = getattr(sock, "get_unverified_chain", None)
+    if public is not None:
+        return [bytes(c) for c in public()]
+    certs = sock._sslobj.get_unverified_chain() or []  # type: ignore[attr-defined]
+    return [c.public_bytes(ssl._ssl.ENCODING_DER) for c in certs]  # type: ignore[attr-defined]
 
 
 def default_ca() -> Path | None:
