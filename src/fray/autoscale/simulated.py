@@ -405,7 +405,7 @@ class SimulatedProvider:
         env = dict(os.environ)
         # A VM's worker holds the worker credential only, never the cluster token its tasks must not see;
         # and it outlives whoever asked for it.
-        for name in ("FRAY_TOKEN", "FRAY_CLIENT_SPEC", "FRAY_CREDENTIAL", OWNER_ENV):
+        for name in ("FRAY_TOKEN", "FRAY_CLIENT_SPEC", "FRAY_CREDENTIAL", "FRAY_JOIN", OWNER_ENV):
             env.pop(name, None)
         env["FRAY_CREDENTIAL"] = launch.credential
         env["PYTHONUNBUFFERED"] = "1"
