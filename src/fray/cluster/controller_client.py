@@ -23,11 +23,12 @@ from fray.cluster.capacity import WorkerInfo
 from fray.cluster.credentials import Credential, load_credential
 from fray.cluster.messages import JobSpec, JobView, TaskExit, WorkerCommands, WorkerReport
 from fray.cluster.records import Endpoint, TaskKey, TaskRecord, WorkerRecord
-from fray.errors import ActorUnavailableError, CallNotSentError, ProtocolError
+from fray.errors import ActorUnavailableError, CallNotSentError, ControllerUnreachable, ProtocolError
 from fray.rpc.datarpc import DataClient
 
 __all__ = [
     "CONTROLLER_RETRY_SECONDS",
+    "FIRST_CONTACT_SECONDS",
     "ControllerHandle",
     "ControllerProxy",
     "CredentialLike",
@@ -43,6 +44,10 @@ _TOKEN_FILE = Path.home() / ".config" / "fray" / "token"
 
 #: How long calls keep retrying while the controller is unreachable (e.g. restarting).
 CONTROLLER_RETRY_SECONDS = 60.0
+
+#: How long a client that has never reached its controller keeps trying: a wrong address or a
+#: cluster that is not up should fail at once, not after a restart's budget.
+FIRST_CONTACT_SECONDS = 3.0
 
 # submit() creates something and preempt() ends an attempt; every other controller call can safely be repeated.
 _NOT_IDEMPOTENT = frozenset({"submit", "submit_many", "preempt", "create_token", "join"})
@@ -315,23 +320,44 @@ class ControllerHandle(ControllerProxy):
     ) -> None:
         super().__init__(_data_client(address, credential))
         self.retry_seconds = retry_seconds
+        # A process started by a cluster job runs on a cluster its worker reached: a restart, not a typo.
+        self._reached = bool(os.environ.get("FRAY_JOB_ID"))
 
     def bounded(self, timeout: float) -> ControllerProxy:
         """The controller with a call timeout and no retries (for shutdown paths)."""
         return self.with_timeout(timeout)
 
     def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        deadline = time.monotonic() + self.retry_seconds
+        started = time.monotonic()
         delay = 0.02
         while True:
             try:
-                return super()._call(method, *args, **kwargs)
-            except ActorUnavailableError as exc:
-                may_have_run = not isinstance(exc, CallNotSentError)
-                if (may_have_run and method in _NOT_IDEMPOTENT) or time.monotonic() > deadline:
+                result = super()._call(method, *args, **kwargs)
+                self._reached = True
+                return result
+            except CallNotSentError as exc:
+                budget = self.retry_seconds if self._reached else min(self.retry_seconds, FIRST_CONTACT_SECONDS)
+                if time.monotonic() - started > budget:
+                    if self._reached:
+                        raise
+                    raise _unreachable(self.address, time.monotonic() - started, exc) from None
+            except ActorUnavailableError:
+                self._reached = True  # it was sent: something answered there once
+                if method in _NOT_IDEMPOTENT or time.monotonic() - started > self.retry_seconds:
                     raise
+            except Exception:
+                self._reached = True  # the controller answered (with an error)
+                raise
             time.sleep(delay)
             delay = min(delay * 2, 0.5)
+
+
+def _unreachable(address: str, waited: float, exc: CallNotSentError) -> ControllerUnreachable:
+    detail = str(exc).rsplit(": ", 1)[-1]
+    return ControllerUnreachable(
+        f"no Fray controller answers at {address} (tried for {waited:.1f}s: {detail}); start a cluster with "
+        "`fray cluster up`, or check FRAY_CLIENT_SPEC (fray://HOST:PORT of a running controller)"
+    )
 
 
 # One controller connection pool per (address, credential, retry budget) per process, shared by every handle.
