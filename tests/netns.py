@@ -10,6 +10,9 @@ so a test that needs a peer "on another machine" asks this rig for a host::
         hosts.cut(host)                     # its link goes down (a partition) ...
         hosts.heal(host)                    # ... and up again
 
+Hosts that must reach *each other* (a controller host and worker hosts) are made together on one
+LAN: ``controller, worker = hosts.add_lan(2)`` (see :meth:`Hosts.add_lan`).
+
 Each host is a namespace joined to the root namespace (where the test runs) by a veth pair:
 the root end has ``10.231.<k>.254/24``, the namespace end ``10.231.<k>.1/24`` (and the
 namespace's loopback is up). There is no bridge and no default route in a host, so it reaches
@@ -54,6 +57,7 @@ __all__ = ["Host", "Hosts", "NamespacesUnavailable", "hosts", "simulated_hosts"]
 SUBNET_PREFIX = "10.231."
 _LOCK = Path("/run/fray-netns.lock")
 _NAME = re.compile(r"^fray-(\d+)-\d+$")
+_BRIDGE = re.compile(r"^fb(\d+)-\d+$")
 _GUARD_METRIC = "4242"  # of the unreachable route that keeps a host's subnet off the default route
 _numbers = itertools.count(1)  # names stay unique across every rig of this process
 
@@ -114,6 +118,7 @@ class Hosts:
         if why is not None:
             raise NamespacesUnavailable(why)
         self.hosts: list[Host] = []
+        self.bridges: list[str] = []
         #: Skip the running test (rather than raise) when a namespace is refused (the fixture's way).
         self.skip_when_refused = skip_when_refused
 
@@ -142,6 +147,48 @@ class Hosts:
             _ip(*inside, "link", "set", "eth0", "up")
         _wait_reachable(host)
         return host
+
+    def add_lan(self, count: int) -> list[Host]:
+        """``count`` new hosts on one LAN: each reaches the others (and the test machine) at their addresses.
+
+        A bridge in the root namespace (``10.231.<k>.254/24``, the hosts' ``gateway``) joins the
+        root ends of the hosts' veth pairs; host ``i`` has ``10.231.<k>.<i+1>``. Nothing routes
+        beyond the bridge (the same guard route as :meth:`add`), and :meth:`cut` partitions one
+        host from all the others at once.
+        """
+        number = next(_numbers)
+        bridge = f"fb{os.getpid()}-{number}"
+        made: list[Host] = []
+        with _allocation_lock():
+            _delete_leftovers()
+            k = _free_subnet()
+            gateway = f"{SUBNET_PREFIX}{k}.254"
+            self.bridges.append(bridge)  # from here on, close() deletes it whatever happens next
+            _ip("route", "add", "unreachable", f"{SUBNET_PREFIX}{k}.0/24", "metric", _GUARD_METRIC)
+            _ip("link", "add", bridge, "type", "bridge")
+            _ip("addr", "add", f"{gateway}/24", "dev", bridge)
+            _ip("link", "set", bridge, "up")
+            for i in range(count):
+                name = f"fray-{os.getpid()}-{next(_numbers)}"
+                link = f"fl{os.getpid()}-{number}-{i}"[:15]
+                added = _ip("netns", "add", name, check=False)
+                if added.returncode != 0:
+                    if self.skip_when_refused:
+                        pytest.skip(f"simulated hosts unavailable: `ip netns add` was refused: {added.stderr.strip()}")
+                    raise NamespacesUnavailable(f"`ip netns add` was refused: {added.stderr.strip()}")
+                host = Host(name, f"{SUBNET_PREFIX}{k}.{i + 1}", gateway, link)
+                self.hosts.append(host)
+                made.append(host)
+                _ip("link", "add", link, "type", "veth", "peer", "name", "eth0", "netns", name)
+                _ip("link", "set", link, "master", bridge)
+                _ip("link", "set", link, "up")
+                inside = ["-n", name]
+                _ip(*inside, "link", "set", "lo", "up")
+                _ip(*inside, "addr", "add", f"{host.address}/24", "dev", "eth0")
+                _ip(*inside, "link", "set", "eth0", "up")
+        for host in made:
+            _wait_reachable(host)
+        return made
 
     def cut(self, host: Host) -> None:
         """Partition ``host``: its end of the link goes down, and nothing passes until :meth:`heal`.
@@ -179,6 +226,10 @@ class Hosts:
             subnet = host.address.rsplit(".", 1)[0] + ".0/24"
             _ip("route", "del", "unreachable", subnet, "metric", _GUARD_METRIC, check=False)
         self.hosts.clear()
+        for bridge in reversed(self.bridges):
+            if _ip("link", "show", bridge, check=False).returncode == 0:
+                _ip("link", "del", bridge, check=False)
+        self.bridges.clear()
         if errors:
             raise RuntimeError("could not delete simulated hosts: " + "; ".join(errors))
 
@@ -209,6 +260,12 @@ def _delete_leftovers() -> None:
         match = _NAME.match(name)
         if match and not pid_alive(int(match.group(1))):
             _ip("netns", "del", name, check=False)
+    for line in _ip("-o", "link", "show", "type", "bridge", check=False).stdout.splitlines():
+        fields = line.split(":")
+        name = fields[1].strip() if len(fields) > 1 else ""
+        match = _BRIDGE.match(name)
+        if match and not pid_alive(int(match.group(1))):
+            _ip("link", "del", name, check=False)
     # A guard route whose subnet is on no interface any more belongs to a rig that is gone.
     addresses = _ip("-4", "addr", "show").stdout
     for line in _ip("-4", "route", "show", "type", "unreachable").stdout.splitlines():

@@ -55,20 +55,9 @@ def _states(cluster: LocalCluster) -> dict[str, WorkerState]:
 
 def _join_refused(cluster: LocalCluster, tmp_path: Path, token: str, worker_id: str) -> str:
     """Run ``fray worker --join token``: it must exit 2 with one error line; return that line."""
+    argv = ["worker", "--controller", cluster.address, "--join", token, "--id", worker_id]
     out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "fray.cli",
-            "worker",
-            "--controller",
-            cluster.address,
-            "--join",
-            token,
-            "--id",
-            worker_id,
-        ]
-        + ["--workdir", str(tmp_path / worker_id)],
+        [sys.executable, "-m", "fray.cli", *argv, "--workdir", str(tmp_path / worker_id)],
         env=_worker_env(),
         capture_output=True,
         text=True,
