@@ -265,7 +265,9 @@ def _use(unit: Unit, need: Sequence[int], slots: int, routing: Routing) -> None:
         routing.kept.add(unit.slice_id)
 
 
-def _unmet(tried: tuple[tuple[str, str], ...], groups: Mapping[str, ScaleGroup], blocked: Mapping[str, tuple[str, str]]) -> Unmet:
+def _unmet(
+    tried: tuple[tuple[str, str], ...], groups: Mapping[str, ScaleGroup], blocked: Mapping[str, tuple[str, str]]
+) -> Unmet:
     parts = []
     for name, code in tried:
         if code == AT_MAX:

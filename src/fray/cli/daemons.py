@@ -102,6 +102,13 @@ def check_port_free(host: str, port: int, option: str = "--port") -> None:
 @click.option(
     "--tls-dir", default=None, help="Cluster CA and certificate (made if missing) when --host is not loopback."
 )
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="A cluster file (provider and scale groups): workers come from VMs the autoscaler creates.",
+)
 def controller(
     host: str,
     port: int,
@@ -113,6 +120,7 @@ def controller(
     dashboard_port: int,
     no_dashboard: bool,
     tls_dir: str | None,
+    config_path: str | None,
 ) -> None:
     """Run the cluster controller in the foreground (state in SQLite; needs FRAY_TOKEN)."""
     from fray.cluster._retention import RetentionPolicy
@@ -129,6 +137,7 @@ def controller(
         retention = RetentionPolicy(max_age_seconds=retention_days * 86400, max_jobs=retention_jobs)
     except ConfigError as exc:
         raise CliError(str(exc), "e.g. --retention-days 7 --retention-jobs 10000") from None
+    cluster_config = _cluster_config(config_path) if config_path else None
     os.umask(0o077)  # the state, its journal and the TLS keys: for this user only
     Path(db_path).parent.mkdir(parents=True, exist_ok=True)
     if not no_dashboard:
@@ -159,7 +168,61 @@ def controller(
         )
     if ctl.dashboard is not None:
         click.echo(f"fray dashboard on {ctl.dashboard.url} (`fray dashboard` prints a log-in link)", err=True)
-    wait_for_signal(ctl.stop)
+    if cluster_config is None:
+        wait_for_signal(ctl.stop)
+        return
+    host_ = _start_autoscaling(ctl, cluster_config, Path(db_path).parent, token)
+    click.echo(
+        f"autoscaling {len(cluster_config.scale_groups)} scale groups through the "
+        f"{cluster_config.provider.kind} provider ({config_path})",
+        err=True,
+    )
+
+    def stop() -> None:
+        host_.stop()
+        ctl.stop()
+
+    wait_for_signal(stop)
+
+
+def _cluster_config(path: str) -> Any:
+    from fray.autoscale.config import ClusterConfig
+
+    try:
+        return ClusterConfig.load(Path(path).resolve())
+    except ConfigError as exc:
+        raise CliError(str(exc), "see docs/autoscaling.md for the cluster file's keys") from None
+
+
+def _start_autoscaling(ctl: Any, config: Any, cluster_dir: Path, token: bytes) -> Any:
+    """The provider of ``config`` (its state in ``cluster_dir/vms``) and an autoscaler on ``ctl``."""
+    from fray._private_files import private_dir
+    from fray.autoscale.providers import make_provider
+    from fray.cluster._autoscale_host import start_autoscaling
+    from fray.cluster.credentials import WORKER, Credential, write_credential
+
+    # The worker credential `fray cluster up` gives its workers; made here for a controller started by hand.
+    credential_file = cluster_dir / "worker.credential"
+    try:
+        credential = Credential.decode(credential_file.read_text())
+    except (OSError, ConfigError):
+        credential = Credential.mint(token, WORKER)
+        write_credential(credential_file, credential)
+    join_token = None
+    if config.provider.kind != "simulated":
+        _, join_token = ctl.service.create_token("worker", ttl=365 * 86400.0)
+    try:
+        provider = make_provider(
+            config,
+            state_dir=private_dir(cluster_dir / "vms"),
+            controller=ctl.address,
+            credential=credential.encode(),
+            join_token=join_token,
+        )
+    except ConfigError as exc:
+        ctl.stop()
+        raise CliError(str(exc), "fix the provider: section of the cluster file") from None
+    return start_autoscaling(ctl, config, provider)
 
 
 def _parse_device(text: str) -> Any:

@@ -66,6 +66,13 @@ class OpsAPI:
             "put_blob": self._put_blob,
             "get_blob": self._get_blob,
             "dashboard_login": self._dashboard_login,
+            # Autoscaling: everybody sees the VMs (as the workers); only the administrator changes them.
+            "vms": lambda caller, include_deleted=False: ops.vms(bool(include_deleted)),
+            "autoscaler_status": lambda caller: ops.autoscaler_status(),
+            "vm_preempt": lambda caller, vm_id: ops.vm_preempt(str(self._admin(caller, vm_id))),
+            "vm_quota": lambda caller, group, exhausted: ops.vm_quota(str(self._admin(caller, group)), bool(exhausted)),
+            "vm_fail_boot": lambda caller, group, count=1: ops.vm_fail_boot(str(self._admin(caller, group)), _int(count)),
+            "delete_all_vms": lambda caller: ops.delete_all_vms() if self._admin(caller, True) else 0,
         }
 
     def __call__(self, caller: Caller, method: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
@@ -84,6 +91,13 @@ class OpsAPI:
         if caller.user is None:
             raise PermissionDenied("this credential may not read the cluster's jobs")
         return caller.user
+
+    @staticmethod
+    def _admin(caller: Caller, value: Any) -> Any:
+        """``value``, if the caller is the administrator (the cluster token); else PermissionDenied."""
+        if not caller.admin:
+            raise PermissionDenied("changing the cluster's VMs needs the cluster token")
+        return value
 
     def _jobs(
         self, caller: Caller, states: Any = None, limit: Any = 50, namespace: Any = None, name: Any = None

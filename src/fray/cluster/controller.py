@@ -47,7 +47,7 @@ from fray.cluster.records import (
     WorkerRecord,
     WorkerState,
 )
-from fray.cluster.scheduler import schedule
+from fray.cluster.scheduler import PendingJob, SchedulingDecision, schedule
 from fray.cluster.store import ClusterStore
 from fray.errors import ConfigError, FrayError, JobAlreadyExists, NotFound, PermissionDenied, StorageError
 from fray.job import JobStatus
@@ -226,6 +226,19 @@ class ControllerService:
         """Plain data for ``fray status``: read-only or not and why, the state file and its free space."""
         return self._storage.health()
 
+    # Set by fray.cluster._autoscale_host when the cluster has a VM provider: workers given no new
+    # tasks (VMs booting or draining), and the autoscaler's word on each pending job's reason.
+    fenced_workers: frozenset[str] = frozenset()
+    pending_notes: Callable[[SchedulingDecision], SchedulingDecision] | None = None
+
+    def pending_snapshot(self) -> tuple[PendingJob, ...]:
+        """The pending jobs in submission order, from memory (the autoscaler's dry run reads them)."""
+        return self._queue.snapshot()
+
+    def lose_worker(self, worker_id: str, reason: str) -> None:
+        """Declare ``worker_id`` lost now (its VM was preempted): its tasks are retried within the preemption budget."""
+        self._apply(self._store.lose_worker(worker_id, self._clock(), reason))
+
     def schedule_once(self, now: float | None = None) -> list[TaskRecord]:
         """Run one scheduling pass over the in-memory pending set and send the assigned tasks to their workers."""
         now = self._clock() if now is None else now
@@ -233,7 +246,13 @@ class ControllerService:
         if not pending:
             return []
         snapshot = self._store.scheduler_input(pending=False)
-        decision = schedule(pending, snapshot.workers, snapshot.running, snapshot.credits, now=now)
+        workers = snapshot.workers
+        fenced = self.fenced_workers
+        if fenced:
+            workers = tuple(w for w in workers if w.worker_id not in fenced)
+        decision = schedule(pending, workers, snapshot.running, snapshot.credits, now=now)
+        if self.pending_notes is not None:
+            decision = self.pending_notes(decision)
         assigned = self._queue.record(decision, lambda changed: self._store.apply_decision(decision, now, changed))
         if assigned:
             assignments = [self._assignment(task) for task in assigned]

@@ -297,6 +297,32 @@ class OpsProxy:
         """A one-time URL that logs a browser in to the dashboard ("" when none runs); administrator only."""
         return str(self._call("dashboard_login"))
 
+    # Autoscaling (docs/autoscaling.md); on a cluster without a VM provider each raises ConfigError.
+
+    def vms(self, include_deleted: bool = False) -> list[dict[str, Any]]:
+        """Every VM: ``id``, ``group``, ``slice``, ``state``, ``worker_id``, ``created_at``, ``ready_at``, ``reason``."""
+        return list(self._call("vms", include_deleted))
+
+    def vm_preempt(self, vm_id: str) -> None:
+        """The provider reclaims the VM now (simulated provider; administrator only)."""
+        self._call("vm_preempt", vm_id)
+
+    def vm_quota(self, group: str, exhausted: bool) -> None:
+        """The provider answers creates in ``group`` with a quota error, or stops doing so (simulated provider)."""
+        self._call("vm_quota", group, exhausted)
+
+    def vm_fail_boot(self, group: str, count: int = 1) -> None:
+        """The next ``count`` VMs created in ``group`` never finish booting (simulated provider)."""
+        self._call("vm_fail_boot", group, count)
+
+    def autoscaler_status(self) -> dict[str, Any]:
+        """Per scale group its state, target and VMs by state; unmet demand with machine-readable codes."""
+        return dict(self._call("autoscaler_status"))
+
+    def delete_all_vms(self) -> int:
+        """Stop creating VMs and delete every one (``fray cluster down``); how many were deleted."""
+        return int(self._call("delete_all_vms"))
+
 
 def ops_client(
     address: str, token: CredentialLike = None, timeout: float = 30.0, *, ca: Path | None = None

@@ -96,6 +96,8 @@ class OpsService:
         self._thread: threading.Thread | None = None
         self.login_link: Callable[[], str] | None = None
         self.dashboard_address = ""
+        #: The controller's autoscaler (:class:`fray.cluster._autoscale_host.AutoscaleHost`), when it has a VM provider.
+        self.autoscaler: Any = None
 
     # ----- lifecycle ----------------------------------------------------------------------------
 
@@ -214,6 +216,7 @@ class OpsService:
             "jobs": counts,
             "actors": actors,
             "queues": self.queues(),
+            "autoscaler": self.autoscaler.status() if self.autoscaler is not None else None,
         }
 
     def health(self) -> dict[str, Any]:
@@ -249,6 +252,40 @@ class OpsService:
         """Stop the job, its tasks and its child jobs (the controller's own call; for the dashboard)."""
         if self._controller is not None:
             self._controller.terminate(job_id, "stopped from the dashboard")
+
+    # ----- autoscaling: VMs from a provider (docs/autoscaling.md) -------------------------------
+
+    def _autoscaling(self) -> Any:
+        if self.autoscaler is None:
+            raise ConfigError("this cluster has no VM provider (it was started without --config)")
+        return self.autoscaler
+
+    def vms(self, include_deleted: bool = False) -> list[dict[str, Any]]:
+        """Every VM: id, group, slice, state, worker id, created/ready times, reason (deleted ones too if asked)."""
+        vms: list[dict[str, Any]] = self._autoscaling().vms(include_deleted)
+        return vms
+
+    def autoscaler_status(self) -> dict[str, Any]:
+        """Per scale group its state, target and VMs by state; unmet demand with machine-readable codes."""
+        status: dict[str, Any] = self._autoscaling().status()
+        return status
+
+    def vm_preempt(self, vm_id: str) -> None:
+        """The provider reclaims the VM now (fault injection; the simulated provider only)."""
+        self._autoscaling().preempt(vm_id)
+
+    def vm_quota(self, group: str, exhausted: bool) -> None:
+        """The provider refuses creates in ``group`` with a quota error, or stops doing so (simulated only)."""
+        self._autoscaling().set_quota(group, exhausted)
+
+    def vm_fail_boot(self, group: str, count: int) -> None:
+        """The next ``count`` VMs created in ``group`` never finish booting (simulated only)."""
+        self._autoscaling().fail_boot(group, count)
+
+    def delete_all_vms(self) -> int:
+        """Stop creating VMs and delete every one (``fray cluster down``); returns how many were deleted."""
+        count: int = self._autoscaling().delete_all()
+        return count
 
     # ----- workspaces: opaque bytes by content hash ---------------------------------------------
 

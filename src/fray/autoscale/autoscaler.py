@@ -1,0 +1,648 @@
+"""The autoscaler: turns demand the cluster cannot place into slices of VMs, and idle VMs back into nothing.
+
+One :meth:`Autoscaler.tick` reads what the controller knows (:class:`ClusterView`: pending
+jobs, workers, running tasks) and what the provider lists, and acts:
+
+1. **Reconcile** with the provider's listing, which is the truth: VMs of this cluster that
+   the autoscaler does not know are adopted (after a controller restart), VMs it knows that
+   the cloud reports PREEMPTED or FAILED, or no longer lists, are FAILED and their slice
+   deleted. A preempted VM's workers are declared lost at once (``lose_worker``), so the
+   controller retries their tasks within each job's preemption budget, through its usual
+   lost-worker path.
+2. **Boot**: a slice is READY only when the worker of every one of its hosts has registered;
+   one not READY within ``boot_timeout`` is FAILED (``boot_deadline``) and deleted whole, and
+   lowers its group's create rate. A READY slice whose worker is lost is FAILED (``lost``).
+3. **Demand** is a dry run of Fray's own scheduler (:func:`fray.cluster.scheduler.schedule`)
+   against the live workers: only jobs it cannot place count. They are routed to groups by
+   priority (:mod:`fray.autoscale._demand`), using capacity already on its way first.
+4. **Scale down**: a READY slice idle (no task on any of its hosts) for ``idle_seconds`` is
+   DRAINING: the scheduler places nothing new on it and, still idle ``drain_seconds`` later,
+   it is deleted; one that got work meanwhile is READY again. Never below ``min``.
+5. **Create** the slices wanted (and each group's ``min``), limited by the group's create
+   rate; a :class:`~fray.errors.QuotaExceeded` blocks the group for ``quota_block_seconds``
+   and its demand goes to the next group in the same tick.
+
+The tick is a function of its inputs (the view, the provider's answers, ``now``), so tests
+and the scale simulation drive it with a simulated clock. In the controller it runs on its
+own thread (:mod:`fray.cluster._autoscale_host`), so scheduling never waits on a provider.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any
+
+from fray.autoscale._demand import Routing, Unit, Unmet, group_vector, route
+from fray.autoscale._vmstate import VmRecord, VmState
+from fray.autoscale.config import ClusterConfig, ScaleGroup
+from fray.autoscale.provider import CloudState, Provider, ProviderVm, SliceRequest, slice_vms
+from fray.cluster.capacity import Device, WorkerInfo
+from fray.cluster.scheduler import PendingJob, RunningTask, schedule
+from fray.errors import CapacityUnavailable, ProviderError, QuotaExceeded
+
+__all__ = ["Autoscaler", "AutoscalerPolicy", "ClusterView", "TickResult", "vm_worker_info"]
+
+logger = logging.getLogger(__name__)
+
+_LIVE = (VmState.REQUESTED, VmState.BOOTING, VmState.READY, VmState.DRAINING)
+_BOOTING = (VmState.REQUESTED, VmState.BOOTING)
+# Seconds a new slice may be absent from the provider's listing before it counts as lost.
+_LISTING_GRACE = 30.0
+# Unmet-demand entries listed in full by status(); the rest are counted by code.
+_STATUS_UNMET = 100
+
+
+@dataclass(frozen=True)
+class AutoscalerPolicy:
+    """The autoscaler's numbers (``docs/autoscaling.md`` explains each)."""
+
+    boot_timeout: float = 600.0
+    """Seconds from create to READY before a slice is FAILED (``boot_deadline``) and deleted."""
+    quota_block_seconds: float = 300.0
+    """How long a group creates nothing after a :class:`~fray.errors.QuotaExceeded`."""
+    unavailable_block_seconds: float = 60.0
+    """How long a group creates nothing after a :class:`~fray.errors.CapacityUnavailable`."""
+    create_rate: float = 2.0
+    """Slices per second a healthy group may create (after a burst of ``create_burst``)."""
+    create_burst: float = 8.0
+    failure_factor: float = 0.5
+    """Each boot failure multiplies the group's create rate by this ..."""
+    rate_floor: float = 1.0 / 60.0
+    """... down to at least this many slices per second."""
+    recovery_seconds: float = 600.0
+    """The rate climbs back linearly from the floor to ``create_rate`` over this many seconds."""
+    drain_seconds: float = 2.0
+    """How long a DRAINING slice must stay idle, with no new work placed on it, before it is deleted."""
+    history: int = 1000
+    """DELETED and FAILED VMs remembered for ``fray cluster vm list --all``."""
+
+    @classmethod
+    def for_config(cls, config: ClusterConfig) -> AutoscalerPolicy:
+        """The policy for a cluster file: the provider kind's defaults, its ``boot_timeout`` and ``quota_block_seconds``."""
+        simulated = config.provider.kind == "simulated"
+        boot = config.provider.number("boot_timeout", 10.0 if simulated else 600.0)
+        quota = config.provider.number("quota_block_seconds", 60.0 if simulated else 300.0)
+        return cls(boot_timeout=boot, quota_block_seconds=quota, unavailable_block_seconds=min(quota, 60.0))
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """What the controller knows, for one tick (plain values, read from one snapshot)."""
+
+    pending: Sequence[PendingJob]
+    workers: Sequence[WorkerInfo]
+    """Workers the scheduler may use (alive and healthy)."""
+    running: Sequence[RunningTask]
+    credits: Mapping[str, float] = field(default_factory=dict)
+    registered: frozenset[str] = frozenset()
+    """Ids of every alive worker (healthy or not)."""
+    lost: frozenset[str] = frozenset()
+    """Ids of workers the controller declared lost (or revoked)."""
+
+
+@dataclass(frozen=True)
+class TickResult:
+    """What the controller must do after a tick."""
+
+    fenced: frozenset[str]
+    """Workers the scheduler must place no new work on: hosts of slices not READY, and DRAINING ones."""
+    notes: Mapping[str, str]
+    """job id -> its pending reason as the autoscaler sees it (waiting for VMs, or why demand is unmet)."""
+    created: int = 0
+    deleted: int = 0
+
+
+@dataclass
+class _Slice:
+    slice_id: str
+    group: str
+    vms: list[VmRecord]
+    created_at: float
+    idle_since: float | None = None
+    drain_started: float | None = None
+
+    @property
+    def state(self) -> VmState:
+        return self.vms[0].state
+
+    def move(self, to: VmState, now: float, reason: str = "") -> None:
+        for vm in self.vms:
+            vm.move(to, now, reason)
+
+
+@dataclass
+class _Group:
+    """A group's create rate (a token bucket whose rate drops on boot failures) and its block."""
+
+    rate: float
+    tokens: float
+    updated: float
+    blocked_until: float = 0.0
+    blocked_code: str = ""
+    blocked_message: str = ""
+    last_error: str = ""
+    boot_failures: int = 0
+    wanted: int = 0  # slices wanted in the last tick but not created (rate-limited)
+
+
+def _iso(at: float) -> str:
+    return datetime.fromtimestamp(at, UTC).isoformat(timespec="seconds")
+
+
+class Autoscaler:
+    """Keeps a cluster's scale groups sized to its demand through a :class:`Provider` (see the module docstring).
+
+    ``lose_worker(worker_id, reason)`` is called at once for each registered worker of a
+    slice that failed (a preemption): the controller's lost-worker path retries its tasks.
+    """
+
+    def __init__(
+        self,
+        config: ClusterConfig,
+        provider: Provider,
+        *,
+        policy: AutoscalerPolicy | None = None,
+        clock: Callable[[], float] = time.time,
+        lose_worker: Callable[[str, str], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.provider = provider
+        self.policy = policy or AutoscalerPolicy.for_config(config)
+        self._clock = clock
+        self._lose_worker = lose_worker
+        self._groups_by_priority = config.by_priority()
+        self._group_config = {g.name: g for g in config.scale_groups}
+        now = clock()
+        p = self.policy
+        self._groups = {g.name: _Group(p.create_rate, p.create_burst, now) for g in config.scale_groups}
+        self._slices: dict[str, _Slice] = {}
+        self._undeleted: dict[str, str] = {}  # slice id -> group: deletes the provider has not confirmed
+        self._history: deque[VmRecord] = deque(maxlen=p.history)
+        self._next_index = dict.fromkeys(self._group_config, 0)
+        self._id_re = re.compile(rf"^{re.escape(config.name)}-([a-z][a-z0-9-]*)-(\d+)$")
+        self._stopped = False
+        self._tick_lock = threading.RLock()
+        self._publish_lock = threading.Lock()
+        self._published_vms: list[VmRecord] = []
+        self._published_status: dict[str, Any] = {"groups": [], "unmet": [], "unmet_count": 0}
+        self._ticks = 0
+
+    # ----- the tick -----------------------------------------------------------------------------
+
+    def tick(self, view: ClusterView, now: float | None = None) -> TickResult:
+        """Reconcile, boot, route demand, scale down and create, once (see the module docstring)."""
+        with self._tick_lock:
+            now = self._clock() if now is None else now
+            self._ticks += 1
+            created = deleted = 0
+            self._retry_deletes()
+            try:
+                listing: Sequence[ProviderVm] | None = self.provider.list_vms()
+            except ProviderError as exc:
+                logger.warning("the %s provider could not list VMs: %s", self.provider.kind, exc)
+                listing = None
+            if listing is not None:
+                deleted += self._reconcile(listing, now, view)
+            deleted += self._boot(view, now)
+            busy = {task.worker_id for task in view.running}
+            deleted += self._drain(busy, now)
+            routing = Routing()
+            blocked_before: set[str] = set()
+            # A group that refuses a create (quota) is blocked and the same tick routes its demand onward.
+            for _ in range(len(self._groups) + 1):
+                routing = self._route(view, now)
+                for slice_id in routing.kept:
+                    kept = self._slices[slice_id]
+                    kept.move(VmState.READY, now)
+                    kept.drain_started = None
+                    kept.idle_since = None
+                self._start_drains(busy, routing, now)
+                created += self._create(routing, now)
+                blocked_now = {name for name, g in self._groups.items() if g.blocked_until > now}
+                if blocked_now <= blocked_before:
+                    break
+                blocked_before = blocked_now
+            notes = self._notes(routing)
+            self._publish(routing, now)
+            return TickResult(self._fenced(), notes, created, deleted)
+
+    # -- reconcile with the provider's listing ---------------------------------------------------
+
+    def _reconcile(self, listing: Sequence[ProviderVm], now: float, view: ClusterView) -> int:
+        deleted = 0
+        listed = slice_vms(listing)
+        for slice_id, vms in listed.items():
+            known = self._slices.get(slice_id)
+            if known is None:
+                if slice_id not in self._undeleted:
+                    deleted += self._adopt(slice_id, vms, now)
+                continue
+            states = {vm.state for vm in vms}
+            if CloudState.PREEMPTED in states:
+                deleted += self._fail(known, "preempted", now, view)
+            elif CloudState.FAILED in states:
+                deleted += self._fail(known, "boot_failed" if known.state in _BOOTING else "lost", now, view)
+            elif len(vms) != len(known.vms) or CloudState.DELETING in states:
+                deleted += self._fail(known, "lost", now, view)
+            elif known.state == VmState.REQUESTED and states == {CloudState.RUNNING}:
+                known.move(VmState.BOOTING, now)
+        for slice_id, s in list(self._slices.items()):
+            # A cloud's listing may lag its creates a little: only a slice past that grace is missing.
+            if slice_id not in listed and now - s.created_at > _LISTING_GRACE:
+                deleted += self._fail(s, "lost", now, view)
+        for slice_id in [s for s in self._undeleted if s not in listed]:
+            del self._undeleted[slice_id]
+        return deleted
+
+    def _adopt(self, slice_id: str, vms: Sequence[ProviderVm], now: float) -> int:
+        """A slice of this cluster the autoscaler did not know (a controller restart): adopt it, or delete it."""
+        group = self._group_config.get(vms[0].group)
+        states = {vm.state for vm in vms}
+        if group is None or len(vms) != group.hosts or states & {CloudState.PREEMPTED, CloudState.FAILED}:
+            logger.info("deleting slice %s found at the provider: not a healthy slice of a configured group", slice_id)
+            self._delete_at_provider(slice_id, vms[0].group)
+            return len(vms)
+        if CloudState.DELETING in states:
+            return 0
+        state = VmState.REQUESTED if CloudState.CREATING in states else VmState.BOOTING
+        records = [VmRecord(vm.vm_id, slice_id, group.name, vm.host_index, state, vm.created_at) for vm in vms]
+        self._slices[slice_id] = _Slice(slice_id, group.name, records, min(vm.created_at for vm in vms))
+        match = self._id_re.match(slice_id)
+        if match and match.group(1) == group.name:
+            self._next_index[group.name] = max(self._next_index[group.name], int(match.group(2)) + 1)
+        logger.info("adopted slice %s of group %s (%s)", slice_id, group.name, state.value)
+        return 0
+
+    # -- boot, loss, deadlines -------------------------------------------------------------------
+
+    def _boot(self, view: ClusterView, now: float) -> int:
+        deleted = 0
+        for s in list(self._slices.values()):
+            for vm in s.vms:
+                if vm.vm_id in view.registered:
+                    vm.registered = True
+            if s.state in _BOOTING:
+                if all(vm.vm_id in view.registered for vm in s.vms):
+                    if s.state == VmState.REQUESTED:
+                        s.move(VmState.BOOTING, now)
+                    s.move(VmState.READY, now)
+                elif now - s.created_at > self.policy.boot_timeout:
+                    deleted += self._fail(s, "boot_deadline", now, view)
+            elif any(vm.vm_id in view.lost for vm in s.vms):
+                deleted += self._fail(s, "lost", now, view)
+        return deleted
+
+    def _fail(self, s: _Slice, reason: str, now: float, view: ClusterView) -> int:
+        """The whole slice is FAILED for ``reason``: its live workers are lost (tasks retried), then it is deleted."""
+        logger.warning("slice %s of group %s failed: %s", s.slice_id, s.group, reason)
+        s.move(VmState.FAILED, now, reason)
+        if self._lose_worker is not None:
+            for vm in s.vms:
+                if vm.vm_id in view.registered:
+                    self._lose_worker(vm.vm_id, f"VM {vm.vm_id} {reason.replace('_', ' ')}")
+        if reason in ("boot_failed", "boot_deadline"):
+            self._boot_failure(s.group, now)
+        self._forget(s)
+        return len(s.vms)
+
+    def _boot_failure(self, name: str, now: float) -> None:
+        group = self._refill(name, now)
+        p = self.policy
+        group.boot_failures += 1
+        group.rate = max(p.rate_floor, group.rate * p.failure_factor)
+        group.tokens = min(group.tokens, self._bucket_size(group))
+
+    def _forget(self, s: _Slice) -> None:
+        """Delete a finished slice at the provider and move its VMs to the history."""
+        del self._slices[s.slice_id]
+        self._history.extend(s.vms)
+        self._delete_at_provider(s.slice_id, s.group)
+
+    def _delete_at_provider(self, slice_id: str, group: str) -> None:
+        try:
+            self.provider.delete_slice(slice_id)
+        except ProviderError as exc:
+            logger.warning("deleting slice %s failed (retried next tick): %s", slice_id, exc)
+            self._undeleted[slice_id] = group
+            if group in self._groups:
+                self._groups[group].last_error = str(exc)
+        else:
+            self._undeleted.pop(slice_id, None)
+
+    def _retry_deletes(self) -> None:
+        for slice_id, group in list(self._undeleted.items()):
+            self._delete_at_provider(slice_id, group)
+
+    # -- scale-down ------------------------------------------------------------------------------
+
+    def _drain(self, busy: set[str], now: float) -> int:
+        """Follow idleness; delete DRAINING slices that stayed idle, keep those that got work."""
+        deleted = 0
+        for s in list(self._slices.values()):
+            if s.state not in (VmState.READY, VmState.DRAINING):
+                continue
+            if any(vm.vm_id in busy for vm in s.vms):
+                s.idle_since = None
+                if s.state == VmState.DRAINING:
+                    logger.info("slice %s got work while draining: kept", s.slice_id)
+                    s.move(VmState.READY, now)
+                    s.drain_started = None
+                continue
+            if s.idle_since is None:
+                s.idle_since = now
+            draining_since = s.drain_started if s.state == VmState.DRAINING else None
+            if draining_since is not None and now - draining_since >= self.policy.drain_seconds:
+                logger.info("slice %s of group %s idle: deleted", s.slice_id, s.group)
+                s.move(VmState.DELETED, now)
+                self._forget(s)
+                deleted += len(s.vms)
+        return deleted
+
+    def _start_drains(self, busy: set[str], routing: Routing, now: float) -> None:
+        wanted = set(routing.served.values())
+        for group in self._groups_by_priority:
+            if group.name in wanted:
+                continue  # demand is coming to this group: keep what it has
+            mine = [s for s in self._slices.values() if s.group == group.name]
+            staying = sum(1 for s in mine if s.state in (*_BOOTING, VmState.READY))
+            idle = sorted(
+                (
+                    s
+                    for s in mine
+                    if s.state == VmState.READY
+                    and s.idle_since is not None
+                    and now - s.idle_since >= self.config.idle_seconds
+                ),
+                key=lambda s: (s.idle_since, s.slice_id),
+            )
+            for s in idle:
+                if staying <= group.min:
+                    break
+                s.move(VmState.DRAINING, now)
+                s.drain_started = now
+                staying -= 1
+
+    # -- demand ----------------------------------------------------------------------------------
+
+    def _counts(self) -> dict[str, int]:
+        counts = dict.fromkeys(self._group_config, 0)
+        for s in self._slices.values():
+            counts[s.group] += 1
+        return counts
+
+    def _route(self, view: ClusterView, now: float) -> Routing:
+        if not view.pending:
+            return Routing()
+        fenced = self._fenced()
+        workers = [w for w in view.workers if w.worker_id not in fenced] if fenced else view.workers
+        decision = schedule(view.pending, workers, view.running, view.credits, now=now)
+        unplaced = [job for job in view.pending if job.job_id in decision.pending]
+        units: dict[str, list[Unit]] = {name: [] for name in self._group_config}
+        for state in (VmState.DRAINING, VmState.REQUESTED, VmState.BOOTING):
+            for s in self._slices.values():
+                if s.state == state:
+                    vector = list(group_vector(self._group_config[s.group]))
+                    units[s.group].append(Unit(s.group, s.slice_id, vector, draining=state == VmState.DRAINING))
+        blocked: dict[str, tuple[str, str]] = {}
+        for name, group in self._groups.items():
+            if self._stopped:
+                blocked[name] = ("stopped", "is being deleted (fray cluster down)")
+            elif group.blocked_until > now:
+                left = math.ceil(group.blocked_until - now)
+                blocked[name] = (group.blocked_code, f"is {group.blocked_message} for {left} more s")
+        return route(unplaced, self._groups_by_priority, self._counts(), blocked, units)
+
+    def _notes(self, routing: Routing) -> dict[str, str]:
+        booting: dict[str, int] = {}
+        for s in self._slices.values():
+            if s.state in _BOOTING:
+                booting[s.group] = booting.get(s.group, 0) + 1
+        by_group: dict[str, str] = {}
+        for name in set(routing.served.values()):
+            count = booting.get(name, 0)
+            group = self._groups[name]
+            more = f"; {group.wanted} more to create (create rate limited)" if group.wanted else ""
+            unit = "slice" if self._group_config[name].is_slice else "VM"
+            by_group[name] = (
+                f"waiting for capacity: scale group {name} is starting {count} {unit}{'s' if count != 1 else ''}{more}"
+            )
+        notes = {job_id: by_group[name] for job_id, name in routing.served.items()}
+        texts: dict[int, str] = {}
+        for job_id, unmet in routing.unmet.items():
+            text = texts.get(id(unmet))
+            if text is None:
+                prefix = "can never be scheduled: " if unmet.never else "waiting for capacity: "
+                text = texts[id(unmet)] = f"{prefix}[{unmet.code}] {unmet.message}"
+            notes[job_id] = text
+        return notes
+
+    # -- create ----------------------------------------------------------------------------------
+
+    def _bucket_size(self, group: _Group) -> float:
+        p = self.policy
+        return max(1.0, p.create_burst * group.rate / p.create_rate)
+
+    def _refill(self, name: str, now: float) -> _Group:
+        group = self._groups[name]
+        p = self.policy
+        elapsed = max(0.0, now - group.updated)
+        group.updated = now
+        group.rate = min(p.create_rate, group.rate + (p.create_rate - p.rate_floor) * elapsed / p.recovery_seconds)
+        group.tokens = min(self._bucket_size(group), group.tokens + group.rate * elapsed)
+        return group
+
+    def _create(self, routing: Routing, now: float) -> int:
+        created = 0
+        counts = self._counts()
+        for config in self._groups_by_priority:
+            name = config.name
+            group = self._refill(name, now)
+            if self._stopped or group.blocked_until > now:
+                group.wanted = 0
+                continue
+            staying = sum(1 for s in self._slices.values() if s.group == name and s.state != VmState.DRAINING)
+            want = routing.new_slices.get(name, 0) + max(0, config.min - staying)
+            want = min(want, config.max - counts[name])
+            made = 0
+            while made < want and group.tokens >= 1.0:
+                try:
+                    self._create_slice(config, now)
+                except QuotaExceeded as exc:
+                    self._block(group, now, "quota_blocked", "quota-blocked", self.policy.quota_block_seconds, exc)
+                    break
+                except CapacityUnavailable as exc:
+                    block = self.policy.unavailable_block_seconds
+                    self._block(group, now, "unavailable", "out of capacity", block, exc)
+                    break
+                except ProviderError as exc:
+                    logger.warning("creating a slice in group %s failed: %s", name, exc)
+                    group.last_error = str(exc)
+                    break
+                group.tokens -= 1.0
+                made += 1
+            group.wanted = max(0, want - made) if group.blocked_until <= now else 0
+            created += made
+        return created
+
+    def _block(self, group: _Group, now: float, code: str, words: str, seconds: float, exc: Exception) -> None:
+        logger.warning("scale group blocked for %gs: %s", seconds, exc)
+        group.blocked_until = now + seconds
+        group.blocked_code = code
+        group.blocked_message = words
+        group.last_error = str(exc)
+
+    def _create_slice(self, config: ScaleGroup, now: float) -> None:
+        index = self._next_index[config.name]
+        slice_id = f"{self.config.name}-{config.name}-{index}"
+        vm_ids = (slice_id,) if config.hosts == 1 else tuple(f"{slice_id}-{i}" for i in range(config.hosts))
+        attributes = {"scale-group": config.name}
+        if config.is_slice:
+            attributes["tpu-name"] = slice_id  # the provider adds each host's tpu-worker-id
+        request = SliceRequest(
+            request_id=slice_id,  # the slice id is the idempotency key: a repeated create makes nothing new
+            group=config.name,
+            slice_id=slice_id,
+            vm_ids=vm_ids,
+            resources=config.resources,
+            attributes=attributes,
+            preemptible=config.preemptible,
+        )
+        vms = self.provider.create_slice(request)
+        self._next_index[config.name] = index + 1
+        running = bool(vms) and all(vm.state == CloudState.RUNNING for vm in vms)
+        state = VmState.BOOTING if running else VmState.REQUESTED
+        created_at = min((vm.created_at for vm in vms), default=now)
+        records = [VmRecord(vm_id, slice_id, config.name, i, state, created_at) for i, vm_id in enumerate(vm_ids)]
+        # The boot deadline runs on the autoscaler's clock from now, whatever the provider's clock says.
+        self._slices[slice_id] = _Slice(slice_id, config.name, records, now)
+        logger.info(
+            "requested slice %s of group %s (%d host%s)", slice_id, config.name, config.hosts, "s"[: config.hosts > 1]
+        )
+
+    # ----- what the controller and people read --------------------------------------------------
+
+    def _fenced(self) -> frozenset[str]:
+        return frozenset(vm.vm_id for s in self._slices.values() if s.state != VmState.READY for vm in s.vms)
+
+    def _publish(self, routing: Routing, now: float) -> None:
+        vms = [replace(vm) for s in self._slices.values() for vm in s.vms]
+        counts = self._counts()
+        groups = []
+        for config in self._groups_by_priority:
+            group = self._groups[config.name]
+            states: dict[str, int] = {}
+            for s in self._slices.values():
+                if s.group == config.name:
+                    states[s.state.value] = states.get(s.state.value, 0) + len(s.vms)
+            if self._stopped:
+                state = "stopped"
+            elif group.blocked_until > now:
+                state = f"{group.blocked_message} until {_iso(group.blocked_until)}"
+            elif group.rate < self.policy.create_rate:
+                state = f"backoff ({group.boot_failures} boot failures)"
+            else:
+                state = "ok"
+            target = counts[config.name] + routing.new_slices.get(config.name, 0)
+            groups.append(
+                {
+                    "name": config.name,
+                    "priority": config.priority,
+                    "hosts": config.hosts,
+                    "min": config.min,
+                    "max": config.max,
+                    "state": state,
+                    "target": max(config.min, min(config.max, target)),
+                    "slices": counts[config.name],
+                    "vms": states,
+                    "create_rate_per_minute": round(group.rate * 60, 3),
+                    "last_error": group.last_error,
+                }
+            )
+        unmet_codes: dict[str, int] = {}
+        unmet: list[dict[str, Any]] = []
+        for job_id, entry in routing.unmet.items():
+            unmet_codes[entry.code] = unmet_codes.get(entry.code, 0) + 1
+            if len(unmet) < _STATUS_UNMET:
+                unmet.append(_unmet_dict(job_id, entry))
+        status = {
+            "provider": self.provider.kind,
+            "groups": groups,
+            "unmet": unmet,
+            "unmet_count": len(routing.unmet),
+            "unmet_by_code": unmet_codes,
+            "waiting_for_vms": len(routing.served),
+            "ticks": self._ticks,
+        }
+        with self._publish_lock:
+            self._published_vms = vms
+            self._published_status = status
+
+    def vms(self, include_deleted: bool = False) -> list[dict[str, Any]]:
+        """Every live VM (and, with ``include_deleted``, the DELETED and FAILED ones remembered) as plain data."""
+        with self._publish_lock:
+            live = list(self._published_vms)
+            ended = [replace(vm) for vm in self._history] if include_deleted else []
+        return [vm.as_dict() for vm in ended + live]
+
+    def status(self) -> dict[str, Any]:
+        """Per group its state, target and VMs by state; unmet demand with machine-readable codes."""
+        with self._publish_lock:
+            return dict(self._published_status)
+
+    def delete_all(self) -> int:
+        """Stop creating and delete every slice (``fray cluster down``); returns how many VMs were deleted."""
+        self._stopped = True
+        with self._tick_lock:
+            now = self._clock()
+            count = 0
+            try:
+                listing = self.provider.list_vms()
+            except ProviderError:
+                listing = []
+            for slice_id, vms in slice_vms(listing).items():
+                if slice_id not in self._slices:
+                    self._delete_at_provider(slice_id, vms[0].group)
+                    count += len(vms)
+            for s in list(self._slices.values()):
+                s.move(VmState.DELETED, now)
+                self._forget(s)
+                count += len(s.vms)
+            self._publish(Routing(), now)
+            return count
+
+
+def vm_worker_info(group: ScaleGroup, vm_id: str, slice_id: str, host_index: int) -> WorkerInfo:
+    """What the worker of a VM of ``group`` declares: the group's resources and the VM's attributes.
+
+    The providers start workers with exactly this (``--id VM_ID``, the group's resources,
+    ``scale-group``, ``vm``, ``preemptible`` and, for slices, ``tpu-name``/``tpu-worker-id``);
+    the scale simulation and the tests register it in their place.
+    """
+    res = group.resources
+    devices = []
+    for text in res.devices:
+        kind, dtype, count = text.split(":")
+        devices.append(Device(kind, dtype, int(count)))
+    attributes = {"scale-group": group.name, "vm": vm_id, "preemptible": "true" if group.preemptible else "false"}
+    if group.is_slice:  # a single-host TPU VM is a slice of its own without them
+        attributes["tpu-name"] = slice_id
+        attributes["tpu-worker-id"] = str(host_index)
+    return WorkerInfo(vm_id, round(res.cpu * 1000), res.ram_bytes, res.disk_bytes, tuple(devices), attributes)
+
+
+def _unmet_dict(job_id: str, entry: Unmet) -> dict[str, Any]:
+    return {
+        "job_id": job_id,
+        "code": entry.code,
+        "never": entry.never,
+        "groups": dict(entry.groups),
+        "message": entry.message,
+    }

@@ -1,0 +1,46 @@
+"""Making the provider a cluster file names (``provider.kind``), for the controller.
+
+Each kind lives in its own module, imported only when used (``gcp`` needs the
+``fray[gcp]`` extra).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fray.autoscale.config import ClusterConfig
+from fray.autoscale.provider import Provider
+from fray.errors import ConfigError
+
+__all__ = ["make_provider"]
+
+
+def make_provider(
+    config: ClusterConfig, *, state_dir: Path, controller: str, credential: str, join_token: str | None = None
+) -> Provider:
+    """The provider of ``config.provider.kind``, whose VMs' workers join the controller at ``controller``.
+
+    ``state_dir`` is where a provider keeps what it must remember across controller
+    restarts (the cluster directory's ``vms/``); ``credential`` is the worker credential
+    line the simulated VMs' workers authenticate with; ``join_token`` the join token a
+    cloud VM's start-up exchanges for its worker's own credential (``gcp``).
+    """
+    kind = config.provider.kind
+    if kind == "simulated":
+        from fray.autoscale.simulated import DEFAULT_BOOT_SECONDS, SimulatedProvider, WorkerLaunch
+
+        return SimulatedProvider(
+            state_dir,
+            cluster=config.name,
+            boot_seconds=config.provider.number("boot_seconds", DEFAULT_BOOT_SECONDS),
+            worker=WorkerLaunch(controller=controller, credential=credential, log_dir=state_dir),
+        )
+    if kind == "gcp":
+        from fray.autoscale import gcp
+
+        if join_token is None:
+            raise ConfigError(
+                "the gcp provider needs a join token for its VMs' workers (fray token create --role worker)"
+            )
+        return gcp.from_config(config, controller=controller, join_token=join_token)
+    raise ConfigError(f"provider.kind {kind!r} is not one of simulated, gcp")
