@@ -162,9 +162,9 @@ def test_vm_workers_join_a_real_controller_and_stop_on_delete(tmp_path: Path) ->
             provider.create_slice(slice_req)
             provider.create_slice(request("c1"))
 
-            def joined_workers() -> dict[str, Any] | None:
+            def joined_workers() -> dict[str, Any]:
                 alive_workers = {w.info.worker_id: w for w in client.list_workers() if w.info.alive}
-                return alive_workers if {"t1-1", "c1"} <= set(alive_workers) else None
+                return alive_workers if {"t1-1", "c1"} <= set(alive_workers) else {}
 
             joined = wait_until(joined_workers, 60, "the VMs' workers to register")
             # The first VM of the group failed its boot: RUNNING at the cloud, no worker.

@@ -322,6 +322,10 @@ def _print_plan(config: ClusterConfig, port: int) -> None:
         calls = _planned_calls(config, controller)
     except ConfigError as exc:
         raise CliError(str(exc), "fix the provider: section of the cluster file") from None
+    except ImportError as exc:
+        raise CliError(
+            f"the {config.provider.kind} provider cannot be loaded: {exc}", "pip install 'fray[gcp]'"
+        ) from None
     click.echo(f"dry run: nothing is started. A controller on {controller} with these scale groups:")
     for line in _group_lines(config):
         click.echo(line)
