@@ -97,7 +97,13 @@ def _compute_error(status: int, reason: str, message: str, domain: str = "global
     """Compute Engine's error shape: the legacy ``errors`` list beside code and message."""
     return _ApiError(
         status,
-        {"error": {"code": status, "message": message, "errors": [{"message": message, "domain": domain, "reason": reason}]}},
+        {
+            "error": {
+                "code": status,
+                "message": message,
+                "errors": [{"message": message, "domain": domain, "reason": reason}],
+            }
+        },
     )
 
 
@@ -106,9 +112,7 @@ def tpu_cores(accelerator_type: str) -> int:
     try:
         return int(accelerator_type.rsplit("-", 1)[1])
     except (IndexError, ValueError):
-        raise _google_error(
-            400, "INVALID_ARGUMENT", f'Invalid accelerator type "{accelerator_type}".'
-        ) from None
+        raise _google_error(400, "INVALID_ARGUMENT", f'Invalid accelerator type "{accelerator_type}".') from None
 
 
 def tpu_hosts(accelerator_type: str) -> int:
@@ -227,7 +231,10 @@ class FakeGcp:
             body = json.loads(raw) if raw else None
         except ValueError:
             body = None
-            status, payload = 400, {"error": {"code": 400, "message": "Invalid JSON payload received.", "status": "INVALID_ARGUMENT"}}
+            status, payload = (
+                400,
+                {"error": {"code": 400, "message": "Invalid JSON payload received.", "status": "INVALID_ARGUMENT"}},
+            )
         with self._lock:
             self.requests.append(Recorded(handler.command, parts.path, query, body, handler.headers.get("Host", "")))
             if status == 200:
@@ -352,7 +359,9 @@ class FakeGcp:
             raise _google_error(400, "INVALID_ARGUMENT", f'Invalid node id "{node_id}".')
         if not isinstance(body, dict) or not body.get("acceleratorType") or not body.get("runtimeVersion"):
             raise _google_error(
-                400, "INVALID_ARGUMENT", "Node must specify accelerator_type (or accelerator_config) and runtime_version."
+                400,
+                "INVALID_ARGUMENT",
+                "Node must specify accelerator_type (or accelerator_config) and runtime_version.",
             )
         name = f"{parent}/nodes/{node_id}"
         if name in self.nodes:
@@ -370,9 +379,7 @@ class FakeGcp:
             if used + cores > limit:
                 metric = f"tpu.googleapis.com/tpu_{family}_pod_cores"
                 quota_id = f"TPU{family.upper()}PodPerProjectPerZoneForTPUAPI"
-                message = (
-                    f"Quota limit '{quota_id}' has been exceeded. Limit: {limit} in zone {zone}."
-                )
+                message = f"Quota limit '{quota_id}' has been exceeded. Limit: {limit} in zone {zone}."
                 raise _google_error(
                     429,
                     "RESOURCE_EXHAUSTED",
@@ -386,7 +393,11 @@ class FakeGcp:
                             "@type": "type.googleapis.com/google.rpc.ErrorInfo",
                             "reason": "RATE_LIMIT_EXCEEDED",
                             "domain": "googleapis.com",
-                            "metadata": {"quota_metric": metric, "quota_limit": quota_id, "service": "tpu.googleapis.com"},
+                            "metadata": {
+                                "quota_metric": metric,
+                                "quota_limit": quota_id,
+                                "service": "tpu.googleapis.com",
+                            },
                         },
                     ],
                 )
@@ -444,18 +455,24 @@ class FakeGcp:
                     raise ValueError
             except ValueError:
                 raise _compute_error(
-                    400, "invalid", f"Invalid value for field 'requestId': '{request_id}'. The request ID must be a valid UUID."
+                    400,
+                    "invalid",
+                    f"Invalid value for field 'requestId': '{request_id}'. The request ID must be a valid UUID.",
                 ) from None
             earlier = self._compute_requests.get(f"{project}/{zone}/{request_id}")
             if earlier is not None:
                 return self._op_json(earlier)
         if not isinstance(body, dict) or not _NAME_RE.match(str(body.get("name", ""))):
-            raise _compute_error(400, "invalid", f"Invalid value for field 'resource.name': '{(body or {}).get('name')}'.")
+            raise _compute_error(
+                400, "invalid", f"Invalid value for field 'resource.name': '{(body or {}).get('name')}'."
+            )
         name = str(body["name"])
         key = f"{zone}/{name}"
         target = f"{_COMPUTE}/projects/{project}/zones/{zone}/instances/{name}"
         if key in self.instances:
-            raise _compute_error(409, "alreadyExists", f"The resource 'projects/{project}/zones/{zone}/instances/{name}' already exists")
+            raise _compute_error(
+                409, "alreadyExists", f"The resource 'projects/{project}/zones/{zone}/instances/{name}' already exists"
+            )
         machine_type = str(body.get("machineType", "")).rsplit("/", 1)[-1]
         if not machine_type:
             raise _compute_error(400, "required", "Required field 'resource.machineType' not specified")
@@ -471,7 +488,10 @@ class FakeGcp:
             )
             if used + _vcpus(machine_type) > limit:
                 raise _compute_error(
-                    403, "quotaExceeded", f"Quota '{metric}' exceeded.  Limit: {float(limit)} in region {region}.", "usageLimits"
+                    403,
+                    "quotaExceeded",
+                    f"Quota '{metric}' exceeded.  Limit: {float(limit)} in region {region}.",
+                    "usageLimits",
                 )
         instance = {
             **body,
@@ -515,7 +535,9 @@ class FakeGcp:
         if expr:
             m = re.fullmatch(r'labels\.([a-z][-_a-z0-9]*)\s*=\s*"?([-_a-z0-9]*)"?', expr)
             if m is None:
-                raise _compute_error(400, "invalid", f"Invalid value for field 'filter': '{expr}'. Invalid list filter expression.")
+                raise _compute_error(
+                    400, "invalid", f"Invalid value for field 'filter': '{expr}'. Invalid list filter expression."
+                )
             items = [i for i in items if i.get("labels", {}).get(m.group(1)) == m.group(2)]
         page = self._page(items, "items", query, "maxResults")
         page.update(
@@ -528,13 +550,23 @@ class FakeGcp:
     def _gce_instance(self, project: str, zone: str, name: str) -> dict[str, Any]:
         inst = self.instances.get(f"{zone}/{name}")
         if inst is None:
-            raise _compute_error(404, "notFound", f"The resource 'projects/{project}/zones/{zone}/instances/{name}' was not found")
+            raise _compute_error(
+                404, "notFound", f"The resource 'projects/{project}/zones/{zone}/instances/{name}' was not found"
+            )
         return inst
 
     def _gce_delete(self, project: str, zone: str, name: str, query: dict[str, str]) -> dict[str, Any]:
         inst = self._gce_instance(project, zone, name)
+        if any(op.verb == "delete" and op.target == inst["selfLink"] and op.on_done for op in self._ops.values()):
+            raise _compute_error(
+                400,
+                "resourceNotReady",
+                f"The resource 'projects/{project}/zones/{zone}/instances/{name}' is not ready",
+            )
         inst["status"] = "STOPPING"
-        op = self._new_op(f"compute/{project}/{zone}/operation-{uuid.uuid4().hex}", "compute", "delete", inst["selfLink"])
+        op = self._new_op(
+            f"compute/{project}/{zone}/operation-{uuid.uuid4().hex}", "compute", "delete", inst["selfLink"]
+        )
         op.on_done.append(lambda: self.instances.pop(f"{zone}/{name}", None))
         return self._op_json(op)
 
