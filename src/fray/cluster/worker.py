@@ -735,7 +735,8 @@ def _join_token(line: str) -> Credential:
 
 def _revoked(worker_id: str, controller: str, exc: Exception) -> str | None:
     """The line a registered worker gives up with when the controller refuses its credential, else None."""
-    if not isinstance(exc, AuthenticationError) or isinstance(exc, UntrustedServerError):
+    # PermissionDenied: a revoked worker's shared credential may still connect, but not register it.
+    if not isinstance(exc, (AuthenticationError, PermissionDenied)) or isinstance(exc, UntrustedServerError):
         return None
     return (
         f"worker {worker_id}: the controller at {controller} refused its credential (revoked: fray worker revoke) "
