@@ -109,10 +109,10 @@ class _Sim:
         self.clock.now += seconds
         for vm in self.provider.list_vms():
             known = any(g.name == vm.group for g in self.config.scale_groups)
-            if known and vm.state == CloudState.RUNNING and vm.vm_id not in self.silent:
-                if vm.vm_id not in self.workers and vm.vm_id not in self.lost:
-                    group = self.config.group(vm.group)
-                    self.workers[vm.vm_id] = vm_worker_info(group, vm.vm_id, vm.slice_id, vm.host_index)
+            starts = vm.state == CloudState.RUNNING and vm.vm_id not in self.silent | self.lost
+            if known and starts and vm.vm_id not in self.workers:
+                group = self.config.group(vm.group)
+                self.workers[vm.vm_id] = vm_worker_info(group, vm.vm_id, vm.slice_id, vm.host_index)
         self.result = self.autoscaler.tick(self.view())
         self.schedule()
         return self.result
@@ -447,3 +447,17 @@ def test_delete_all_stops_creating_and_deletes_every_vm() -> None:
     assert sim.provider.list_vms() == [] and sim.autoscaler.vms() == []
     assert sim.group_status("cpu")["state"] == "stopped"
     assert [vm["state"] for vm in sim.vms()] == ["DELETED", "DELETED"]
+
+
+def test_the_scale_simulation_runs_at_a_tiny_size() -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "autoscale_sim.py"
+    done = subprocess.run([sys.executable, str(script), "--small"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    rows = [line.split() for line in done.stdout.splitlines()[1:]]
+    assert [row[0] for row in rows] == ["50", "200"]
+    assert all(row[-1].endswith("s") and float(row[-1][:-1]) < 5 for row in rows)
+    assert int(rows[1][1]) == 40  # every VM of the tiny cluster was created and registered

@@ -176,42 +176,31 @@ def route(
     Units are consumed as jobs are routed; new units are added for slices to create.
     """
     routing = Routing()
-    fits: dict[tuple[TaskResources, int], list[_Fit] | str] = {}
-    exhausted: dict[tuple[TaskResources, int, str], str] = {}
-    cursor: dict[tuple[TaskResources, int, str], int] = {}
-    unmet_cache: dict[tuple[TaskResources, int, tuple[tuple[str, str], ...]], Unmet] = {}
+    shapes: dict[tuple[TaskResources, int], _Shape] = {}
+    unmet_cache: dict[tuple[tuple[str, str], ...], Unmet] = {}
     pools = {g.name: list(units.get(g.name, ())) for g in groups}
     new = dict.fromkeys((g.name for g in groups), 0)
     largest = max(groups, key=lambda g: (group_vector(g), g.hosts, g.max, g.name)) if groups else None
     for job in jobs:
-        shape = (job.resources, job.replicas)
-        options = fits.get(shape)
-        if options is None:
-            found = [(g, _fit(g, job.resources, job.replicas)) for g in groups]
-            usable = [f for _, f in found if isinstance(f, _Fit)]
-            if usable:
-                options = usable
-            else:
-                why = "; ".join(f"{g.name}: {f}" for g, f in found)
-                biggest = f" The largest group is {describe_group(largest)}." if largest else ""
-                options = f"no scale group can ever fit it ({why}).{biggest}"
-            fits[shape] = options
-        if isinstance(options, str):
-            routing.unmet[job.job_id] = Unmet(NO_GROUP_FITS, {}, options, never=True)
+        shape = shapes.get((job.resources, job.replicas))
+        if shape is None:
+            shape = shapes[(job.resources, job.replicas)] = _shape(job, groups, largest)
+        if shape.done is not None:
+            # Every group already refused this shape in this pass (capacity only shrinks): the same answer.
+            routing.unmet[job.job_id] = shape.done
             continue
         tried: list[tuple[str, str]] = []
-        for fit in options:
+        for fit in shape.options:
             name = fit.group.name
-            key = (job.resources, job.replicas, name)
-            known = exhausted.get(key)
+            known = shape.exhausted.get(name)
             if known is not None:
                 tried.append((name, known))
                 continue
             pool = pools[name]
-            start = cursor.get(key, 0)
+            start = shape.cursor.get(name, 0)
             while start < len(pool) and _slots(pool[start].free, fit.need) == 0:
                 start += 1
-            cursor[key] = start  # units before it can never take this shape again in this pass
+            shape.cursor[name] = start  # units before it can never take this shape again in this pass
             wanted = fit.items
             taken: list[tuple[Unit, int]] = []
             for index in range(start, len(pool)):
@@ -226,11 +215,11 @@ def route(
             if extra:
                 block = blocked.get(name)
                 if block is not None:
-                    exhausted[key] = block[0]
+                    shape.exhausted[name] = block[0]
                     tried.append((name, block[0]))
                     continue
                 if counts.get(name, 0) + new[name] + extra > fit.group.max:
-                    exhausted[key] = AT_MAX
+                    shape.exhausted[name] = AT_MAX
                     tried.append((name, AT_MAX))
                     continue
             for unit, slots in taken:
@@ -248,13 +237,35 @@ def route(
             break
         else:
             codes = tuple(tried)
-            cached = unmet_cache.get((job.resources, job.replicas, codes))
+            cached = unmet_cache.get(codes)
             if cached is None:
-                cached = _unmet(codes, {g.name: g for g in groups}, blocked)
-                unmet_cache[(job.resources, job.replicas, codes)] = cached
+                cached = unmet_cache[codes] = _unmet(codes, {g.name: g for g in groups}, blocked)
             routing.unmet[job.job_id] = cached
+            if len(shape.exhausted) == len(shape.options):
+                shape.done = cached
     routing.new_slices = {name: count for name, count in new.items() if count}
     return routing
+
+
+@dataclass
+class _Shape:
+    """What routing learnt about one job shape (resources, replicas) in a pass."""
+
+    options: list[_Fit]
+    done: Unmet | None = None  # set once no group can take it any more in this pass
+    exhausted: dict[str, str] = field(default_factory=dict)  # group -> why it can no longer take the shape
+    cursor: dict[str, int] = field(default_factory=dict)  # group -> first of its units that may still fit it
+
+
+def _shape(job: PendingJob, groups: Sequence[ScaleGroup], largest: ScaleGroup | None) -> _Shape:
+    found = [(g, _fit(g, job.resources, job.replicas)) for g in groups]
+    usable = [f for _, f in found if isinstance(f, _Fit)]
+    if usable:
+        return _Shape(usable)
+    why = "; ".join(f"{g.name}: {f}" for g, f in found)
+    biggest = f" The largest group is {describe_group(largest)}." if largest else ""
+    message = f"no scale group can ever fit it ({why}).{biggest}"
+    return _Shape([], done=Unmet(NO_GROUP_FITS, {}, message, never=True))
 
 
 def _use(unit: Unit, need: Sequence[int], slots: int, routing: Routing) -> None:

@@ -106,6 +106,9 @@ class ClusterView:
     """Ids of every alive worker (healthy or not)."""
     lost: frozenset[str] = frozenset()
     """Ids of workers the controller declared lost (or revoked)."""
+    unplaced: Sequence[PendingJob] | None = None
+    """The pending jobs the controller's last scheduling pass could not place, in order: that pass *is* a
+    dry run against the live workers, so the autoscaler need not run another (None: it runs its own)."""
 
 
 @dataclass(frozen=True)
@@ -217,8 +220,9 @@ class Autoscaler:
             routing = Routing()
             blocked_before: set[str] = set()
             # A group that refuses a create (quota) is blocked and the same tick routes its demand onward.
+            unplaced = self._unplaced(view, now)
             for _ in range(len(self._groups) + 1):
-                routing = self._route(view, now)
+                routing = self._route(unplaced, now)
                 for slice_id in routing.kept:
                     kept = self._slices[slice_id]
                     kept.move(VmState.READY, now)
@@ -398,13 +402,20 @@ class Autoscaler:
             counts[s.group] += 1
         return counts
 
-    def _route(self, view: ClusterView, now: float) -> Routing:
+    def _unplaced(self, view: ClusterView, now: float) -> Sequence[PendingJob]:
+        """The demand: pending jobs a dry run of the scheduler cannot place on the live, unfenced workers."""
+        if view.unplaced is not None:
+            return view.unplaced
         if not view.pending:
-            return Routing()
+            return ()
         fenced = self._fenced()
         workers = [w for w in view.workers if w.worker_id not in fenced] if fenced else view.workers
         decision = schedule(view.pending, workers, view.running, view.credits, now=now)
-        unplaced = [job for job in view.pending if job.job_id in decision.pending]
+        return [job for job in view.pending if job.job_id in decision.pending]
+
+    def _route(self, unplaced: Sequence[PendingJob], now: float) -> Routing:
+        if not unplaced:
+            return Routing()
         units: dict[str, list[Unit]] = {name: [] for name in self._group_config}
         for state in (VmState.DRAINING, VmState.REQUESTED, VmState.BOOTING):
             for s in self._slices.values():

@@ -54,6 +54,7 @@ class AutoscaleHost:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._notes: Mapping[str, str] = {}
+        self._last_pending: Mapping[str, PendingReason] | None = None
         self._last_kick = 0.0
 
     # ----- lifecycle ----------------------------------------------------------------------------
@@ -102,8 +103,13 @@ class AutoscaleHost:
                 registered.add(record.info.worker_id)
             else:
                 lost.add(record.info.worker_id)
+        pending = self._service.pending_snapshot()
+        last = self._last_pending
         return ClusterView(
-            pending=self._service.pending_snapshot(),
+            pending=pending,
+            # The last scheduling pass's unplaced jobs are the demand (a second dry run would cost as much
+            # as the pass, every tick, on the scheduler's GIL); jobs newer than that pass wait for the next.
+            unplaced=[job for job in pending if job.job_id in last] if last is not None else None,
             workers=snapshot.workers,
             running=snapshot.running,
             credits=snapshot.credits,
@@ -116,6 +122,7 @@ class AutoscaleHost:
     def _annotate(self, decision: SchedulingDecision) -> SchedulingDecision:
         """Put the autoscaler's reasons on the jobs the pass left pending; wake it for jobs it has not seen."""
         notes = self._notes
+        self._last_pending = decision.pending
         pending = dict(decision.pending)
         unseen = False
         for job_id, reason in decision.pending.items():

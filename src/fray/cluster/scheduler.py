@@ -545,29 +545,44 @@ def schedule(
     heap = [(-bids[u], q[0].submitted_at, q[0].job_id, u) for u, q in queues.items()]
     heapq.heapify(heap)
 
-    def requeue(user: str) -> None:
-        """Put ``user`` back in line with their next job, if they have one."""
-        if queues[user]:
-            head = queues[user][0]
-            heapq.heappush(heap, (-user_bid(user), head.submitted_at, head.job_id, user))
-
     assignments: list[Assignment] = []
     reasons: dict[str, PendingReason] = {}
     # Free capacity only shrinks during a pass, so a shape that did not fit keeps not fitting:
     # remembering it makes a sweep of identical jobs cost one placement attempt, not one each.
     failed: dict[tuple[TaskResources, int], str] = {}
     reserved_shapes: set[tuple[TaskResources, int]] = set()
+    # Shapes whose jobs are *settled* for the rest of the pass: their reason, whether it is satisfiable,
+    # and whether it holds for every such job (a shape that can never fit, or one that failed and already
+    # reserved) or only for those not yet starving. A settled job changes nothing -- no placement, no
+    # reservation, no bid -- so it is given its reason without going through the heap: the order of
+    # every other job, and so every decision, is the same as if it had been looked at in turn.
+    settled: dict[tuple[TaskResources, int], tuple[str, bool, bool]] = {}
+
+    def settle(job: PendingJob) -> bool:
+        """Give ``job`` its reason at once if its shape settled it; False if it needs a look."""
+        entry = settled.get((job.resources, job.replicas))
+        if entry is None or not (entry[2] or not _starving(job, policy, now)):
+            return False
+        reasons[job.job_id] = PendingReason(job.job_id, entry[0], satisfiable=entry[1])
+        return True
+
+    def requeue(user: str) -> None:
+        """Put ``user`` back in line with their next job that needs a look, if they have one."""
+        queue = queues[user]
+        while queue and settle(queue[0]):
+            queue.popleft()
+        if queue:
+            head = queue[0]
+            heapq.heappush(heap, (-user_bid(user), head.submitted_at, head.job_id, user))
+
     while heap:
         _, _, _, user = heapq.heappop(heap)
         job = queues[user].popleft()
-        shape = (job.resources, job.replicas)
-        known_failure = failed.get(shape)
-        if known_failure is not None and (shape in reserved_shapes or not _starving(job, policy, now)):
-            # The common case of a long queue: this shape already failed in this pass and
-            # there is nothing to reserve for it -- the same reason, without another look.
-            reasons[job.job_id] = PendingReason(job.job_id, WAITING_PREFIX + known_failure, satisfiable=True)
+        if settle(job):
             requeue(user)
             continue
+        shape = (job.resources, job.replicas)
+        known_failure = failed.get(shape)
         static = pool.static(job.resources)
         never = static.never
         if never is None and job.resources.device_kind != "tpu" and static.slots < job.replicas:
@@ -579,6 +594,7 @@ def schedule(
             )
         if never is not None:
             reasons[job.job_id] = PendingReason(job.job_id, NEVER_PREFIX + never, satisfiable=False)
+            settled[shape] = (NEVER_PREFIX + never, False, True)
         else:
             result = known_failure if known_failure is not None else pool.place(job, static)
             if isinstance(result, tuple):
@@ -591,5 +607,6 @@ def schedule(
                 if _starving(job, policy, now) and shape not in reserved_shapes:
                     reserved_shapes.add(shape)
                     pool.reserve(job, static)
+                settled[shape] = (WAITING_PREFIX + result, True, shape in reserved_shapes)
         requeue(user)
     return SchedulingDecision(tuple(assignments), reasons, bids)
