@@ -15,7 +15,8 @@ credentials. It keeps state like the API does and answers in the API's documente
 * Compute v1: ``instances`` insert (idempotent by ``requestId``: the same id answers the
   same operation and makes no second instance; another id for a taken name is 409
   ``alreadyExists``), list (paged, with the ``labels.KEY = VALUE`` filter), get, delete,
-  and zone ``operations``. vCPU quota per region (``CPUS``, or ``PREEMPTIBLE_CPUS`` for
+  and zone ``operations``; deleting an instance whose delete is in progress is 400
+  ``resourceNotReady``. vCPU quota per region (``CPUS``, or ``PREEMPTIBLE_CPUS`` for
   spot VMs) refuses an insert with 403 ``quotaExceeded``; a stock-out fails the insert's
   operation with ``ZONE_RESOURCE_POOL_EXHAUSTED`` (HTTP 503 in the operation), the instance
   gone.

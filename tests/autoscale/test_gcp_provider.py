@@ -48,6 +48,7 @@ CLUSTER_FILE: dict[str, Any] = {
     "scale_groups": {
         "cpu": {"resources": {"cpu": 4, "ram": "8g", "disk": "50g"}, "min": 1, "max": 3, "priority": 1},
         "spot": {"resources": {"cpu": 4, "ram": "8g"}, "max": 3, "preemptible": True},
+        "pair": {"hosts": 2, "resources": {"cpu": 4, "ram": "8g"}, "max": 1},
         "v4-16": {"hosts": 2, "resources": {"cpu": 8, "ram": "64g", "device": "tpu:v4-16:4"}, "min": 1, "max": 2},
     },
 }
@@ -283,6 +284,16 @@ def test_quota_errors_are_quota_exceeded_and_create_nothing(fake: FakeGcp, make:
     assert sorted(vm.slice_id for vm in provider.list_vms()) == ["c1-spot-0", "c1-v4-16-0", "c1-v4-16-0"]
 
 
+def test_a_slice_refused_part_way_leaves_no_instance_holding_quota(fake: FakeGcp, make: Make) -> None:
+    fake.cpu_quota[("us-central2", "CPUS")] = 4  # the first host of the pair fits, the second does not
+    provider = make()
+    with pytest.raises(QuotaExceeded, match="CPUS"):
+        provider.create_slice(_request("pair"))
+    assert [r.body["name"] for r in _creates(fake)] == ["c1-pair-0-0", "c1-pair-0-1"]
+    assert [r.path.rsplit("/", 1)[1] for r in fake.calls("DELETE")] == ["c1-pair-0-0"]
+    wait_until(lambda: not provider.list_vms() and not fake.instances, what="the first host deleted")
+
+
 @pytest.mark.parametrize("group", ["v4-16", "cpu"])
 def test_a_stockout_is_capacity_unavailable(fake: FakeGcp, make: Make, group: str) -> None:
     fake.stockouts |= {(ZONE, "v4-16"), (ZONE, "n2-standard-4")}
@@ -360,14 +371,16 @@ def test_the_startup_script_starts_each_hosts_worker(fake: FakeGcp, make: Make, 
 
 def test_planned_calls_are_the_requests_the_provider_sends(fake: FakeGcp, make: Make) -> None:
     lines = gcp.planned_calls(_config(), controller=CONTROLLER)
-    assert [line.split(" ", 2)[:2] for line in lines] == [
-        [
-            "POST",
-            f"https://compute.googleapis.com/compute/v1/projects/fray-test/zones/{ZONE}/instances?requestId="
-            + str(uuid.uuid5(gcp._REQUEST_NS, "c1/c1-cpu-0/c1-cpu-0")),
-        ],
-        ["POST", f"https://tpu.googleapis.com/v2/projects/fray-test/locations/{ZONE}/nodes?nodeId=c1-v4-16-0"],
+    calls = [line.split(" ", 2)[:2] for line in lines]
+    gce_url, request_id = calls[0][1].split("?requestId=")
+    assert uuid.UUID(request_id)
+    assert [calls[0][0], gce_url, *calls[1]] == [
+        "POST",
+        f"https://compute.googleapis.com/compute/v1/projects/fray-test/zones/{ZONE}/instances",
+        "POST",
+        f"https://tpu.googleapis.com/v2/projects/fray-test/locations/{ZONE}/nodes?nodeId=c1-v4-16-0",
     ], "the min slices of each group, by priority; none of spot (min 0)"
+    assert lines == gcp.planned_calls(_config(), controller=CONTROLLER), "the same every time (request ids too)"
     assert TOKEN not in "".join(lines) and "<join-token>" in lines[0]
     # The same requests, sent for real with the placeholder token, have exactly the planned bodies.
     provider = make(join_token="<join-token>")

@@ -45,21 +45,28 @@ passed in the VM's metadata (``fray-join-token``), not in the script's text.
 
 from __future__ import annotations
 
-import json
-import math
-import re
-import shlex
 import threading
 import time
-import uuid
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
-from urllib.parse import urlencode
 
-from fray.autoscale.config import ClusterConfig, ScaleGroup
-from fray.autoscale.provider import CLUSTER_LABEL, CloudState, ProviderVm, SliceRequest, VmResources
+from fray.autoscale._gcp_requests import (
+    DEFAULT_BOOT_TIMEOUT,
+    GROUP_LABEL,
+    SLICE_LABEL,
+    GcpSettings,
+    gce_insert_requests,
+    planned_calls,
+    planned_request,
+    startup_script,
+    tpu_create_request,
+    tpu_type,
+    vm_ids_of,
+)
+from fray.autoscale.config import ClusterConfig
+from fray.autoscale.provider import CLUSTER_LABEL, CloudState, ProviderVm, SliceRequest
 from fray.errors import CapacityUnavailable, ConfigError, ProviderError, QuotaExceeded, VmNotFound
 
 __all__ = [
@@ -70,36 +77,10 @@ __all__ = [
     "GcpSettings",
     "from_config",
     "planned_calls",
+    "planned_request",
     "startup_script",
 ]
 
-#: The autoscaler's default ``provider.boot_timeout`` for a cloud (a TPU VM takes minutes; then Fray installs).
-DEFAULT_BOOT_TIMEOUT = 600.0
-DEFAULT_RUNTIME_VERSION = "tpu-ubuntu2204-base"
-DEFAULT_IMAGE = "projects/debian-cloud/global/images/family/debian-12"
-DEFAULT_INSTALL = "python3 -m pip install fray"
-DEFAULT_CREATE_WAIT = 10.0
-GROUP_LABEL = "fray-group"
-SLICE_LABEL = "fray-slice"
-_TPU_HOST = "https://tpu.googleapis.com"
-_COMPUTE_HOST = "https://compute.googleapis.com"
-_KEYS = {
-    "project",
-    "zone",
-    "runtime_version",
-    "machine_type",
-    "machine_types",
-    "image",
-    "network",
-    "external_ip",
-    "install",
-    "create_wait",
-    "boot_timeout",
-}
-# Google's resource names and label values: lower case, digits and '-', at most 63 characters.
-_NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
-# Namespace of the GCE requestIds derived from Fray's request ids (GCE wants a UUID).
-_REQUEST_NS = uuid.UUID("5d1f0a4e-2c1b-4f7e-9a57-6b0c1e9f3a20")
 _POLL_SECONDS = 0.5
 # TPU node states (google.cloud.tpu.v2 Node.State) as the cloud states Fray acts on.
 _TPU_STATES = {
@@ -123,230 +104,6 @@ _GCE_STATES = {
 _STOPPED = {"STOPPING", "STOPPED", "TERMINATED", "SUSPENDING", "SUSPENDED"}
 
 
-@dataclass(frozen=True)
-class GcpSettings:
-    """The ``provider:`` keys of a ``kind: gcp`` cluster file, checked."""
-
-    project: str
-    zone: str
-    runtime_version: str = DEFAULT_RUNTIME_VERSION
-    machine_type: str | None = None
-    machine_types: Mapping[str, str] = field(default_factory=dict)
-    image: str = DEFAULT_IMAGE
-    network: str = "default"
-    external_ip: bool = True
-    install: str = DEFAULT_INSTALL
-    create_wait: float = DEFAULT_CREATE_WAIT
-
-    @classmethod
-    def from_config(cls, config: ClusterConfig) -> GcpSettings:
-        """Check the provider keys against the scale groups; ConfigError naming the key."""
-        options = dict(config.provider.options)
-        unknown = sorted(set(map(str, options)) - _KEYS)
-        if unknown:
-            raise ConfigError(
-                f"provider.{unknown[0]} is not a gcp provider key; the keys are: {', '.join(sorted(_KEYS))}"
-            )
-
-        def text(key: str, default: str | None) -> str | None:
-            value = options.get(key, default)
-            if value is not None and (not isinstance(value, str) or not value.strip()):
-                raise ConfigError(f"provider.{key} must be a non-empty string, got {value!r}")
-            return value
-
-        project, zone = text("project", None), text("zone", None)
-        if project is None or zone is None:
-            missing = "project" if project is None else "zone"
-            raise ConfigError(
-                f"provider.{missing} is required for kind: gcp (e.g. project: my-project, zone: us-central2-b)"
-            )
-        types = options.get("machine_types", {})
-        if not isinstance(types, dict) or not all(isinstance(v, str) and v for v in types.values()):
-            raise ConfigError("provider.machine_types must map group names to machine types, e.g. {cpu: n2-standard-8}")
-        for name in types:
-            config.group(str(name))  # ConfigError naming the groups there are
-        external_ip = options.get("external_ip", True)
-        if not isinstance(external_ip, bool):
-            raise ConfigError(f"provider.external_ip must be true or false, got {external_ip!r}")
-        settings = cls(
-            project=project,
-            zone=zone,
-            runtime_version=text("runtime_version", DEFAULT_RUNTIME_VERSION) or DEFAULT_RUNTIME_VERSION,
-            machine_type=text("machine_type", None),
-            machine_types={str(k): v for k, v in types.items()},
-            image=text("image", DEFAULT_IMAGE) or DEFAULT_IMAGE,
-            network=text("network", "default") or "default",
-            external_ip=external_ip,
-            install=text("install", DEFAULT_INSTALL) or DEFAULT_INSTALL,
-            create_wait=config.provider.number("create_wait", DEFAULT_CREATE_WAIT),
-        )
-        config.provider.number("boot_timeout", DEFAULT_BOOT_TIMEOUT)
-        for group in config.scale_groups:
-            if _tpu_type(group.resources) is None and settings.machine_type_of(group.name) is None:
-                raise ConfigError(
-                    f"provider.machine_type (or provider.machine_types.{group.name}) is required: "
-                    f"scale group {group.name!r} has no TPU, so it runs on GCE instances of a machine type"
-                )
-        return settings
-
-    def machine_type_of(self, group: str) -> str | None:
-        """The GCE machine type of a non-TPU group."""
-        return self.machine_types.get(group, self.machine_type)
-
-    @property
-    def tpu_parent(self) -> str:
-        """The TPU API's parent of this zone's nodes."""
-        return f"projects/{self.project}/locations/{self.zone}"
-
-
-def _tpu_type(resources: VmResources) -> str | None:
-    for device in resources.devices:
-        kind, _, rest = device.partition(":")
-        if kind == "tpu":
-            return rest.rsplit(":", 1)[0]
-    return None
-
-
-def _worker_attributes(request: SliceRequest, vm_id: str, host: str) -> dict[str, str]:
-    attrs = {**dict(request.attributes), "scale-group": request.group, "vm": vm_id}
-    attrs["preemptible"] = "true" if request.preemptible else "false"
-    if _tpu_type(request.resources) is not None or len(request.vm_ids) > 1:
-        attrs["tpu-name"] = request.slice_id
-        attrs["tpu-worker-id"] = host
-    return attrs
-
-
-def startup_script(request: SliceRequest, *, controller: str, install: str = DEFAULT_INSTALL) -> str:
-    """The start-up script every VM of the slice runs: install Fray if needed, start its worker.
-
-    One script serves all hosts of a slice: a host finds its index in the metadata
-    (``fray-host-index`` on GCE, ``agent-worker-number`` on TPU VMs) and its VM id in
-    the slice's list. The join token is read from the metadata key ``fray-join-token``.
-    """
-    res = request.resources
-    worker = ["fray", "worker", "--controller", controller, "--join", "@TOKEN@", "--id", "@VM@"]
-    worker += ["--cpu", f"{res.cpu:g}", "--ram", str(res.ram_bytes), "--disk", str(res.disk_bytes)]
-    for device in res.devices:
-        worker += ["--device", device]
-    for key, value in sorted(_worker_attributes(request, "@VM@", "@HOST@").items()):
-        worker += ["--attr", f"{key}={value}"]
-    command = " ".join(shlex.quote(part) for part in worker)
-    # The placeholders become shell expansions after quoting, so that ids never need quoting twice.
-    command = command.replace("@TOKEN@", '"$TOKEN"').replace("@VM@", '"$VM_ID"').replace("@HOST@", '"$HOST_INDEX"')
-    vm_ids = " ".join(shlex.quote(v) for v in request.vm_ids)
-    return "\n".join(
-        [
-            "#!/bin/bash",
-            f"# Written by Fray's gcp provider: joins this VM to the Fray cluster at {controller}.",
-            "set -euo pipefail",
-            "attr() { curl -sf -H 'Metadata-Flavor: Google' "
-            '"http://metadata.google.internal/computeMetadata/v1/instance/attributes/$1"; }',
-            f"VM_IDS=({vm_ids})",
-            'HOST_INDEX="$(attr fray-host-index || attr agent-worker-number || echo 0)"',
-            'VM_ID="${VM_IDS[$HOST_INDEX]}"',
-            'TOKEN="$(attr fray-join-token)"',
-            f"command -v fray >/dev/null || {install}",
-            # A unit of its own: the worker outlives this script and is stopped with the VM.
-            'systemd-run --unit=fray-worker --collect "$(command -v fray)" ' + command.removeprefix("fray "),
-            "",
-        ]
-    )
-
-
-def _labels(cluster: str, request: SliceRequest) -> dict[str, str]:
-    labels = {CLUSTER_LABEL: cluster, GROUP_LABEL: request.group, SLICE_LABEL: request.slice_id}
-    for key, value in labels.items():
-        if not _NAME_RE.match(value):
-            raise ProviderError(
-                f"{key}={value!r} cannot be a GCP label or resource name: use lower case letters, digits and '-' "
-                "(at most 63 characters, starting with a letter)"
-            )
-    return labels
-
-
-def tpu_create_request(settings: GcpSettings, cluster: str, controller: str, request: SliceRequest, token: str) -> Any:
-    """The ``CreateNodeRequest`` of a TPU slice (what :func:`planned_calls` prints, too)."""
-    from google.cloud import tpu_v2
-
-    accelerator = _tpu_type(request.resources)
-    metadata = {
-        "startup-script": startup_script(request, controller=controller, install=settings.install),
-        "fray-join-token": token,
-        "fray-vm-ids": ",".join(request.vm_ids),
-    }
-    node = tpu_v2.Node(
-        accelerator_type=accelerator,
-        runtime_version=settings.runtime_version,
-        labels=_labels(cluster, request),
-        metadata=metadata,
-        network_config=tpu_v2.NetworkConfig(
-            network=f"projects/{settings.project}/global/networks/{settings.network}",
-            enable_external_ips=settings.external_ip,
-        ),
-        scheduling_config=tpu_v2.SchedulingConfig(spot=request.preemptible),
-    )
-    return tpu_v2.CreateNodeRequest(parent=settings.tpu_parent, node_id=request.slice_id, node=node)
-
-
-def gce_insert_requests(
-    settings: GcpSettings, cluster: str, controller: str, request: SliceRequest, token: str
-) -> list[Any]:
-    """One ``InsertInstanceRequest`` per VM of a non-TPU slice (what :func:`planned_calls` prints, too)."""
-    from google.cloud import compute_v1
-
-    machine_type = settings.machine_type_of(request.group)
-    if machine_type is None:
-        raise ConfigError(f"provider.machine_type is required for scale group {request.group!r}")
-    script = startup_script(request, controller=controller, install=settings.install)
-    if request.preemptible:
-        scheduling = compute_v1.Scheduling(
-            provisioning_model="SPOT",
-            instance_termination_action="STOP",
-            automatic_restart=False,
-            on_host_maintenance="TERMINATE",
-        )
-    else:
-        scheduling = compute_v1.Scheduling(provisioning_model="STANDARD")
-    interface = compute_v1.NetworkInterface(network=f"global/networks/{settings.network}")
-    if settings.external_ip:
-        interface.access_configs = [compute_v1.AccessConfig(name="External NAT", type_="ONE_TO_ONE_NAT")]
-    out = []
-    for host, vm_id in enumerate(request.vm_ids):
-        if not _NAME_RE.match(vm_id):
-            raise ProviderError(f"VM id {vm_id!r} cannot be a GCE instance name (lower case letters, digits and '-')")
-        instance = compute_v1.Instance(
-            name=vm_id,
-            machine_type=f"zones/{settings.zone}/machineTypes/{machine_type}",
-            labels={**_labels(cluster, request), "fray-host": str(host)},
-            metadata=compute_v1.Metadata(
-                items=[
-                    compute_v1.Items(key="startup-script", value=script),
-                    compute_v1.Items(key="fray-join-token", value=token),
-                    compute_v1.Items(key="fray-host-index", value=str(host)),
-                ]
-            ),
-            disks=[
-                compute_v1.AttachedDisk(
-                    boot=True,
-                    auto_delete=True,
-                    initialize_params=compute_v1.AttachedDiskInitializeParams(
-                        source_image=settings.image,
-                        disk_size_gb=max(10, math.ceil(request.resources.disk_bytes / 2**30)),
-                    ),
-                )
-            ],
-            network_interfaces=[interface],
-            scheduling=scheduling,
-        )
-        request_id = str(uuid.uuid5(_REQUEST_NS, f"{cluster}/{request.request_id}/{vm_id}"))
-        out.append(
-            compute_v1.InsertInstanceRequest(
-                project=settings.project, zone=settings.zone, instance_resource=instance, request_id=request_id
-            )
-        )
-    return out
-
-
 @dataclass
 class _Pending:
     """A create whose operation had not finished when :meth:`GcpProvider.create_slice` returned."""
@@ -358,7 +115,11 @@ class _Pending:
 
 
 class GcpProvider:
-    """The ``gcp`` provider (see the module's docstring). Every method may be called from any thread."""
+    """The ``gcp`` provider (see the module's docstring). Every method may be called from any thread.
+
+    Google's calls are made outside the provider's lock (a create may wait ``create_wait``
+    seconds for its operation); the lock only guards the provider's own records.
+    """
 
     kind = "gcp"
 
@@ -380,13 +141,14 @@ class GcpProvider:
         self._controller = controller
         self._token = join_token
         self._owned: list[Any] = []
-        self._tpu = tpu_client if tpu_client is not None or not uses_tpu else self._own(_default_tpu_client())
+        if uses_tpu and tpu_client is None:
+            tpu_client = self._own(_default_tpu_client())
         if uses_gce and compute_client is None:
             compute_client = self._own(_default_compute_client())
         if uses_gce and operations_client is None:
             operations_client = self._own(_default_operations_client())
-        self._gce, self._gce_ops = compute_client, operations_client
-        self._lock = threading.RLock()
+        self._tpu, self._gce, self._gce_ops = tpu_client, compute_client, operations_client
+        self._lock = threading.Lock()
         self._pending: dict[str, _Pending] = {}
         # GCE instances this provider asked to delete: a stopping spot VM being deleted is not preempted.
         self._deleting: set[str] = set()
@@ -400,34 +162,40 @@ class GcpProvider:
 
     def create_slice(self, request: SliceRequest) -> Sequence[ProviderVm]:
         """Create the slice's TPU node or GCE instances; idempotent by request id (and by slice id)."""
-        with self._lock:
-            if _tpu_type(request.resources) is not None:
-                operations = self._create_tpu(request)
-            else:
-                operations = self._create_gce(request)
-            pending = _Pending(request, operations, time.time())
-            error = self._wait(pending)
-            if error is not None:
-                self._delete(request.slice_id)
-                raise error
-            if operations:
+        is_tpu = tpu_type(request.resources) is not None
+        operations = self._create_tpu(request) if is_tpu else self._create_gce(request)
+        pending = _Pending(request, operations, time.time())
+        error = self._wait(pending)
+        if error is not None:
+            self._delete(request.slice_id)  # no part of a refused slice may hold quota
+            raise error
+        if operations:
+            with self._lock:
                 self._pending[request.slice_id] = pending
-            listed = [vm for vm in self._list() if vm.slice_id == request.slice_id]
-            return listed or [
-                ProviderVm(vm_id, request.slice_id, request.group, i, CloudState.CREATING, pending.created_at)
-                for i, vm_id in enumerate(request.vm_ids)
-            ]
+        vms = self._describe(request.slice_id, is_tpu)
+        return vms or [
+            ProviderVm(vm_id, request.slice_id, request.group, i, CloudState.CREATING, pending.created_at)
+            for i, vm_id in enumerate(request.vm_ids)
+        ]
 
     def list_vms(self) -> Sequence[ProviderVm]:
         """This cluster's VMs (by the cluster label), plus FAILED ones for creates Google failed later."""
-        with self._lock:
-            return self._list()
+        vms: list[ProviderVm] = []
+        if self._tpu is not None:
+            nodes = self._call(self._tpu.list_nodes, "list TPU nodes", parent=self.settings.tpu_parent)
+            vms += [vm for node in nodes for vm in self._node_vms(node)]
+        if self._gce is not None:
+            instances = self._gce_list(f'labels.{CLUSTER_LABEL} = "{self._cluster}"')
+            with self._lock:
+                self._deleting &= {inst.name for inst in instances}  # forget the ones that are gone
+            vms += [vm for inst in instances if (vm := self._instance_vm(inst)) is not None]
+        return vms + self._failed_creates({vm.slice_id for vm in vms})
 
     def delete_slice(self, slice_id: str) -> None:
         """Delete the slice's node or instances; a slice already gone (or going) is not an error."""
         with self._lock:
             self._pending.pop(slice_id, None)
-            self._delete(slice_id)
+        self._delete(slice_id)
 
     def close(self) -> None:
         """Close the clients this provider made (injected ones belong to the caller)."""
@@ -446,9 +214,8 @@ class GcpProvider:
             return [self._tpu.create_node(request=create)]
         except exceptions.Conflict:
             # The node exists: a repeated create (idempotent) if it is this slice of this cluster.
-            node = self._call(
-                self._tpu.get_node, f"get node {request.slice_id}", name=f"{create.parent}/nodes/{request.slice_id}"
-            )
+            name = f"{create.parent}/nodes/{request.slice_id}"
+            node = self._call(self._tpu.get_node, f"get TPU node {request.slice_id}", name=name)
             self._check_ours(dict(node.labels), request, f"TPU node {request.slice_id}")
             return []
         except exceptions.GoogleAPICallError as exc:
@@ -463,12 +230,13 @@ class GcpProvider:
             try:
                 operations.append(self._gce.insert_unary(request=insert))
             except exceptions.Conflict:
+                # Inserted before under another requestId (a restart that lost nothing): ours if labelled so.
                 instance = self._call(
-                    self._gce.get, f"get instance {name}", project=insert.project, zone=insert.zone, instance=name
+                    self._gce.get, f"get GCE instance {name}", project=insert.project, zone=insert.zone, instance=name
                 )
                 self._check_ours(dict(instance.labels), request, f"GCE instance {name}")
             except exceptions.GoogleAPICallError as exc:
-                self._delete(request.slice_id)  # no part of a refused slice may hold quota
+                self._delete(request.slice_id)  # the slice's instances inserted so far
                 raise _translate(exc, f"create GCE instance {name}") from None
         return operations
 
@@ -490,16 +258,16 @@ class GcpProvider:
         from google.api_core import exceptions
 
         all_done = True
+        what = f"create {pending.request.slice_id}"
         for index, op in enumerate(pending.operations):
-            what = f"create {pending.request.slice_id}"
             try:
-                if hasattr(op, "done") and callable(op.done):  # a TPU long-running operation future
+                if callable(getattr(op, "done", None)):  # a TPU long-running operation (a future)
                     if not op.done():
                         all_done = False
                     elif op.exception() is not None:
                         return _translate(op.exception(), what), True
                     continue
-                if op.status.name != "DONE":
+                if op.status.name != "DONE":  # a GCE zone operation: ask for it again
                     op = self._gce_ops.get(project=self.settings.project, zone=self.settings.zone, operation=op.name)
                     pending.operations[index] = op
                 if op.status.name != "DONE":
@@ -513,84 +281,85 @@ class GcpProvider:
 
     # -- listing -----------------------------------------------------------------------------
 
-    def _list(self) -> list[ProviderVm]:
-        vms: list[ProviderVm] = []
-        if self._tpu is not None:
-            vms += self._list_tpu()
-        if self._gce is not None:
-            vms += self._list_gce()
-        seen = {vm.slice_id for vm in vms}
-        for slice_id, pending in list(self._pending.items()):
-            if not pending.error:
-                error, done = self._poll(pending)
+    def _describe(self, slice_id: str, is_tpu: bool) -> list[ProviderVm]:
+        """One slice's VMs as Google has them now (none if it is not there yet)."""
+        from google.api_core import exceptions
+
+        if not is_tpu:
+            found = self._gce_list(f'labels.{SLICE_LABEL} = "{slice_id}"')
+            return sorted((vm for i in found if (vm := self._instance_vm(i)) is not None), key=lambda v: v.host_index)
+        try:
+            return self._node_vms(self._tpu.get_node(name=f"{self.settings.tpu_parent}/nodes/{slice_id}"))
+        except exceptions.NotFound:
+            return []
+        except exceptions.GoogleAPICallError as exc:
+            raise _translate(exc, f"get TPU node {slice_id}") from None
+
+    def _failed_creates(self, listed: set[str]) -> list[ProviderVm]:
+        """FAILED VMs of creates Google accepted and failed later (a stock-out, say), until they are deleted."""
+        with self._lock:
+            pending = list(self._pending.items())
+        out = []
+        for slice_id, p in pending:
+            if not p.error:
+                error, done = self._poll(p)
                 if error is not None:
-                    pending.error = str(error)
+                    p.error = str(error)
                 elif done:
-                    del self._pending[slice_id]
+                    with self._lock:
+                        self._pending.pop(slice_id, None)
                     continue
-            if pending.error and slice_id not in seen:
-                # Google failed the create after it was accepted (a stock-out, say): FAILED until deleted.
-                for i, vm_id in enumerate(pending.request.vm_ids):
-                    vms.append(
-                        ProviderVm(
-                            vm_id,
-                            slice_id,
-                            pending.request.group,
-                            i,
-                            CloudState.FAILED,
-                            pending.created_at,
-                            pending.error,
-                        )
-                    )
-        return vms
+            if p.error and slice_id not in listed:
+                out += [
+                    ProviderVm(vm_id, slice_id, p.request.group, i, CloudState.FAILED, p.created_at, p.error)
+                    for i, vm_id in enumerate(p.request.vm_ids)
+                ]
+        return out
 
-    def _list_tpu(self) -> Iterator[ProviderVm]:
-        nodes = self._call(self._tpu.list_nodes, "list TPU nodes", parent=self.settings.tpu_parent)
-        for node in nodes:
-            labels = dict(node.labels)
-            if labels.get(CLUSTER_LABEL) != self._cluster:
-                continue
-            slice_id = node.name.rsplit("/", 1)[-1]
-            hosts = max(len(node.network_endpoints), 1)
-            vm_ids = [v for v in dict(node.metadata).get("fray-vm-ids", "").split(",") if v]
-            if len(vm_ids) != hosts:
-                vm_ids = list(_vm_ids(slice_id, hosts))
-            state_name = node.state.name if hasattr(node.state, "name") else str(node.state)
-            state = _TPU_STATES.get(state_name, CloudState.FAILED)
-            reason = (
-                "" if state in (CloudState.CREATING, CloudState.RUNNING, CloudState.DELETING) else state_name.lower()
-            )
-            created = node.create_time.timestamp() if node.create_time else time.time()
-            group = labels.get(GROUP_LABEL, "")
-            for i, vm_id in enumerate(vm_ids):
-                yield ProviderVm(vm_id, slice_id, group, i, state, created, reason)
+    def _node_vms(self, node: Any) -> list[ProviderVm]:
+        """A TPU node's hosts as VMs (none if the node is not this cluster's)."""
+        labels = dict(node.labels)
+        if labels.get(CLUSTER_LABEL) != self._cluster:
+            return []
+        slice_id = node.name.rsplit("/", 1)[-1]
+        hosts = max(len(node.network_endpoints), 1)
+        vm_ids = [v for v in dict(node.metadata).get("fray-vm-ids", "").split(",") if v]
+        if len(vm_ids) != hosts:
+            vm_ids = list(vm_ids_of(slice_id, hosts))
+        state_name = node.state.name
+        state = _TPU_STATES.get(state_name, CloudState.FAILED)
+        reason = "" if state in (CloudState.CREATING, CloudState.RUNNING, CloudState.DELETING) else state_name.lower()
+        created = node.create_time.timestamp() if node.create_time else time.time()
+        group = labels.get(GROUP_LABEL, "")
+        return [ProviderVm(vm_id, slice_id, group, i, state, created, reason) for i, vm_id in enumerate(vm_ids)]
 
-    def _list_gce(self) -> Iterator[ProviderVm]:
+    def _instance_vm(self, inst: Any) -> ProviderVm | None:
+        """A GCE instance as a VM (None if it is not this cluster's)."""
+        labels = dict(inst.labels)
+        if labels.get(CLUSTER_LABEL) != self._cluster:
+            return None
+        spot = inst.scheduling.provisioning_model == "SPOT" or bool(inst.scheduling.preemptible)
+        with self._lock:
+            deleting = inst.name in self._deleting
+        if deleting:
+            state, reason = CloudState.DELETING, ""
+        elif inst.status in _STOPPED:
+            state = CloudState.PREEMPTED if spot else CloudState.FAILED
+            reason = "preempted" if spot else f"stopped outside Fray ({inst.status.lower()})"
+        else:
+            state = _GCE_STATES.get(inst.status, CloudState.FAILED)
+            reason = "" if inst.status in _GCE_STATES else f"status {inst.status}"
+        host = int(labels.get("fray-host", "0") or 0)
+        slice_id, group = labels.get(SLICE_LABEL, inst.name), labels.get(GROUP_LABEL, "")
+        return ProviderVm(inst.name, slice_id, group, host, state, _timestamp(inst.creation_timestamp), reason)
+
+    def _gce_list(self, label_filter: str) -> list[Any]:
         from google.cloud import compute_v1
 
         listing = compute_v1.ListInstancesRequest(
-            project=self.settings.project, zone=self.settings.zone, filter=f'labels.{CLUSTER_LABEL} = "{self._cluster}"'
+            project=self.settings.project, zone=self.settings.zone, filter=label_filter
         )
-        instances = self._call(self._gce.list, "list GCE instances", request=listing)
-        self._deleting &= {inst.name for inst in instances}  # forget the deleted ones
-        for inst in instances:
-            labels = dict(inst.labels)
-            if labels.get(CLUSTER_LABEL) != self._cluster:
-                continue
-            spot = inst.scheduling.provisioning_model == "SPOT" or bool(inst.scheduling.preemptible)
-            if inst.name in self._deleting:
-                state, reason = CloudState.DELETING, ""
-            elif inst.status in _STOPPED:
-                state = CloudState.PREEMPTED if spot else CloudState.FAILED
-                reason = "preempted" if spot else f"stopped outside Fray ({inst.status.lower()})"
-            else:
-                state = _GCE_STATES.get(inst.status, CloudState.FAILED)
-                reason = "" if inst.status in _GCE_STATES else f"status {inst.status}"
-            host = int(labels.get("fray-host", "0") or 0)
-            created = _timestamp(inst.creation_timestamp)
-            yield ProviderVm(
-                inst.name, labels.get(SLICE_LABEL, inst.name), labels.get(GROUP_LABEL, ""), host, state, created, reason
-            )
+        return list(self._call(self._gce.list, "list GCE instances", request=listing))
 
     # -- deleting ----------------------------------------------------------------------------
 
@@ -607,23 +376,22 @@ class GcpProvider:
                 pass  # gone, or already being deleted
             except exceptions.GoogleAPICallError as exc:
                 raise _translate(exc, f"delete TPU node {slice_id}") from None
-        if self._gce is not None:
-            from google.cloud import compute_v1
-
-            listing = compute_v1.ListInstancesRequest(
-                project=self.settings.project, zone=self.settings.zone, filter=f'labels.{SLICE_LABEL} = "{slice_id}"'
-            )
-            for inst in self._call(self._gce.list, "list GCE instances", request=listing):
-                if dict(inst.labels).get(CLUSTER_LABEL) != self._cluster or inst.name in self._deleting:
-                    continue
-                try:
-                    self._gce.delete_unary(project=self.settings.project, zone=self.settings.zone, instance=inst.name)
-                except exceptions.NotFound:
-                    pass
-                except exceptions.GoogleAPICallError as exc:
-                    # "resourceNotReady": a delete is already in progress (asked before a restart, say).
-                    if not (isinstance(exc, exceptions.BadRequest) and "not ready" in str(exc.message)):
-                        raise _translate(exc, f"delete GCE instance {inst.name}") from None
+        if self._gce is None:
+            return
+        for inst in self._gce_list(f'labels.{SLICE_LABEL} = "{slice_id}"'):
+            with self._lock:
+                asked = inst.name in self._deleting
+            if dict(inst.labels).get(CLUSTER_LABEL) != self._cluster or asked:
+                continue
+            try:
+                self._gce.delete_unary(project=self.settings.project, zone=self.settings.zone, instance=inst.name)
+            except exceptions.NotFound:
+                pass
+            except exceptions.GoogleAPICallError as exc:
+                # "resourceNotReady": a delete is already in progress (asked before a restart, say).
+                if not (isinstance(exc, exceptions.BadRequest) and "not ready" in str(exc.message)):
+                    raise _translate(exc, f"delete GCE instance {inst.name}") from None
+            with self._lock:
                 self._deleting.add(inst.name)
 
     def _call(self, method: Any, what: str, **kwargs: Any) -> Any:
@@ -687,7 +455,7 @@ def _default_operations_client() -> Any:
 
 
 def _kinds(config: ClusterConfig) -> tuple[bool, bool]:
-    tpu = [_tpu_type(g.resources) is not None for g in config.scale_groups]
+    tpu = [tpu_type(g.resources) is not None for g in config.scale_groups]
     return any(tpu), not all(tpu)
 
 
@@ -725,69 +493,3 @@ def from_config(
         compute_client=compute_client,
         operations_client=operations_client,
     )
-
-
-def planned_request(group: ScaleGroup, cluster: str, index: int) -> SliceRequest:
-    """The request the autoscaler makes for a group's ``index``-th slice (its ids, attributes and request id)."""
-    slice_id = f"{cluster}-{group.name}-{index}"
-    attributes = {"scale-group": group.name}
-    if group.is_slice:
-        attributes["tpu-name"] = slice_id
-    return SliceRequest(
-        request_id=slice_id,
-        group=group.name,
-        slice_id=slice_id,
-        vm_ids=_vm_ids(slice_id, group.hosts),
-        resources=group.resources,
-        attributes=attributes,
-        preemptible=group.preemptible,
-    )
-
-
-def _vm_ids(slice_id: str, hosts: int) -> tuple[str, ...]:
-    """The autoscaler's VM ids: the slice id for one host, ``SLICE-I`` for host I of several."""
-    return (slice_id,) if hosts == 1 else tuple(f"{slice_id}-{i}" for i in range(hosts))
-
-
-def planned_calls(config: ClusterConfig, *, controller: str) -> list[str]:
-    """The calls ``fray cluster up --config`` would make at start-up: each group's ``min`` slices.
-
-    One line per HTTP request, ``METHOD URL?QUERY BODY``, built by the same functions as the
-    real requests and transcoded by the client libraries' own REST rules. The join token
-    is shown as ``<join-token>``.
-    """
-    try:
-        from google.api_core import path_template
-        from google.cloud.compute_v1.services.instances.transports.rest_base import _BaseInstancesRestTransport
-        from google.cloud.tpu_v2.services.tpu.transports.rest_base import _BaseTpuRestTransport
-        from google.protobuf import json_format
-    except ImportError:
-        raise ConfigError("provider kind gcp needs Google's client libraries: pip install 'fray[gcp]'") from None
-    settings = GcpSettings.from_config(config)
-    lines = []
-    for group in config.by_priority():
-        for index in range(group.min):
-            request = planned_request(group, config.name, index)
-            if _tpu_type(group.resources) is not None:
-                calls = [
-                    (
-                        _TPU_HOST,
-                        _BaseTpuRestTransport._BaseCreateNode._get_http_options(),
-                        tpu_create_request(settings, config.name, controller, request, "<join-token>"),
-                    )
-                ]
-            else:
-                options = _BaseInstancesRestTransport._BaseInsert._get_http_options()
-                calls = [
-                    (_COMPUTE_HOST, options, insert)
-                    for insert in gce_insert_requests(settings, config.name, controller, request, "<join-token>")
-                ]
-            for host, options, message in calls:
-                transcoded = path_template.transcode(options, message._pb)
-                query = json.loads(json_format.MessageToJson(transcoded["query_params"]))
-                body = json.loads(json_format.MessageToJson(transcoded["body"]))
-                url = f"{host}{transcoded['uri']}" + (f"?{urlencode(query)}" if query else "")
-                lines.append(
-                    f"{transcoded['method'].upper()} {url} {json.dumps(body, sort_keys=True, separators=(',', ':'))}"
-                )
-    return lines
