@@ -59,7 +59,9 @@ _KEYS = {
     "external_ip",
     "install",
     "create_wait",
+    # Read by the autoscaler (fray.autoscale.autoscaler.Policy), accepted here so that they are not unknown.
     "boot_timeout",
+    "quota_block_seconds",
 }
 # Google's resource names and label values: lower case, digits and '-', at most 63 characters.
 _NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -125,6 +127,7 @@ class GcpSettings:
             create_wait=config.provider.number("create_wait", DEFAULT_CREATE_WAIT),
         )
         config.provider.number("boot_timeout", DEFAULT_BOOT_TIMEOUT)
+        config.provider.number("quota_block_seconds", 300.0)
         for group in config.scale_groups:
             if tpu_type(group.resources) is None and settings.machine_type_of(group.name) is None:
                 raise ConfigError(

@@ -24,8 +24,9 @@ both over their REST transport). The cluster file's ``provider:`` keys:
     Seconds a create waits for Google's operation, so that quota and stock-out errors that
     Google reports in the operation still reach the autoscaler as errors (default 10;
     0 returns at once). Errors reported later show in the listing as FAILED VMs.
-``boot_timeout``
-    Read by the autoscaler: seconds from create to the VM's worker joining (default 600).
+``boot_timeout``, ``quota_block_seconds``
+    Read by the autoscaler: seconds from create to the VM's worker joining (default 600),
+    and how long a quota error blocks a group (default 300).
 
 A group whose device is ``tpu:TYPE:N`` becomes one TPU node per slice (node id = slice
 id, ``acceleratorType`` = TYPE, its hosts are the slice's VMs; host ``i`` reads its index
@@ -386,11 +387,10 @@ class GcpProvider:
             try:
                 self._gce.delete_unary(project=self.settings.project, zone=self.settings.zone, instance=inst.name)
             except exceptions.NotFound:
-                pass
+                continue
             except exceptions.GoogleAPICallError as exc:
-                # "resourceNotReady": a delete is already in progress (asked before a restart, say).
-                if not (isinstance(exc, exceptions.BadRequest) and "not ready" in str(exc.message)):
-                    raise _translate(exc, f"delete GCE instance {inst.name}") from None
+                # E.g. "resourceNotReady" while a preempted VM is still stopping: the autoscaler asks again later.
+                raise _translate(exc, f"delete GCE instance {inst.name}") from None
             with self._lock:
                 self._deleting.add(inst.name)
 
