@@ -422,3 +422,12 @@ def test_machine_types_per_group(fake: FakeGcp, make: Make) -> None:
     provider.create_slice(_request("spot"))
     provider.create_slice(_request("cpu"))
     assert [r.body["machineType"].rsplit("/", 1)[1] for r in _creates(fake)] == ["e2-standard-2", "n2-standard-4"]
+
+
+def test_without_google_credentials_the_provider_is_a_config_error(
+    fake: FakeGcp, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The default clients use Application Default Credentials; none is a ConfigError saying how to get some."""
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "missing.json"))
+    with pytest.raises(ConfigError, match=r"no Google credentials.*gcloud auth application-default login"):
+        gcp.from_config(_config(), controller=CONTROLLER, join_token=TOKEN)

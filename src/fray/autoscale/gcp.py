@@ -439,19 +439,32 @@ def _classify(detail: str, message: str, *, exhausted: bool = False) -> Provider
 def _default_tpu_client() -> Any:
     from google.cloud import tpu_v2
 
-    return tpu_v2.TpuClient(transport="rest")
+    return _with_credentials(lambda: tpu_v2.TpuClient(transport="rest"))
 
 
 def _default_compute_client() -> Any:
     from google.cloud import compute_v1
 
-    return compute_v1.InstancesClient(transport="rest")
+    return _with_credentials(lambda: compute_v1.InstancesClient(transport="rest"))
 
 
 def _default_operations_client() -> Any:
     from google.cloud import compute_v1
 
-    return compute_v1.ZoneOperationsClient(transport="rest")
+    return _with_credentials(lambda: compute_v1.ZoneOperationsClient(transport="rest"))
+
+
+def _with_credentials(make: Any) -> Any:
+    """A client with Application Default Credentials; ConfigError saying how to get some when there are none."""
+    from google.auth import exceptions
+
+    try:
+        return make()
+    except exceptions.DefaultCredentialsError as exc:
+        raise ConfigError(
+            f"the gcp provider found no Google credentials ({exc}); run `gcloud auth application-default login`, "
+            "set GOOGLE_APPLICATION_CREDENTIALS to a service account key, or run the controller on a GCE VM"
+        ) from None
 
 
 def _kinds(config: ClusterConfig) -> tuple[bool, bool]:
