@@ -8,6 +8,7 @@ went anywhere else (a Python audit hook sees every socket the process opens).
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import stat
 import subprocess
@@ -31,7 +32,7 @@ from fray.autoscale import gcp
 from fray.autoscale.config import ClusterConfig
 from fray.autoscale.provider import CLUSTER_LABEL, CloudState, ProviderVm, SliceRequest
 from fray.errors import CapacityUnavailable, ConfigError, QuotaExceeded
-from support import wait_until
+from support import fray_cli_in, wait_until
 
 ZONE = "us-central2-b"
 CONTROLLER = "10.128.0.2:7733"
@@ -431,3 +432,23 @@ def test_without_google_credentials_the_provider_is_a_config_error(
     monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "missing.json"))
     with pytest.raises(ConfigError, match=r"no Google credentials.*gcloud auth application-default login"):
         gcp.from_config(_config(), controller=CONTROLLER, join_token=TOKEN)
+
+
+def test_cluster_up_dry_run_prints_the_planned_calls(tmp_path: Path) -> None:
+    """``fray cluster up --config … --dry-run`` on a gcp cluster file prints exactly planned_calls' lines."""
+    import yaml
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FRAY_", "GOOGLE_"))}
+    env["HOME"] = str(tmp_path)
+    run = fray_cli_in(env)
+    config = tmp_path / "cluster.yaml"
+    config.write_text(yaml.safe_dump(CLUSTER_FILE))
+    out = run("cluster", "up", "--config", str(config), "--dry-run", "--port", "7399")
+    printed = [line.strip() for line in out.stdout.splitlines() if line.startswith("  POST ")]
+    assert printed == gcp.planned_calls(_config(), controller="127.0.0.1:7399")
+    assert len(printed) == 2
+    bad = json.loads(json.dumps(CLUSTER_FILE))
+    del bad["provider"]["zone"]
+    config.write_text(yaml.safe_dump(bad))
+    refused = run("cluster", "up", "--config", str(config), "--dry-run", check=False)
+    assert refused.returncode == 2 and "provider.zone is required" in refused.stderr
