@@ -69,6 +69,8 @@ def status(address: str | None, as_json: bool) -> None:
             a["name"], a["namespace"], a["state"], a["job_id"], " ".join(e["address"] for e in a["endpoints"])
         )
     out.print(actors)
+    if data.get("autoscaler") is not None:
+        _print_autoscaler(out, data["autoscaler"])
     if data["queues"] is None:
         out.print("[bold]queues[/bold] (this controller has no queues)")
     else:
@@ -76,6 +78,35 @@ def status(address: str | None, as_json: bool) -> None:
         for q in data["queues"]:
             queues.add_row(*(str(v) for v in q.values()))
         out.print(queues)
+
+
+# VMs listed by `fray status` (all of them: `fray cluster vm list`).
+_VM_ROWS = 30
+
+
+def _print_autoscaler(out: Any, scaler: dict[str, Any]) -> None:
+    """Scale groups with their state, target and VMs by state; why demand is unmet."""
+    groups = Table("group", "priority", "state", "min", "target", "max", "VMs by state", title="scale groups")
+    for g in scaler["groups"]:
+        vms = "  ".join(f"{state} {count}" for state, count in sorted(g["vms"].items())) or "none"
+        state = g["state"] if g["state"] == "ok" else f"[yellow]{escape(g['state'])}[/yellow]"
+        groups.add_row(g["name"], str(g["priority"]), state, str(g["min"]), str(g["target"]), str(g["max"]), vms)
+    out.print(groups)
+    vms = scaler.get("vms", [])
+    if vms:
+        table = Table("vm", "group", "slice", "state", "worker", "ready at", title="VMs")
+        for vm in vms[:_VM_ROWS]:
+            table.add_row(vm["id"], vm["group"], vm["slice"], vm["state"], vm["worker_id"] or "", vm["ready_at"] or "")
+        out.print(table)
+        if len(vms) > _VM_ROWS:
+            out.print(f"  ... and {len(vms) - _VM_ROWS} more (`fray cluster vm list` lists them all)")
+    if scaler["unmet_count"]:
+        codes = "  ".join(f"{code} {count}" for code, count in sorted(scaler["unmet_by_code"].items()))
+        out.print(f"[bold]unmet demand[/bold] {scaler['unmet_count']} jobs ({codes})")
+        for entry in scaler["unmet"][:10]:
+            out.print(f"  {entry['job_id']}: \\[{entry['code']}] {escape(entry['message'])}")
+    if scaler.get("waiting_for_vms"):
+        out.print(f"[bold]waiting for VMs[/bold] {scaler['waiting_for_vms']} jobs")
 
 
 @click.group()

@@ -216,7 +216,7 @@ class OpsService:
             "jobs": counts,
             "actors": actors,
             "queues": self.queues(),
-            "autoscaler": self.autoscaler.status() if self.autoscaler is not None else None,
+            "autoscaler": self._autoscaler_view(),
         }
 
     def health(self) -> dict[str, Any]:
@@ -254,6 +254,14 @@ class OpsService:
             self._controller.terminate(job_id, "stopped from the dashboard")
 
     # ----- autoscaling: VMs from a provider (docs/autoscaling.md) -------------------------------
+
+    def _autoscaler_view(self) -> dict[str, Any] | None:
+        """The autoscaler's status plus its live VMs, for ``status()`` (None without a provider)."""
+        if self.autoscaler is None:
+            return None
+        view: dict[str, Any] = dict(self.autoscaler.status())
+        view["vms"] = self.autoscaler.vms()
+        return view
 
     def _autoscaling(self) -> Any:
         if self.autoscaler is None:

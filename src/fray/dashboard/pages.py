@@ -259,7 +259,53 @@ def workers_page(status: dict[str, Any], csrf: str) -> str:
         ("worker", "state", "tasks", "cpu used / total", "ram used / total", "devices", "attributes", "heard from"),
         rows,
     )
-    return page("Workers", f"<h1>Workers</h1>{summary}{table}", csrf=csrf)
+    return page("Workers", f"<h1>Workers</h1>{summary}{table}{_autoscaler_section(status)}", csrf=csrf)
+
+
+def _autoscaler_section(status: dict[str, Any]) -> str:
+    """Scale groups, VMs with their states, and why demand is unmet ("" without a VM provider)."""
+    scaler = status.get("autoscaler")
+    if not scaler:
+        return ""
+    groups = _table(
+        ("group", "priority", "state", "min", "target", "max", "VMs by state", "last error"),
+        (
+            (
+                escape(g["name"]),
+                str(g["priority"]),
+                escape(g["state"]),
+                str(g["min"]),
+                str(g["target"]),
+                str(g["max"]),
+                escape(" ".join(f"{k} {v}" for k, v in sorted(g["vms"].items()))),
+                escape(g["last_error"]),
+            )
+            for g in scaler["groups"]
+        ),
+    )
+    vms = _table(
+        ("vm", "group", "slice", "state", "worker", "created", "ready"),
+        (
+            (
+                escape(vm["id"]),
+                escape(vm["group"]),
+                escape(vm["slice"]),
+                _state(vm["state"]),
+                escape(vm["worker_id"] or ""),
+                escape(vm["created_at"] or ""),
+                escape(vm["ready_at"] or ""),
+            )
+            for vm in scaler.get("vms", [])
+        ),
+    )
+    unmet = _table(
+        ("job", "code", "why"),
+        ((_job_link(e["job_id"]), escape(e["code"]), escape(e["message"])) for e in scaler["unmet"]),
+    )
+    return (
+        f"<h2>Scale groups ({escape(scaler['provider'])} provider)</h2>{groups}<h2>VMs</h2>{vms}"
+        f"<h2>Unmet demand: {scaler['unmet_count']} jobs</h2>{unmet}"
+    )
 
 
 def actors_page(status: dict[str, Any], csrf: str) -> str:
