@@ -330,29 +330,37 @@ def test_preempted_vms_are_preempted_and_a_stopped_standard_vm_is_failed(fake: F
 # -- the start-up script -----------------------------------------------------------------------
 
 
-def test_the_startup_script_starts_each_hosts_worker(fake: FakeGcp, make: Make, tmp_path: Path) -> None:
-    """Run the script bash would run on host 1 of a TPU slice, with the VM's commands replaced by recorders."""
-    make().create_slice(_request("v4-16"))
-    meta = _metadata(_creates(fake)[0].body)
+def _run_on_vm(
+    script: str, tmp_path: Path, attributes: dict[str, str], *, fray: bool = True
+) -> subprocess.CompletedProcess[str]:
+    """Run a start-up script as a VM would, with the metadata server, systemd-run and fray replaced by recorders."""
     bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    attributes = {"agent-worker-number": "1", "fray-join-token": TOKEN}
+    bin_dir.mkdir(exist_ok=True)
     tools = {
-        # The metadata server: the last path segment names the attribute; unknown ones are 404s.
+        # The metadata server: the last path segment names the attribute; unknown ones are 404s (curl -f: exit 22).
         "curl": 'case "${@: -1}" in '
         + " ".join(f"*/{k}) echo -n {shlex.quote(v)};;" for k, v in attributes.items())
         + " *) exit 22;; esac",
         "systemd-run": f'printf "%s\\n" "$@" > {tmp_path}/argv',
-        "fray": "exit 0",
     }
+    if fray:
+        tools["fray"] = "exit 0"
     for name, body in tools.items():
         path = bin_dir / name
         path.write_text(f"#!/bin/bash\n{body}\n")
         path.chmod(path.stat().st_mode | stat.S_IXUSR)
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path)}
-    subprocess.run(["bash", "-c", meta["startup-script"]], env=env, check=True, timeout=60)
+    return subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_the_startup_script_starts_each_hosts_worker(fake: FakeGcp, make: Make, tmp_path: Path) -> None:
+    """Host 1 of a TPU slice starts its worker with its own VM id and worker index, and the token from the metadata."""
+    make().create_slice(_request("v4-16"))
+    meta = _metadata(_creates(fake)[0].body)
+    ran = _run_on_vm(meta["startup-script"], tmp_path, {"agent-worker-number": "1", "fray-join-token": TOKEN})
+    assert ran.returncode == 0, ran.stderr
     argv = (tmp_path / "argv").read_text().splitlines()
-    assert argv[:3] == ["--unit=fray-worker", "--collect", str(bin_dir / "fray")]
+    assert argv[:3] == ["--unit=fray-worker", "--collect", str(tmp_path / "bin" / "fray")]
     worker = argv[3:]
     assert worker[:7] == ["worker", "--controller", CONTROLLER, "--join", TOKEN, "--id", "c1-v4-16-0-1"]
     attrs = {worker[i + 1] for i, arg in enumerate(worker) if arg == "--attr"}
@@ -365,6 +373,24 @@ def test_the_startup_script_starts_each_hosts_worker(fake: FakeGcp, make: Make, 
     }
     assert worker[worker.index("--device") + 1] == "tpu:v4-16:4"
     assert worker[worker.index("--cpu") + 1] == "8" and worker[worker.index("--ram") + 1] == str(64 * 2**30)
+
+
+def test_the_startup_script_installs_fray_only_when_told_how(fake: FakeGcp, make: Make, tmp_path: Path) -> None:
+    """Without provider.install a VM lacking Fray fails its boot saying so; with it, the command runs first."""
+    make().create_slice(_request("cpu"))
+    script = _metadata(_creates(fake)[-1].body)["startup-script"]
+    on_gce = {"fray-host-index": "0", "fray-join-token": TOKEN}
+    ran = _run_on_vm(script, tmp_path, on_gce, fray=False)
+    assert ran.returncode == 1 and "fray is not on this VM: set provider.install" in ran.stderr
+    assert not (tmp_path / "argv").exists()
+    install = f"printf '#!/bin/bash\\n' > {tmp_path}/bin/fray && chmod +x {tmp_path}/bin/fray"
+    make(name="c2", install=install).create_slice(_request("cpu", cluster="c2"))
+    script = _metadata(_creates(fake)[-1].body)["startup-script"]
+    ran = _run_on_vm(script, tmp_path, on_gce, fray=False)
+    assert ran.returncode == 0, ran.stderr
+    argv = (tmp_path / "argv").read_text().splitlines()
+    assert argv[2] == f"{tmp_path}/bin/fray" and argv[3:5] == ["worker", "--controller"]
+    assert argv[argv.index("--id") + 1] == "c2-cpu-0"
 
 
 # -- planned calls and configuration ----------------------------------------------------------

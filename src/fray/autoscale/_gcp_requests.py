@@ -42,7 +42,9 @@ __all__ = [
 DEFAULT_BOOT_TIMEOUT = 600.0
 DEFAULT_RUNTIME_VERSION = "tpu-ubuntu2204-base"
 DEFAULT_IMAGE = "projects/debian-cloud/global/images/family/debian-12"
-DEFAULT_INSTALL = "python3 -m pip install fray"
+# No default install command: Fray is not published under its name on PyPI, and installing whatever a
+# package index calls "fray" onto every VM would run a stranger's code with the cluster's join token.
+DEFAULT_INSTALL = ""
 DEFAULT_CREATE_WAIT = 10.0
 GROUP_LABEL = "fray-group"
 SLICE_LABEL = "fray-slice"
@@ -123,7 +125,7 @@ class GcpSettings:
             image=text("image", DEFAULT_IMAGE) or DEFAULT_IMAGE,
             network=text("network", "default") or "default",
             external_ip=external_ip,
-            install=text("install", DEFAULT_INSTALL) or DEFAULT_INSTALL,
+            install=text("install", None) or DEFAULT_INSTALL,
             create_wait=config.provider.number("create_wait", DEFAULT_CREATE_WAIT),
         )
         config.provider.number("boot_timeout", DEFAULT_BOOT_TIMEOUT)
@@ -147,6 +149,7 @@ class GcpSettings:
 
 
 def tpu_type(resources: VmResources) -> str | None:
+    """The TPU type of a group's ``tpu:TYPE:N`` device (``v4-16``), or None for a group without a TPU."""
     for device in resources.devices:
         kind, _, rest = device.partition(":")
         if kind == "tpu":
@@ -192,7 +195,8 @@ def startup_script(request: SliceRequest, *, controller: str, install: str = DEF
             'HOST_INDEX="$(attr fray-host-index || attr agent-worker-number || echo 0)"',
             'VM_ID="${VM_IDS[$HOST_INDEX]}"',
             'TOKEN="$(attr fray-join-token)"',
-            f"command -v fray >/dev/null || {install}",
+            f"command -v fray >/dev/null || {install}" if install else "true  # provider.install is not set",
+            "command -v fray >/dev/null || { echo 'fray is not on this VM: set provider.install' >&2; exit 1; }",
             # A unit of its own: the worker outlives this script and is stopped with the VM.
             'systemd-run --unit=fray-worker --collect "$(command -v fray)" ' + command.removeprefix("fray "),
             "",
@@ -328,8 +332,10 @@ def planned_calls(config: ClusterConfig, *, controller: str) -> list[str]:
         from google.cloud.compute_v1.services.instances.transports.rest_base import _BaseInstancesRestTransport
         from google.cloud.tpu_v2.services.tpu.transports.rest_base import _BaseTpuRestTransport
         from google.protobuf import json_format
-    except ImportError:
-        raise ConfigError("provider kind gcp needs Google's client libraries: pip install 'fray[gcp]'") from None
+    except ImportError as exc:
+        raise ImportError(
+            f"provider kind gcp needs Google's client libraries (pip install 'fray[gcp]'): {exc}"
+        ) from None
     settings = GcpSettings.from_config(config)
     lines = []
     for group in config.by_priority():

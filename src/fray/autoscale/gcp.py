@@ -16,10 +16,11 @@ both over their REST transport). The cluster file's ``provider:`` keys:
     the boot disk is the group's ``disk``.
 ``network``
     The VPC network (default ``default``). VMs get an external IP (so that the start-up
-    script can install Fray) unless ``external_ip: false``.
+    script can install Fray and reach the controller) unless ``external_ip: false``.
 ``install``
-    The shell command the start-up script runs when ``fray`` is not on the VM yet
-    (default ``python3 -m pip install fray``).
+    The shell command the start-up script runs when ``fray`` is not on the VM yet, e.g.
+    ``python3 -m pip install 'fray[gcp] @ git+https://…'`` (default: none; then the image
+    must have Fray, and a VM without it fails its boot, saying so).
 ``create_wait``
     Seconds a create waits for Google's operation, so that quota and stock-out errors that
     Google reports in the operation still reach the autoscaler as errors (default 10;
@@ -37,7 +38,7 @@ carries the labels ``fray-cluster`` (the cluster's name), ``fray-group`` and
 ``fray-slice``: :meth:`GcpProvider.list_vms` lists only this cluster's VMs, and after a
 controller restart it lists the ones to adopt.
 
-Each VM's start-up script (metadata ``startup-script``) installs Fray if needed and
+Each VM's start-up script (metadata ``startup-script``) runs ``install`` if Fray is missing and
 starts ``fray worker --controller HOST:PORT --join TOKEN --id VM_ID ...`` declaring the
 group's resources and the attributes ``scale-group``, ``vm``, ``preemptible`` and, for
 TPU nodes and multi-host slices, ``tpu-name`` and ``tpu-worker-id``. The join token is
