@@ -28,6 +28,7 @@ from types import TracebackType
 from typing import Any, ClassVar, Generic, Self, TypeVar
 
 from fray._adopt import adopt_or_check
+from fray._pending_notice import watch as watch_pending
 from fray._runtime import check_terminated
 from fray.actor import ActorGroup, ActorHandle, group_member_names
 from fray.actor_config import ActorConfig
@@ -86,7 +87,9 @@ class ClientCore(Generic[J, A]):
         live = adopt_or_check(self.BACKEND, request, adopt_existing, self._live_job if self.ADOPTS else None)
         if live is not None:
             return live
-        return self._start_job(request, detached)
+        handle = self._start_job(request, detached)
+        watch_pending(handle)  # a job nothing can place says why, once (fray._pending_notice)
+        return handle
 
     def create_actor(
         self,

@@ -30,7 +30,6 @@ from fray._local_actor import LocalActor, LocalActorHandle
 from fray._local_context import LocalJobContext
 from fray._local_job import Attempt, LocalJob, LocalJobHandle, stop_deadline, wait_for_stop
 from fray._logcapture import capture_to
-from fray._pending_notice import watch as watch_pending
 from fray._runtime import terminating_on
 from fray._serialization import call_parts, check_picklable
 from fray.actor import check_actor_request
@@ -269,9 +268,7 @@ class LocalClient(ClientCore["LocalJobHandle", "LocalActorHandle"]):
         except BaseException:
             _never_started(job)
             raise
-        handle = LocalJobHandle(job)
-        watch_pending(handle)
-        return handle
+        return LocalJobHandle(job)
 
     def _live_job(self, name: str) -> LocalJobHandle | None:
         """A PENDING or RUNNING job (not an actor) named ``name`` of this client, under the same parent job."""

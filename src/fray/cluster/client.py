@@ -309,9 +309,7 @@ class ClusterClient(ClientCore["ClusterJobHandle", "ClusterActorHandle"]):
         spec = ship_environment(
             JobSpec.from_request(self._placed_request(request)), self.address, self._token, self._controller
         )
-        job = self._submit(spec, is_actor=False, detached=detached)
-        watch_pending(job)
-        return job
+        return self._submit(spec, is_actor=False, detached=detached)
 
     def _live_job(self, name: str) -> ClusterJobHandle | None:
         """The oldest PENDING or RUNNING job named ``name`` in this client's namespace, as the controller sees it."""

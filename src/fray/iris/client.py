@@ -23,7 +23,6 @@ from fray._client_core import ClientCore
 from fray._codepickle import dumps
 from fray._driver_exit import ExitNotice, JobsAtExit
 from fray._local_context import LocalJobContext
-from fray._pending_notice import watch as watch_pending
 from fray._serialization import call_parts, check_picklable
 from fray.actor import check_actor_request
 from fray.actor_config import ActorConfig, check_actor_config_supported
@@ -137,13 +136,12 @@ class IrisClient(ClientCore["IrisJobHandle", "IrisActorHandle"]):
             entrypoint = IrisEntrypoint.from_callable(_task.run_callable, payload)
             label = getattr(entry.callable, "__qualname__", None) or repr(entry.callable)
         else:
-            entrypoint = IrisEntrypoint.from_command("bash", "-c", _task.BINARY_WRAPPER, "fray-iris", *entry.argv)
+            entrypoint = IrisEntrypoint.from_command(*_task.binary_command(entry.argv))
             label = entry.command
         handle = self._launch(request, entrypoint, label, binary=not isinstance(entry, CallableEntrypoint))
         if not self._in_task:  # inside a task Iris ends its children with it, and its log is no place for advice
             notice = ExitNotice(f"the Iris cluster at {self.address}")
             _AT_EXIT.track(handle, notice, detached=detached, outlives_driver=True)
-        watch_pending(handle)
         return handle
 
     def _launch(

@@ -25,7 +25,6 @@ from fray._adopt import is_named
 from fray._client_core import ClientCore
 from fray._codepickle import dumps
 from fray._driver_exit import ExitNotice, JobsAtExit
-from fray._pending_notice import watch as watch_pending
 from fray._serialization import call_parts, check_picklable
 from fray.actor import ActorGroup, check_actor_request, group_member_names
 from fray.actor_config import ActorConfig, check_actor_config_supported
@@ -183,7 +182,6 @@ class MonarchClient(ClientCore["MonarchJobHandle", "MonarchActorHandle"]):
         job.start()
         handle = MonarchJobHandle(job, job_id)
         _AT_EXIT.track(handle, _NOTICE, detached=detached, outlives_driver=False)
-        watch_pending(handle)
         return handle
 
     def _live_job(self, name: str) -> MonarchJobHandle | None:

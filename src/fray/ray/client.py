@@ -30,7 +30,6 @@ import cloudpickle
 from fray._adopt import is_named
 from fray._client_core import ClientCore
 from fray._codepickle import dumps
-from fray._pending_notice import watch as watch_pending
 from fray._serialization import call_parts, check_picklable
 from fray.actor import check_actor_request
 from fray.actor_config import ActorConfig
@@ -154,7 +153,6 @@ class RayClient(ClientCore["RayJobHandle", "RayActorHandle"]):
     def _start_job(self, request: JobRequest, detached: bool) -> RayJobHandle:
         job = self._submit(request)
         track(job, detached=detached, outlives_driver=isinstance(job, BinaryJob))
-        watch_pending(job)
         return job
 
     def _live_job(self, name: str) -> RayJobHandle | None:
