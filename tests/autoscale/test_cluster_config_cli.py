@@ -397,3 +397,22 @@ def test_vms_are_adopted_after_the_controller_is_killed(faults: ConfigCluster, t
     assert set(now) <= set(before), f"VMs created after the restart: {set(now) - set(before)}"
     assert all(now[vm] == before[vm] for vm in ready_ids)  # the same worker processes, not new ones
     assert starts(tmp_path, "after")[0] in before
+
+
+def test_down_with_the_controller_dead_deletes_every_vm(faults: ConfigCluster) -> None:
+    pids = faults.provider_pids()
+    assert pids, "the faults cluster has VMs to delete"
+    assert faults.client is not None
+    faults.client.shutdown(wait=False)  # while its controller is there to hear it
+    faults.client = None
+    state = json.loads((faults.home / ".config" / "fray" / "cluster.json").read_text())
+    controller = int(state["processes"]["controller"]["pid"])
+    os.kill(controller, signal.SIGKILL)
+    wait_until(lambda: not alive(controller), 10, "the controller to die")
+    out = faults.fray("cluster", "down")
+    # The provider's listing is the truth: with no controller to ask, down deletes what the provider lists.
+    assert "deleted" in out.stdout and "left at the simulated provider" in out.stdout, out.stdout
+    assert faults.provider_state()["vms"] == []
+    assert not [pid for pid in pids.values() if alive(pid)]
+    again = faults.fray("cluster", "down")  # safe to repeat
+    assert "nothing to stop" in again.stdout
