@@ -478,3 +478,40 @@ def test_cluster_up_dry_run_prints_the_planned_calls(tmp_path: Path) -> None:
     config.write_text(yaml.safe_dump(bad))
     refused = run("cluster", "up", "--config", str(config), "--dry-run", check=False)
     assert refused.returncode == 2 and "provider.zone is required" in refused.stderr
+
+
+# -- with the autoscaler -----------------------------------------------------------------------
+
+
+def test_the_autoscaler_sends_the_planned_calls_and_adopts_after_a_restart(fake: FakeGcp, make: Make) -> None:
+    """Fray's autoscaler on the gcp provider: start-up sends exactly what --dry-run printed; a restart creates nothing."""
+    from fray.autoscale.autoscaler import Autoscaler, ClusterView
+
+    idle = ClusterView(pending=[], workers=[], running=[])
+    first = Autoscaler(_config(), make(join_token="<join-token>"))
+    assert first.tick(idle).created == 2
+    planned = gcp.planned_calls(_config(), controller=CONTROLLER)
+    sent = _creates(fake)
+    planned_bodies = [json.loads(line.split(" ", 2)[2]) for line in planned]
+    canonical = lambda body: json.dumps(body, sort_keys=True)  # noqa: E731
+    assert sorted(map(canonical, planned_bodies)) == sorted(canonical(r.body) for r in sent)
+    restarted = Autoscaler(_config(), make(join_token="<join-token>"))
+    assert restarted.tick(idle).created == 0
+    assert len(_creates(fake)) == 2, "the restarted autoscaler adopted the VMs it found"
+    assert sorted((vm["id"], vm["state"]) for vm in restarted.vms()) == [
+        ("c1-cpu-0", "BOOTING"),
+        ("c1-v4-16-0-0", "BOOTING"),
+        ("c1-v4-16-0-1", "BOOTING"),
+    ]
+
+
+def test_the_autoscaler_blocks_a_group_google_refuses_for_quota(fake: FakeGcp, make: Make) -> None:
+    from fray.autoscale.autoscaler import Autoscaler, ClusterView
+
+    fake.cpu_quota[("us-central2", "CPUS")] = 0
+    autoscaler = Autoscaler(_config(), make())
+    autoscaler.tick(ClusterView(pending=[], workers=[], running=[]))
+    groups = {g["name"]: g for g in autoscaler.status()["groups"]}
+    assert groups["cpu"]["state"].startswith("quota-blocked")
+    assert "Quota 'CPUS' exceeded" in groups["cpu"]["last_error"]
+    assert groups["v4-16"]["slices"] == 1 and not fake.instances
