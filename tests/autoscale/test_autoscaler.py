@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from fray.autoscale._createrate import CreateRate
 from fray.autoscale._vmstate import TRANSITIONS, VmRecord, VmState
 from fray.autoscale.autoscaler import Autoscaler, AutoscalerPolicy, ClusterView, TickResult, vm_worker_info
 from fray.autoscale.config import ClusterConfig
@@ -282,23 +283,33 @@ def test_a_partial_slice_past_the_boot_deadline_is_deleted_whole_and_requested_a
     assert sim.placed[job] == ("fray-v4-16-1-0", "fray-v4-16-1-1")
 
 
-def test_the_create_rate_drops_multiplicatively_with_a_floor_and_recovers_over_time() -> None:
+def test_the_create_rate_drops_multiplicatively_with_a_floor_and_recovers_linearly() -> None:
+    rate = CreateRate(base=1.0, burst=4.0, factor=0.5, floor=1 / 60, recovery_seconds=100.0, updated=0.0)
+    assert [rate.take() for _ in range(5)] == [True] * 4 + [False]  # a burst of 4
+    rate.boot_failed(0.0)
+    assert rate.rate == 0.5 and rate.throttled
+    for _ in range(11):
+        rate.boot_failed(0.0)
+    assert rate.rate == pytest.approx(1 / 60)  # 1/2^12 is below the floor
+    rate.advance(50.0)  # half the recovery time: about half the rate again, not an exponential wait
+    assert rate.rate == pytest.approx(0.5 + 1 / 120, rel=0.01)
+    assert rate.tokens <= 4 * rate.rate < 4.0  # a throttled group's bucket is smaller: no burst
+    rate.advance(110.0)
+    assert rate.rate == 1.0 and not rate.throttled and rate.tokens == 4.0
+
+
+def test_a_throttled_group_creates_slowly_and_says_so() -> None:
     policy = AutoscalerPolicy(boot_timeout=10.0, create_rate=1.0, create_burst=4.0, recovery_seconds=100.0)
     sim = _Sim(policy=policy)
     for _ in range(12):
-        sim.autoscaler._boot_failure("cpu", sim.clock.now)
-    assert sim.autoscaler._groups["cpu"].rate == pytest.approx(policy.rate_floor)  # 1/2^12 < floor
+        sim.autoscaler._groups["cpu"].rate.boot_failed(sim.clock.now)
     sim.submit(6)
     sim.step(0.0)
-    rate = sim.group_status("cpu")
     assert len(sim.live("cpu")) == 1  # the bucket holds one create at the floor
     assert sim.result.notes[next(iter(sim.pending))].endswith("more to create (create rate limited)")
-    sim.step(50.0)  # half the recovery time: rate ~0.5/s, not an exponential wait
-    assert sim.autoscaler._groups["cpu"].rate == pytest.approx(0.5 + policy.rate_floor / 2, rel=0.05)
-    sim.step(60.0)
-    assert sim.autoscaler._groups["cpu"].rate == pytest.approx(1.0)
-    assert len(sim.live("cpu")) == 3
-    assert rate["state"].startswith("backoff")
+    assert sim.group_status("cpu")["state"] == "backoff (12 boot failures)"
+    sim.step(110.0)
+    assert len(sim.live("cpu")) == 3 and sim.group_status("cpu")["state"] == "ok"
 
 
 def test_quota_exhaustion_blocks_the_group_and_its_demand_goes_to_the_next_group_at_once() -> None:

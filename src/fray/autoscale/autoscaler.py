@@ -30,7 +30,6 @@ own thread (:mod:`fray.cluster._autoscale_host`), so scheduling never waits on a
 from __future__ import annotations
 
 import logging
-import math
 import re
 import threading
 import time
@@ -40,6 +39,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
+from fray.autoscale._createrate import CreateRate
 from fray.autoscale._demand import Routing, Unit, Unmet, group_vector, route
 from fray.autoscale._vmstate import VmRecord, VmState
 from fray.autoscale.config import ClusterConfig, ScaleGroup
@@ -143,16 +143,13 @@ class _Slice:
 
 @dataclass
 class _Group:
-    """A group's create rate (a token bucket whose rate drops on boot failures) and its block."""
+    """A group's create rate and whether (and why) it is blocked after a provider refusal."""
 
-    rate: float
-    tokens: float
-    updated: float
+    rate: CreateRate
     blocked_until: float = 0.0
     blocked_code: str = ""
     blocked_message: str = ""
     last_error: str = ""
-    boot_failures: int = 0
     wanted: int = 0  # slices wanted in the last tick but not created (rate-limited)
 
 
@@ -185,7 +182,12 @@ class Autoscaler:
         self._group_config = {g.name: g for g in config.scale_groups}
         now = clock()
         p = self.policy
-        self._groups = {g.name: _Group(p.create_rate, p.create_burst, now) for g in config.scale_groups}
+        self._groups = {
+            g.name: _Group(
+                CreateRate(p.create_rate, p.create_burst, p.failure_factor, p.rate_floor, p.recovery_seconds, now)
+            )
+            for g in config.scale_groups
+        }
         self._slices: dict[str, _Slice] = {}
         self._undeleted: dict[str, str] = {}  # slice id -> group: deletes the provider has not confirmed
         self._history: deque[VmRecord] = deque(maxlen=p.history)
@@ -313,16 +315,9 @@ class Autoscaler:
                 if vm.vm_id in view.registered:
                     self._lose_worker(vm.vm_id, f"VM {vm.vm_id} {reason.replace('_', ' ')}")
         if reason in ("boot_failed", "boot_deadline"):
-            self._boot_failure(s.group, now)
+            self._groups[s.group].rate.boot_failed(now)
         self._forget(s)
         return len(s.vms)
-
-    def _boot_failure(self, name: str, now: float) -> None:
-        group = self._refill(name, now)
-        p = self.policy
-        group.boot_failures += 1
-        group.rate = max(p.rate_floor, group.rate * p.failure_factor)
-        group.tokens = min(group.tokens, self._bucket_size(group))
 
     def _forget(self, s: _Slice) -> None:
         """Delete a finished slice at the provider and move its VMs to the history."""
@@ -427,8 +422,8 @@ class Autoscaler:
             if self._stopped:
                 blocked[name] = ("stopped", "is being deleted (fray cluster down)")
             elif group.blocked_until > now:
-                left = math.ceil(group.blocked_until - now)
-                blocked[name] = (group.blocked_code, f"is {group.blocked_message} for {left} more s")
+                # A fixed time, not a countdown: the reason of every job it holds stays the same until then.
+                blocked[name] = (group.blocked_code, f"is {group.blocked_message} until {_iso(group.blocked_until)}")
         return route(unplaced, self._groups_by_priority, self._counts(), blocked, units)
 
     def _notes(self, routing: Routing) -> dict[str, str]:
@@ -457,25 +452,13 @@ class Autoscaler:
 
     # -- create ----------------------------------------------------------------------------------
 
-    def _bucket_size(self, group: _Group) -> float:
-        p = self.policy
-        return max(1.0, p.create_burst * group.rate / p.create_rate)
-
-    def _refill(self, name: str, now: float) -> _Group:
-        group = self._groups[name]
-        p = self.policy
-        elapsed = max(0.0, now - group.updated)
-        group.updated = now
-        group.rate = min(p.create_rate, group.rate + (p.create_rate - p.rate_floor) * elapsed / p.recovery_seconds)
-        group.tokens = min(self._bucket_size(group), group.tokens + group.rate * elapsed)
-        return group
-
     def _create(self, routing: Routing, now: float) -> int:
         created = 0
         counts = self._counts()
         for config in self._groups_by_priority:
             name = config.name
-            group = self._refill(name, now)
+            group = self._groups[name]
+            group.rate.advance(now)
             if self._stopped or group.blocked_until > now:
                 group.wanted = 0
                 continue
@@ -483,7 +466,7 @@ class Autoscaler:
             want = routing.new_slices.get(name, 0) + max(0, config.min - staying)
             want = min(want, config.max - counts[name])
             made = 0
-            while made < want and group.tokens >= 1.0:
+            while made < want and group.rate.take():
                 try:
                     self._create_slice(config, now)
                 except QuotaExceeded as exc:
@@ -497,7 +480,6 @@ class Autoscaler:
                     logger.warning("creating a slice in group %s failed: %s", name, exc)
                     group.last_error = str(exc)
                     break
-                group.tokens -= 1.0
                 made += 1
             group.wanted = max(0, want - made) if group.blocked_until <= now else 0
             created += made
@@ -557,8 +539,8 @@ class Autoscaler:
                 state = "stopped"
             elif group.blocked_until > now:
                 state = f"{group.blocked_message} until {_iso(group.blocked_until)}"
-            elif group.rate < self.policy.create_rate:
-                state = f"backoff ({group.boot_failures} boot failures)"
+            elif group.rate.throttled:
+                state = f"backoff ({group.rate.failures} boot failures)"
             else:
                 state = "ok"
             target = counts[config.name] + routing.new_slices.get(config.name, 0)
@@ -573,7 +555,7 @@ class Autoscaler:
                     "target": max(config.min, min(config.max, target)),
                     "slices": counts[config.name],
                     "vms": states,
-                    "create_rate_per_minute": round(group.rate * 60, 3),
+                    "create_rate_per_minute": round(group.rate.rate * 60, 3),
                     "last_error": group.last_error,
                 }
             )
