@@ -306,7 +306,9 @@ def test_a_throttled_group_creates_slowly_and_says_so() -> None:
     sim.submit(6)
     sim.step(0.0)
     assert len(sim.live("cpu")) == 1  # the bucket holds one create at the floor
-    assert sim.result.notes[next(iter(sim.pending))].endswith("more to create (create rate limited)")
+    assert sim.result.notes[next(iter(sim.pending))].endswith(
+        "is starting 1 VM and will create 2 more (create rate limited)"
+    )
     assert sim.group_status("cpu")["state"] == "backoff (12 boot failures)"
     sim.step(110.0)
     assert len(sim.live("cpu")) == 3 and sim.group_status("cpu")["state"] == "ok"

@@ -434,12 +434,14 @@ class Autoscaler:
         by_group: dict[str, str] = {}
         for name in set(routing.served.values()):
             count = booting.get(name, 0)
-            group = self._groups[name]
-            more = f"; {group.wanted} more to create (create rate limited)" if group.wanted else ""
+            wanted = self._groups[name].wanted
             unit = "slice" if self._group_config[name].is_slice else "VM"
-            by_group[name] = (
-                f"waiting for capacity: scale group {name} is starting {count} {unit}{'s' if count != 1 else ''}{more}"
-            )
+            parts = [f"is starting {count} {unit}{'s' if count != 1 else ''}"] if count else []
+            if wanted:
+                parts.append(f"will create {wanted} more (create rate limited)")
+            if not parts:
+                parts.append(f"keeps a draining {unit} for it")
+            by_group[name] = f"waiting for capacity: scale group {name} {' and '.join(parts)}"
         notes = {job_id: by_group[name] for job_id, name in routing.served.items()}
         texts: dict[int, str] = {}
         for job_id, unmet in routing.unmet.items():
