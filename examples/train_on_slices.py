@@ -19,7 +19,9 @@ Run it:
     FRAY_CLIENT_SPEC=ray python examples/train_on_slices.py  # a Ray cluster with TPU VMs
 
 The cluster needs two v4-16 slices: on ``fray://``, four workers started with
-``--device tpu:v4-16:4 --attr tpu-name=SLICE --attr tpu-worker-id=0|1``; on Ray, TPU VMs
+``--device tpu:v4-16:4 --attr tpu-name=SLICE --attr tpu-worker-id=0|1``, or a cluster
+whose autoscaler makes them (``fray cluster up --config examples/cluster.yaml``: its
+``v4-16`` group's slices are simulated VMs on this machine); on Ray, TPU VMs
 (Ray labels them itself). The local backend places nothing: it runs each replica once,
 in this process, with no slice, host or ``MEGASCALE_*`` variables -- a dry run of the
 training code, not a simulation of slices (the example says so when it runs there).
