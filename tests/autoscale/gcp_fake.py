@@ -7,8 +7,8 @@ credentials. It keeps state like the API does and answers in the API's documente
 
 * TPU v2: ``nodes`` create (``?nodeId=``, 409 ALREADY_EXISTS on a taken id), get, list
   (paged), delete, and the long-running ``operations`` they return, which complete
-  after :attr:`FakeGcp.op_seconds`; a node is CREATING until its operation completes,
-  then READY. Quota is per accelerator family and zone in TensorCores (the N of
+  after :attr:`FakeGcp.op_seconds`; a node is CREATING (no network endpoints yet) until
+  its operation completes, then READY with one endpoint per host. Quota is per accelerator family and zone in TensorCores (the N of
   ``v4-N``); a create over it is refused at once with 429 RESOURCE_EXHAUSTED and a
   ``google.rpc.QuotaFailure`` detail. A stock-out lets the create start and fails its
   operation with code 8 and "There is no more capacity in the zone ..." (the node is gone).
@@ -402,7 +402,6 @@ class FakeGcp:
                         },
                     ],
                 )
-        hosts = tpu_hosts(accel)
         node = {
             **body,
             "name": name,
@@ -410,9 +409,6 @@ class FakeGcp:
             "createTime": _now_iso(),
             "id": str(next(self._ids)),
             "apiVersion": "V2",
-            "networkEndpoints": [
-                {"ipAddress": f"10.130.0.{len(self.nodes) * 8 + i + 2}", "port": 8470} for i in range(hosts)
-            ],
         }
         node.setdefault("labels", {})
         self.nodes[name] = node
@@ -429,9 +425,14 @@ class FakeGcp:
         return self._op_json(op)
 
     def _ready(self, name: str) -> None:
+        """The node is up: READY, and its hosts listed (Google lists no network endpoints before)."""
         node = self.nodes.get(name)
         if node is not None and node["state"] == "CREATING":
             node["state"] = "READY"
+            base = int(node["id"]) % 200
+            node["networkEndpoints"] = [
+                {"ipAddress": f"10.130.{base}.{i + 2}", "port": 8470} for i in range(tpu_hosts(node["acceleratorType"]))
+            ]
 
     def _tpu_node(self, name: str) -> dict[str, Any]:
         if name not in self.nodes:

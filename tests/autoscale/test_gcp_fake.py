@@ -66,7 +66,7 @@ def test_tpu_create_is_an_operation_that_completes_after_the_delay(fake: FakeGcp
     assert op.metadata.TypeName() == "google.cloud.tpu.v2.OperationMetadata"
     node = _strict(requests.get(f"{fake.url}{TPU}/nodes/n1", timeout=10).json(), tpu_v2.Node.pb(tpu_v2.Node()))
     assert tpu_v2.Node.State(node.state).name == "CREATING"
-    assert len(node.network_endpoints) == 2, "a v4-16 has two hosts"
+    assert not node.network_endpoints, "Google lists a node's hosts once it is READY"
     done = wait_until(
         lambda: (o := requests.get(f"{fake.url}/v2/{op.name}", timeout=10).json()).get("done") and o,
         what="the operation",
@@ -75,6 +75,7 @@ def test_tpu_create_is_an_operation_that_completes_after_the_delay(fake: FakeGcp
     assert finished.response.TypeName() == "google.cloud.tpu.v2.Node"
     node = requests.get(f"{fake.url}{TPU}/nodes/n1", params={"$alt": "json;enum-encoding=int"}, timeout=10).json()
     assert node["state"] == tpu_v2.Node.State.READY.value, "numbers when the client asks for enum-encoding=int"
+    assert len(node["networkEndpoints"]) == 2, "a v4-16 has two hosts"
 
 
 def test_tpu_errors_have_googles_shapes(fake: FakeGcp) -> None:

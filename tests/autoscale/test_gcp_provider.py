@@ -213,12 +213,14 @@ def test_a_repeated_create_makes_one_slice_even_after_a_restart(fake: FakeGcp, m
     request = _request(group)
     first = make(create_wait=0).create_slice(request)
     again = make(create_wait=0).create_slice(request)  # a restarted controller repeats the request
-    assert [vm.vm_id for vm in first] == [vm.vm_id for vm in again]
+    assert [vm.vm_id for vm in first] == [vm.vm_id for vm in again] == list(request.vm_ids)
+    assert {vm.state for vm in first + again} == {CloudState.CREATING}, "every host, before Google lists them"
     assert len(fake.nodes) + len(fake.instances) == 1
     if group == "cpu":
         first_id, second_id = (r.query["requestId"] for r in _creates(fake))
         assert first_id == second_id, "GCE's requestId makes the insert idempotent"
-    wait_until(lambda: _states(make().list_vms()) == dict.fromkeys(_states(first), CloudState.RUNNING), what="running")
+    later = make()
+    wait_until(lambda: _states(later.list_vms()) == dict.fromkeys(request.vm_ids, CloudState.RUNNING), what="running")
 
 
 # -- listing and adoption ----------------------------------------------------------------------

@@ -149,7 +149,10 @@ class GcpProvider:
             compute_client = self._own(_default_compute_client())
         if uses_gce and operations_client is None:
             operations_client = self._own(_default_operations_client())
-        self._tpu, self._gce, self._gce_ops = tpu_client, compute_client, operations_client
+        # Only the APIs the cluster's groups use are called (a project may not have the other one enabled).
+        self._tpu: Any = tpu_client if uses_tpu else None
+        self._gce: Any = compute_client if uses_gce else None
+        self._gce_ops: Any = operations_client if uses_gce else None
         self._lock = threading.Lock()
         self._pending: dict[str, _Pending] = {}
         # GCE instances this provider asked to delete: a stopping spot VM being deleted is not preempted.
@@ -324,10 +327,10 @@ class GcpProvider:
         if labels.get(CLUSTER_LABEL) != self._cluster:
             return []
         slice_id = node.name.rsplit("/", 1)[-1]
-        hosts = max(len(node.network_endpoints), 1)
+        # The ids this provider wrote; Google lists a node's hosts (network endpoints) only once it is READY.
         vm_ids = [v for v in dict(node.metadata).get("fray-vm-ids", "").split(",") if v]
-        if len(vm_ids) != hosts:
-            vm_ids = list(vm_ids_of(slice_id, hosts))
+        if not vm_ids:
+            vm_ids = list(vm_ids_of(slice_id, max(len(node.network_endpoints), 1)))
         state_name = node.state.name
         state = _TPU_STATES.get(state_name, CloudState.FAILED)
         reason = "" if state in (CloudState.CREATING, CloudState.RUNNING, CloudState.DELETING) else state_name.lower()
