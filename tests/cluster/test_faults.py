@@ -29,13 +29,25 @@ from fray.rpc import AuthenticationError
 from support import alive, wait_until
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+def _cluster(tmp_path: Path, worker_timeout: float) -> Iterator[LocalCluster]:
     tests_dir = str(Path(__file__).resolve().parents[1])
     env = {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p.startswith(tests_dir))}
-    with LocalCluster(tmp_path / "cluster", worker_timeout=2.0, env=env) as c:
+    with LocalCluster(tmp_path / "cluster", worker_timeout=worker_timeout, env=env) as c:
         c.start_controller()
         yield c
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+    yield from _cluster(tmp_path, 2.0)
+
+
+@pytest.fixture
+def patient_cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+    """A 10 s worker timeout: a controller restart must fit in the workers' lease (0.75 x: 7.5 s), and one
+    under load can take longer than the 1.5 s of ``cluster``'s (its workers then stop their tasks, as in a
+    partition)."""
+    yield from _cluster(tmp_path, 10.0)
 
 
 def client_of(cluster: LocalCluster) -> ClusterClient:
@@ -96,7 +108,8 @@ def gated(directory: str) -> None:
     wait_for_file(Path(directory) / "go", timeout=120)
 
 
-def test_killed_controller_restarts_and_nothing_is_lost(cluster: LocalCluster, tmp_path: Path):
+def test_killed_controller_restarts_and_nothing_is_lost(patient_cluster: LocalCluster, tmp_path: Path):
+    cluster = patient_cluster
     client = with_workers(cluster, 1)
     running = client.submit(
         JobRequest(name="running", entrypoint=Entrypoint.from_callable(gated, args=(str(tmp_path),)))
