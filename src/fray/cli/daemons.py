@@ -138,6 +138,8 @@ def controller(
     except ConfigError as exc:
         raise CliError(str(exc), "e.g. --retention-days 7 --retention-jobs 10000") from None
     cluster_config = _cluster_config(config_path) if config_path else None
+    if cluster_config is not None and _defaulted("worker_timeout"):
+        worker_timeout = cluster_config.worker_timeout  # the cluster file's, unless the command line says
     os.umask(0o077)  # the state, its journal and the TLS keys: for this user only
     Path(db_path).parent.mkdir(parents=True, exist_ok=True)
     if not no_dashboard:
@@ -183,6 +185,13 @@ def controller(
         ctl.stop()
 
     wait_for_signal(stop)
+
+
+def _defaulted(parameter: str) -> bool:
+    """Whether the current command's ``parameter`` was left at its default (not given on the command line)."""
+    from click.core import ParameterSource
+
+    return click.get_current_context().get_parameter_source(parameter) == ParameterSource.DEFAULT
 
 
 def _cluster_config(path: str) -> Any:
