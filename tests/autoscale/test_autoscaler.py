@@ -8,6 +8,7 @@ provider says the VM runs, exactly as that worker would (``vm_worker_info``).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -474,3 +475,25 @@ def test_the_scale_simulation_runs_at_a_tiny_size() -> None:
     assert [row[0] for row in rows] == ["50", "200"]
     assert all(row[-1].endswith("s") and float(row[-1][:-1]) < 5 for row in rows)
     assert int(rows[1][1]) == 40  # every VM of the tiny cluster was created and registered
+
+
+def test_demand_is_what_the_controllers_last_pass_left_pending_when_it_is_given() -> None:
+    sim = _Sim()
+    [waiting] = sim.submit(2)[1:]
+    view = sim.view()
+    sim.autoscaler.tick(replace(view, unplaced=[]))  # the pass placed everything: no demand
+    assert sim.autoscaler.vms() == []
+    result = sim.autoscaler.tick(replace(view, unplaced=[sim.pending[waiting]]))
+    assert len(sim.autoscaler.vms()) == 1 and set(result.notes) == {waiting}
+
+
+def test_a_cpu_gang_takes_one_slice_whose_hosts_equal_its_replicas() -> None:
+    groups = {"pair": {"hosts": 2, "resources": {"cpu": 2, "ram": "2g"}, "max": 2}}
+    sim = _Sim({**CONFIG, "scale_groups": groups})
+    [gang] = sim.submit(1, replicas=2, cpu_millis=2000)
+    [three] = sim.submit(1, replicas=3)
+    sim.step(0.1)
+    assert [vm["slice"] for vm in sim.live("pair")] == ["fray-pair-0"] * 2
+    assert "slices of 2 hosts, the gang has 3 replicas" in sim.result.notes[three]
+    sim.step(1.5)
+    assert sim.placed[gang] == ("fray-pair-0-0", "fray-pair-0-1")
