@@ -136,7 +136,8 @@ class FakeGcp:
     def __init__(self, *, project: str = "fray-test", op_seconds: float = 0.0, page_size: int = 2) -> None:
         self.project = project
         self.op_seconds = op_seconds
-        """Seconds an operation takes (create: the node/instance is CREATING/PROVISIONING until then)."""
+        """Seconds an operation takes (create: the node/instance is CREATING/PROVISIONING until then);
+        tests hold operations with a long one and end them with :meth:`finish_operations`."""
         self.page_size = page_size
         """The most items one list page returns (small, so clients must follow ``nextPageToken``)."""
         self.requests: list[Recorded] = []
@@ -181,7 +182,9 @@ class FakeGcp:
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, name="fake-gcp", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name="fake-gcp", daemon=True
+        )
         self._thread.start()
         return self
 
@@ -214,6 +217,13 @@ class FakeGcp:
                     inst["lastStopTimestamp"] = _now_iso()
                     return
         raise KeyError(name)
+
+    def finish_operations(self) -> None:
+        """Let every operation in progress complete now (tests hold them with a long ``op_seconds``)."""
+        with self._lock:
+            now = time.monotonic()
+            for op in self._ops.values():
+                op.done_at = min(op.done_at, now)
 
     def calls(self, method: str | None = None, contains: str = "") -> list[Recorded]:
         """The recorded requests, optionally of one method and with ``contains`` in the path."""

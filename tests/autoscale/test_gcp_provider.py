@@ -209,7 +209,7 @@ def test_a_gce_vm_is_an_instance_with_spot_scheduling_and_a_request_id(fake: Fak
 
 @pytest.mark.parametrize("group", ["v4-16", "cpu"])
 def test_a_repeated_create_makes_one_slice_even_after_a_restart(fake: FakeGcp, make: Make, group: str) -> None:
-    fake.op_seconds = 1.0
+    fake.op_seconds = 3600.0  # operations stay in progress until finish_operations()
     request = _request(group)
     first = make(create_wait=0).create_slice(request)
     again = make(create_wait=0).create_slice(request)  # a restarted controller repeats the request
@@ -220,6 +220,7 @@ def test_a_repeated_create_makes_one_slice_even_after_a_restart(fake: FakeGcp, m
         first_id, second_id = (r.query["requestId"] for r in _creates(fake))
         assert first_id == second_id, "GCE's requestId makes the insert idempotent"
     later = make()
+    fake.finish_operations()
     wait_until(lambda: _states(later.list_vms()) == dict.fromkeys(request.vm_ids, CloudState.RUNNING), what="running")
 
 
@@ -260,11 +261,12 @@ def test_delete_is_idempotent(fake: FakeGcp, make: Make, group: str) -> None:
     provider = make()
     request = _request(group)
     provider.create_slice(request)
-    fake.op_seconds = 1.0
+    fake.op_seconds = 3600.0  # operations stay in progress until finish_operations()
     provider.delete_slice(request.slice_id)
     provider.delete_slice(request.slice_id)  # while the first delete is in progress
     assert len(fake.calls("DELETE")) == 1
-    assert {vm.state for vm in provider.list_vms()} <= {CloudState.DELETING, CloudState.RUNNING}
+    assert {vm.state for vm in provider.list_vms()} == {CloudState.DELETING}
+    fake.finish_operations()
     wait_until(lambda: not provider.list_vms(), what="the slice gone")
     provider.delete_slice(request.slice_id)  # and once it is gone
     provider.delete_slice("c1-cpu-99")  # a slice that never was
@@ -300,14 +302,16 @@ def test_a_slice_refused_part_way_leaves_no_instance_holding_quota(fake: FakeGcp
 @pytest.mark.parametrize("group", ["v4-16", "cpu"])
 def test_a_stockout_is_capacity_unavailable(fake: FakeGcp, make: Make, group: str) -> None:
     fake.stockouts |= {(ZONE, "v4-16"), (ZONE, "n2-standard-4")}
-    fake.op_seconds = 0.5
+    fake.op_seconds = 0.5  # within create_wait (5 s)
     with pytest.raises(CapacityUnavailable):
         make().create_slice(_request(group, 0))
     assert not make().list_vms()
     # Reported after the create returned (create_wait 0): FAILED VMs with the reason, until deleted.
+    fake.op_seconds = 3600.0  # operations stay in progress until finish_operations()
     provider = make(create_wait=0)
     vms = provider.create_slice(_request(group, 1))
     assert {vm.state for vm in vms} == {CloudState.CREATING}
+    fake.finish_operations()
     failed = wait_until(lambda: [vm for vm in provider.list_vms() if vm.state is CloudState.FAILED], what="FAILED")
     assert [vm.vm_id for vm in failed] == [vm.vm_id for vm in vms]
     assert all("capacity" in vm.reason or "enough resources" in vm.reason for vm in failed)
