@@ -25,6 +25,7 @@ from fray.cluster.client import ClusterClient
 from fray.cluster.controller_client import ops_client
 from fray.cluster.credentials import WORKER, Credential, user_principal
 from fray.cluster.server import Controller
+from fray.dashboard.pages import workers_page
 from fray.errors import ConfigError, PermissionDenied
 from support import fray_cli_in, wait_until
 
@@ -92,6 +93,9 @@ def test_jobs_run_on_vms_and_impossible_demand_is_explained_in_status(cluster: _
     assert data["unmet_by_code"] == {"no_group_fits": 1} and data["unmet"][0]["job_id"] == big.job_id
     text = run("status").stdout
     assert "scale groups" in text and "fray-cpu-0" in text and "[no_group_fits]" in text
+    html = workers_page(cluster.controller.ops.status(), csrf="x")  # the dashboard's Workers page
+    assert "<h2>Scale groups (simulated provider)</h2>" in html and "fray-cpu-0" in html
+    assert "Unmet demand: 1 jobs" in html and big.job_id in html
 
 
 def test_everybody_reads_the_vms_only_the_administrator_changes_them(cluster: _Cluster) -> None:
