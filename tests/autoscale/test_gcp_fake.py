@@ -57,8 +57,8 @@ def _instance(name: str, machine: str = "n2-standard-4", **extra: Any) -> dict[s
     }
 
 
-def test_tpu_create_is_an_operation_that_completes_after_the_delay(fake: FakeGcp) -> None:
-    fake.op_seconds = 0.5
+def test_tpu_create_is_an_operation_and_the_node_is_creating_until_it_completes(fake: FakeGcp) -> None:
+    fake.op_seconds = 3600.0  # held until finish_operations()
     answer = requests.post(f"{fake.url}{TPU}/nodes", params={"nodeId": "n1"}, json=_node(), timeout=10)
     assert answer.status_code == 200
     op = _strict(answer.json(), operations_pb2.Operation())
@@ -67,6 +67,8 @@ def test_tpu_create_is_an_operation_that_completes_after_the_delay(fake: FakeGcp
     node = _strict(requests.get(f"{fake.url}{TPU}/nodes/n1", timeout=10).json(), tpu_v2.Node.pb(tpu_v2.Node()))
     assert tpu_v2.Node.State(node.state).name == "CREATING"
     assert not node.network_endpoints, "Google lists a node's hosts once it is READY"
+    assert not requests.get(f"{fake.url}/v2/{op.name}", timeout=10).json()["done"]
+    fake.finish_operations()
     done = wait_until(
         lambda: (o := requests.get(f"{fake.url}/v2/{op.name}", timeout=10).json()).get("done") and o,
         what="the operation",
@@ -122,7 +124,7 @@ def test_tpu_list_pages_and_preemption(fake: FakeGcp) -> None:
 
 
 def test_gce_insert_is_idempotent_by_request_id(fake: FakeGcp) -> None:
-    fake.op_seconds = 0.3
+    fake.op_seconds = 3600.0  # held until finish_operations()
     rid = str(uuid.uuid4())
     first = requests.post(f"{fake.url}{GCE}/instances", params={"requestId": rid}, json=_instance("vm1"), timeout=10)
     again = requests.post(f"{fake.url}{GCE}/instances", params={"requestId": rid}, json=_instance("vm1"), timeout=10)
@@ -140,6 +142,7 @@ def test_gce_insert_is_idempotent_by_request_id(fake: FakeGcp) -> None:
     assert bad.status_code == 400
     inst = requests.get(f"{fake.url}{GCE}/instances/vm1", timeout=10).json()
     assert _strict(inst, compute_v1.Instance.pb(compute_v1.Instance())).status == "PROVISIONING"
+    fake.finish_operations()
     wait_until(
         lambda: requests.get(f"{fake.url}{GCE}/operations/{op.name}", timeout=10).json()["status"] == "DONE",
         what="the insert operation",
