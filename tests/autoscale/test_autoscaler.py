@@ -109,7 +109,10 @@ class _Sim:
     def step(self, seconds: float = 1.0) -> TickResult:
         """Time passes; running VMs' workers register; the autoscaler ticks; the scheduler places work."""
         self.clock.now += seconds
-        for vm in self.provider.list_vms():
+        listed = self.provider.list_vms()
+        for gone in set(self.workers) - {vm.vm_id for vm in listed}:
+            self.kill_worker(gone)  # its VM was deleted: the worker stopped, the controller lost it
+        for vm in listed:
             known = any(g.name == vm.group for g in self.config.scale_groups)
             starts = vm.state == CloudState.RUNNING and vm.vm_id not in self.silent | self.lost
             if known and starts and vm.vm_id not in self.workers:
@@ -497,3 +500,21 @@ def test_a_cpu_gang_takes_one_slice_whose_hosts_equal_its_replicas() -> None:
     assert "slices of 2 hosts, the gang has 3 replicas" in sim.result.notes[three]
     sim.step(1.5)
     assert sim.placed[gang] == ("fray-pair-0-0", "fray-pair-0-1")
+
+
+def test_after_a_restart_names_of_slices_deleted_before_are_not_reused() -> None:
+    config = {**CONFIG, "scale_groups": {"cpu": {"resources": {"cpu": 2, "ram": "2g"}, "max": 3}}}
+    sim = _Sim(config)
+    [job] = sim.submit(1)
+    for _ in range(3):
+        sim.step()
+    sim.finish(job)
+    sim.step(1.0)
+    sim.step(10.0)
+    sim.step(3.0)
+    assert sim.provider.list_vms() == [] and [vm["state"] for vm in sim.vms()] == ["DELETED"]
+    sim.autoscaler = sim.new_autoscaler()  # restarted: nothing listed, so it counts from 0 again
+    sim.submit(1)
+    sim.step(0.1)
+    assert [vm["id"] for vm in sim.autoscaler.vms()] == ["fray-cpu-1"]  # fray-cpu-0's request id is spent
+    assert [vm.vm_id for vm in sim.provider.list_vms()] == ["fray-cpu-1"]

@@ -56,6 +56,8 @@ _LIVE = (VmState.REQUESTED, VmState.BOOTING, VmState.READY, VmState.DRAINING)
 _BOOTING = (VmState.REQUESTED, VmState.BOOTING)
 # Seconds a new slice may be absent from the provider's listing before it counts as lost.
 _LISTING_GRACE = 30.0
+# Slice names tried for one create when the provider answers earlier names with no VMs (see _create_slice).
+_NAME_TRIES = 1000
 # Unmet-demand entries listed in full by status(); the rest are counted by code.
 _STATUS_UNMET = 100
 
@@ -495,6 +497,14 @@ class Autoscaler:
         group.last_error = str(exc)
 
     def _create_slice(self, config: ScaleGroup, now: float) -> None:
+        # The provider remembers request ids; one it answers with no VMs named a slice deleted before a
+        # controller restart (the count starts again after the highest slice listed): take the next name.
+        for _ in range(_NAME_TRIES):
+            if self._create_named(config, now):
+                return
+        raise ProviderError(f"the provider made no VMs for {_NAME_TRIES} new slices of group {config.name}")
+
+    def _create_named(self, config: ScaleGroup, now: float) -> bool:
         index = self._next_index[config.name]
         slice_id = f"{self.config.name}-{config.name}-{index}"
         vm_ids = (slice_id,) if config.hosts == 1 else tuple(f"{slice_id}-{i}" for i in range(config.hosts))
@@ -512,6 +522,8 @@ class Autoscaler:
         )
         vms = self.provider.create_slice(request)
         self._next_index[config.name] = index + 1
+        if not vms:
+            return False
         running = bool(vms) and all(vm.state == CloudState.RUNNING for vm in vms)
         state = VmState.BOOTING if running else VmState.REQUESTED
         created_at = min((vm.created_at for vm in vms), default=now)
@@ -521,6 +533,7 @@ class Autoscaler:
         logger.info(
             "requested slice %s of group %s (%d host%s)", slice_id, config.name, config.hosts, "s"[: config.hosts > 1]
         )
+        return True
 
     # ----- what the controller and people read --------------------------------------------------
 
