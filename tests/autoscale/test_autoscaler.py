@@ -212,6 +212,11 @@ def test_work_drains_then_idle_vms_scale_down_to_min_with_a_drain() -> None:
     assert [vm["state"] for vm in sim.live("cpu")] == ["READY"]
     assert sorted(vm["id"] for vm in sim.vms(state="DELETED")) == sorted(draining)
     assert len(sim.provider.list_vms()) == 1
+    # Their workers are lost at once and stay fenced for a while: no task lands on a VM that is going away.
+    assert sorted(sim.lost_calls) == sorted((vm_id, f"VM {vm_id} deleted") for vm_id in draining)
+    assert set(draining) <= sim.result.fenced
+    sim.step(61.0)
+    assert not set(draining) & sim.result.fenced
 
 
 def test_a_draining_vm_that_gets_work_is_kept() -> None:

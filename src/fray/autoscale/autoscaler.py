@@ -56,6 +56,8 @@ _LIVE = (VmState.REQUESTED, VmState.BOOTING, VmState.READY, VmState.DRAINING)
 _BOOTING = (VmState.REQUESTED, VmState.BOOTING)
 # Seconds a new slice may be absent from the provider's listing before it counts as lost.
 _LISTING_GRACE = 30.0
+# Seconds a DELETED or FAILED VM's worker stays fenced (see Autoscaler._fenced).
+_FENCE_AFTER_END = 60.0
 # Slice names tried for one create when the provider answers earlier names with no VMs (see _create_slice).
 _NAME_TRIES = 1000
 # Unmet-demand entries listed in full by status(); the rest are counted by code.
@@ -240,7 +242,7 @@ class Autoscaler:
                 blocked_before = blocked_now
             notes = self._notes(routing)
             self._publish(routing, now)
-            return TickResult(self._fenced(), notes, created, deleted)
+            return TickResult(self._fenced(now), notes, created, deleted)
 
     # -- reconcile with the provider's listing ---------------------------------------------------
 
@@ -326,6 +328,11 @@ class Autoscaler:
         del self._slices[s.slice_id]
         self._history.extend(s.vms)
         self._delete_at_provider(s.slice_id, s.group)
+        if s.state == VmState.DELETED and self._lose_worker is not None:
+            # Its worker is stopping: out of the scheduler's sight now rather than after the worker timeout.
+            for vm in s.vms:
+                if vm.registered:
+                    self._lose_worker(vm.vm_id, f"VM {vm.vm_id} deleted")
 
     def _delete_at_provider(self, slice_id: str, group: str) -> None:
         try:
@@ -405,7 +412,7 @@ class Autoscaler:
             return view.unplaced
         if not view.pending:
             return ()
-        fenced = self._fenced()
+        fenced = self._fenced(now)
         workers = [w for w in view.workers if w.worker_id not in fenced] if fenced else view.workers
         decision = schedule(view.pending, workers, view.running, view.credits, now=now)
         return [job for job in view.pending if job.job_id in decision.pending]
@@ -537,8 +544,18 @@ class Autoscaler:
 
     # ----- what the controller and people read --------------------------------------------------
 
-    def _fenced(self) -> frozenset[str]:
-        return frozenset(vm.vm_id for s in self._slices.values() if s.state != VmState.READY for vm in s.vms)
+    def _fenced(self, now: float) -> frozenset[str]:
+        """Workers the scheduler must not use: hosts of slices not READY, and of slices ended lately.
+
+        A deleted VM's worker may still answer for a moment (a cloud's delete takes time, and a worker
+        told it was lost registers again): it stays fenced for :data:`_FENCE_AFTER_END` seconds.
+        """
+        fenced = {vm.vm_id for s in self._slices.values() if s.state != VmState.READY for vm in s.vms}
+        for vm in reversed(self._history):
+            if vm.ended_at is None or now - vm.ended_at > _FENCE_AFTER_END:
+                break
+            fenced.add(vm.vm_id)
+        return frozenset(fenced)
 
     def _publish(self, routing: Routing, now: float) -> None:
         vms = [replace(vm) for s in self._slices.values() for vm in s.vms]
