@@ -13,7 +13,10 @@ Who sees what (also in ``docs/security.md``):
   ``find_jobs`` and ``status`` leave the others out and ``job_detail`` of another user's
   job is :class:`~fray.errors.NotFound`; workers, capacity and controller health are
   visible to every user. Users and jobs may store workspace blobs;
-* a worker may only fetch workspace blobs (to run the jobs placed on it).
+* a worker may only fetch workspace blobs (to run the jobs placed on it);
+* on a cluster with a VM provider (``docs/autoscaling.md``) every user sees the VMs and the
+  autoscaler's status, as they see the workers; only the administrator injects faults or
+  deletes every VM.
 """
 
 from __future__ import annotations
