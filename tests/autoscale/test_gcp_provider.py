@@ -450,6 +450,33 @@ def test_bad_provider_keys_are_config_errors_naming_the_key(change: dict[str, An
         gcp.planned_calls(ClusterConfig.from_mapping(data), controller=CONTROLLER)
 
 
+@pytest.mark.parametrize(
+    ("group", "message"),
+    [
+        ({"hosts": 1, "resources": {"cpu": 8, "device": "tpu:v4-16:4"}, "max": 1}, "a v4-16 TPU slice has 2 host"),
+        ({"hosts": 4, "resources": {"cpu": 8, "device": "tpu:v5p-32:4"}, "max": 1}, None),
+        ({"hosts": 3, "resources": {"cpu": 8, "device": "tpu:v5litepod-16:4"}, "max": 1}, None),
+    ],
+)
+def test_a_tpu_groups_hosts_must_match_its_type(group: dict[str, Any], message: str | None) -> None:
+    data = json.loads(json.dumps(CLUSTER_FILE))
+    data["scale_groups"]["tpu"] = group
+    config = ClusterConfig.from_mapping(data)
+    if message is None:  # a fixed shape that matches, or a type whose hosts Fray does not know: trusted
+        assert gcp.GcpSettings.from_config(config).project == "fray-test"
+    else:
+        with pytest.raises(ConfigError, match=message):
+            gcp.GcpSettings.from_config(config)
+
+
+def test_ids_too_long_for_gcp_are_a_config_error() -> None:
+    data = json.loads(json.dumps(CLUSTER_FILE))
+    data["name"] = "a-rather-long-cluster-name-for-research"
+    data["scale_groups"]["a-rather-long-group-name"] = {"resources": {"cpu": 1}, "max": 10}
+    with pytest.raises(ConfigError, match=r"'a-rather-long-group-name'.*too long for GCP names"):
+        gcp.GcpSettings.from_config(ClusterConfig.from_mapping(data))
+
+
 def test_machine_types_per_group(fake: FakeGcp, make: Make) -> None:
     provider = make(machine_types={"spot": "e2-standard-2"})
     provider.create_slice(_request("spot"))

@@ -131,11 +131,7 @@ class GcpSettings:
         config.provider.number("boot_timeout", DEFAULT_BOOT_TIMEOUT)
         config.provider.number("quota_block_seconds", 300.0)
         for group in config.scale_groups:
-            if tpu_type(group.resources) is None and settings.machine_type_of(group.name) is None:
-                raise ConfigError(
-                    f"provider.machine_type (or provider.machine_types.{group.name}) is required: "
-                    f"scale group {group.name!r} has no TPU, so it runs on GCE instances of a machine type"
-                )
+            _check_group(settings, config.name, group)
         return settings
 
     def machine_type_of(self, group: str) -> str | None:
@@ -146,6 +142,36 @@ class GcpSettings:
     def tpu_parent(self) -> str:
         """The TPU API's parent of this zone's nodes."""
         return f"projects/{self.project}/locations/{self.zone}"
+
+
+def _check_group(settings: GcpSettings, cluster: str, group: ScaleGroup) -> None:
+    """What GCP needs of a group: a machine type, ids that fit its names, the hosts its TPU type has."""
+    accelerator = tpu_type(group.resources)
+    if accelerator is None and settings.machine_type_of(group.name) is None:
+        raise ConfigError(
+            f"provider.machine_type (or provider.machine_types.{group.name}) is required: "
+            f"scale group {group.name!r} has no TPU, so it runs on GCE instances of a machine type"
+        )
+    longest = vm_ids_of(f"{cluster}-{group.name}-{group.max * 100}", group.hosts)[-1]
+    if not _NAME_RE.match(longest):
+        raise ConfigError(
+            f"scale group {group.name!r}: its VM ids (such as {longest}) are too long for GCP names and labels "
+            "(at most 63 characters): shorten the group's name or the cluster's name"
+        )
+    hosts = _known_tpu_hosts(accelerator) if accelerator else None
+    if hosts is not None and hosts != group.hosts:
+        raise ConfigError(
+            f"scale_groups.{group.name}.hosts is {group.hosts}, but a {accelerator} TPU slice has {hosts} "
+            f"host(s): set hosts: {hosts}"
+        )
+
+
+def _known_tpu_hosts(accelerator: str) -> int | None:
+    """Hosts of a TPU type whose shape is fixed (v2, v3, v4, v5p: 4 chips of 2 TensorCores per host); else None."""
+    family, _, cores = accelerator.rpartition("-")
+    if family not in ("v2", "v3", "v4", "v5p") or not cores.isdigit():
+        return None
+    return max(1, int(cores) // 8)
 
 
 def tpu_type(resources: VmResources) -> str | None:
