@@ -548,3 +548,16 @@ def test_the_autoscaler_blocks_a_group_google_refuses_for_quota(fake: FakeGcp, m
     assert groups["cpu"]["state"].startswith("quota-blocked")
     assert "Quota 'CPUS' exceeded" in groups["cpu"]["last_error"]
     assert groups["v4-16"]["slices"] == 1 and not fake.instances
+
+
+def test_the_docs_example_is_a_valid_gcp_cluster_file() -> None:
+    """docs/autoscaling.md's gcp cluster file loads, and its groups plan as documented (none at start-up: min 0)."""
+    import yaml
+
+    docs = (Path(__file__).parents[2] / "docs" / "autoscaling.md").read_text()
+    section = docs[docs.index("## The gcp provider") :]
+    example = section[section.index("```yaml") + len("```yaml") : section.index("```", section.index("```yaml") + 7)]
+    config = ClusterConfig.from_mapping(yaml.safe_load(example))
+    settings = gcp.GcpSettings.from_config(config)
+    assert settings.machine_type_of("big") == "n2-highmem-32" and settings.machine_type_of("cpu") == "n2-standard-8"
+    assert gcp.planned_calls(config, controller=CONTROLLER) == []
