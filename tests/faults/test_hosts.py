@@ -34,12 +34,13 @@ HERE = Path(__file__).resolve().parent
 
 
 def beat(directory: str, tag: str) -> None:
-    """Write the pid, then a timed line every 50 ms until ``tag``.go exists (attempt > 0: one line and end)."""
+    """Write which host, then the pid, then a timed line every 50 ms until ``tag``.go exists (attempt > 0: one line)."""
     info = current_job()
     assert info is not None
     base = Path(directory)
-    (base / f"{tag}.pid-{info.attempt}").write_text(str(os.getpid()))
     (base / f"{tag}.ns-{info.attempt}").write_text(str(os.stat("/proc/self/ns/net").st_ino))
+    (base / f"{tag}.beats-{info.attempt}").touch()
+    (base / f"{tag}.pid-{info.attempt}").write_text(str(os.getpid()))  # last: the test waits for it
     while True:
         with open(base / f"{tag}.beats-{info.attempt}", "a") as file:
             file.write(f"{time.time()!r}\n")
@@ -185,7 +186,8 @@ def test_three_hosts_and_a_client_host(tmp_path: Path, hosts: Hosts, monkeypatch
         rescheduled_after = time.monotonic() - cut_at
         assert (beats / "long.ns-1").read_text() == _inode(other)
         assert not alive(long_pid), "the cut-off attempt still runs beside its replacement"
-        assert max(_beats(beats / "long.beats-0")) < min(_beats(beats / "long.beats-1"))
+        first_of_replacement = min(wait_until(lambda: _beats(beats / "long.beats-1"), what="the replacement's beat"))
+        assert max(_beats(beats / "long.beats-0")) < first_of_replacement
         time.sleep(max(0.0, 15.0 - (time.monotonic() - cut_at)))
         hosts.heal(host_of[cut_id])
         assert long.wait(timeout=60) == JobStatus.SUCCEEDED
