@@ -45,6 +45,11 @@ _MONARCH_NEVER_WAITS = (
     "the Monarch backend starts every job at once on this host (cpu, ram and disk are not reserved there), "
     "so no job waits for a place"
 )
+_IRIS_NEVER_WAITS = (
+    "Iris refuses at submit a job that no scaling group can hold (ConfigError naming what it needs and what a VM "
+    "has), and its local cluster starts more workers for one that fits, so no job of the test cluster waits for a "
+    "place; IrisJobHandle.info() passes on Iris's own pending reason"
+)
 _WAITING_TESTS = (
     "test_a_job_nothing_can_place_says_why_once_on_stderr",
     "test_info_carries_the_pending_reason",
@@ -72,6 +77,7 @@ NOT_APPLICABLE: dict[str, dict[str, str]] = {
     },
     "iris": {
         **dict.fromkeys(_PREEMPT_TESTS, _IRIS_NO_PREEMPT),
+        **dict.fromkeys(_WAITING_TESTS, _IRIS_NEVER_WAITS),
         "test_work_goes_to_an_alternative_the_backend_has": _IRIS_NO_ALTERNATIVES,
         "test_an_actor_reports_the_device_it_got": _IRIS_NO_ALTERNATIVES,
         "test_killed_actor_restarts_and_in_flight_calls_fail": _IRIS_NO_RESTARTS,

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import pickle
+import shutil
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -146,6 +149,43 @@ def test_a_binary_that_exits_non_zero_quotes_its_last_output(iris_client, uid):
         job.wait(timeout=120)
     assert info.value.exit_code == 4
     assert info.value.message.endswith("exit code 4; last output:\nline one\nline two")
+
+
+@pytest.fixture
+def under_tmp() -> Iterator[Path]:
+    """A directory under ``/tmp``: one of the container mount paths Iris's process runtime rewrites."""
+    directory = Path(tempfile.mkdtemp(prefix="fray-iris-binary-", dir="/tmp"))
+    yield directory
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_a_binary_under_tmp_runs_as_written(iris_client, uid, under_tmp):
+    # The driver's own interpreter in a venv under /tmp, and a script beside it: Iris's process runtime
+    # rewrote both to a per-task directory where neither exists (exit 127, "fray-iris: line 1: ...").
+    python = under_tmp / "venv-python"
+    python.symlink_to(sys.executable)
+    script = under_tmp / "job.py"
+    script.write_text("import sys\nprint('ran', sys.argv[1:])\nsys.exit(int(sys.argv[1]))\n")
+    ok = iris_client.submit(
+        JobRequest(name=f"tmp-ok-{uid}", entrypoint=Entrypoint.from_binary(str(python), [str(script), "0", "/tmp/x"]))
+    )
+    assert ok.wait(timeout=120) == JobStatus.SUCCEEDED
+    assert ok.logs() == ["ran ['0', '/tmp/x']"]
+    bad = iris_client.submit(
+        JobRequest(name=f"tmp-bad-{uid}", entrypoint=Entrypoint.from_binary(str(python), [str(script), "3"]))
+    )
+    with pytest.raises(JobFailed) as failed:
+        bad.wait(timeout=120)
+    assert failed.value.exit_code == 3
+    slow = iris_client.submit(
+        JobRequest(
+            name=f"tmp-slow-{uid}",
+            entrypoint=Entrypoint.from_binary(str(python), ["-c", "import time; time.sleep(300)"]),
+        )
+    )
+    wait_until(lambda: slow.status() == JobStatus.RUNNING, timeout=120, what="the job to run")
+    slow.terminate()
+    assert slow.wait(timeout=120, raise_on_failure=False) == JobStatus.STOPPED
 
 
 def test_an_idle_handle_lets_its_sender_thread_go_and_starts_another(iris_client, uid, monkeypatch):

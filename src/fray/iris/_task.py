@@ -20,6 +20,7 @@ import binascii
 import os
 import sys
 import traceback
+from collections.abc import Sequence
 from typing import Any
 
 import cloudpickle
@@ -29,10 +30,12 @@ from fray._remote import RemoteFailure
 from fray.job import JobInfo, job_env
 
 __all__ = [
+    "ARG_PREFIX",
     "BINARY_WRAPPER",
     "END_TAG",
     "FAILED_EXIT",
     "FAILURE_TAG",
+    "binary_command",
     "decode_failure_line",
     "encode_failure_line",
     "enter",
@@ -51,16 +54,30 @@ FAILED_EXIT = 113
 #: Environment variables the client sets on every replica besides :func:`fray.job.replica_env`'s.
 HOSTS_ENV = "FRAY_IRIS_HOSTS_PER_REPLICA"
 
-#: A binary entrypoint runs as ``bash -c BINARY_WRAPPER fray-iris COMMAND ARGS...``: it sets the
+#: What every word of a binary entrypoint's command is passed with (the wrapper strips it). Iris's
+#: process runtime rewrites each argument that starts with one of its container mount paths
+#: (``/tmp``, ``/app``, ``/cache``, ...) to that mount's directory on the host, so a command under
+#: ``/tmp`` -- the driver's own venv, a script -- would name a file that is not there (exit 127).
+#: With the prefix no word starts with ``/``: the command runs as written, as on every backend.
+ARG_PREFIX = "="
+
+#: A binary entrypoint runs as ``bash -c BINARY_WRAPPER fray-iris =COMMAND =ARGS...``: it sets the
 #: per-task Fray variables from Iris's ``IRIS_TASK_ID`` (``/user/job/INDEX:ATTEMPT``), runs the
-#: command, writes the end lines and exits with the command's exit code.
+#: command (each word without its :data:`ARG_PREFIX`), writes the end lines and exits with the
+#: command's exit code.
 BINARY_WRAPPER = (
     't="${IRIS_TASK_ID%:*}"; j="${t%/*}"; r="${j#/*/}"; '
     'case "$r" in */*) n="${j%"/${r#*/}"}";; *) n="$j";; esac; '
     'export FRAY_JOB_ID="$j" FRAY_NAMESPACE="$n" FRAY_ATTEMPT="${IRIS_TASK_ID##*:}" '
     "FRAY_REPLICA_INDEX=$(( ${t##*/} / ${FRAY_IRIS_HOSTS_PER_REPLICA:-1} )); "
-    f'"$@"; rc=$?; echo "{END_TAG}"; echo "{END_TAG}" >&2; exit $rc'
+    'a=(); for w in "$@"; do a+=("${w#' + ARG_PREFIX + '}"); done; '
+    f'"${{a[@]}}"; rc=$?; echo "{END_TAG}"; echo "{END_TAG}" >&2; exit $rc'
 )
+
+
+def binary_command(argv: Sequence[str]) -> list[str]:
+    """The command Iris runs for a binary entrypoint ``argv`` (see :data:`BINARY_WRAPPER`)."""
+    return ["bash", "-c", BINARY_WRAPPER, "fray-iris", *(ARG_PREFIX + word for word in argv)]
 
 
 def encode_failure_line(failure: RemoteFailure) -> str:
