@@ -9,97 +9,40 @@ and their handles live in :mod:`fray._local_job`, actors in :mod:`fray._local_ac
 from __future__ import annotations
 
 import atexit
-import collections
 import contextvars
 import importlib.metadata
-import os
-import queue
 import re
-import subprocess
 import threading
 import uuid
 import weakref
-from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 from fray._client_core import ClientCore
 from fray._driver_exit import report_leftovers
-from fray._lifecycle import Failure, exit_status
 from fray._local_actor import LocalActor, LocalActorHandle
 from fray._local_context import LocalJobContext
-from fray._local_job import Attempt, LocalJob, LocalJobHandle, stop_deadline, wait_for_stop
-from fray._logcapture import capture_to
-from fray._runtime import terminating_on
+from fray._local_job import LocalJob, LocalJobHandle, stop_deadline, wait_for_stop
+from fray._local_runner import JobRunner, local_device
 from fray._serialization import call_parts, check_picklable
 from fray.actor import check_actor_request
 from fray.actor_config import ActorConfig
-from fray.actor_context import bind_actor
-from fray.client import ClientSpec, _bind_client
+from fray.client import ClientSpec
 from fray.errors import ConfigError, FrayError, JobAlreadyExists
 from fray.job import (
-    BinaryEntrypoint,
     CallableEntrypoint,
     EnvironmentConfig,
     JobInfo,
     JobRequest,
     _current_job,
-    replica_env,
 )
 from fray.queue import LocalQueue, queue_exists
-from fray.resources import CpuConfig, ResourceConfig, device_name
+from fray.resources import ResourceConfig
 
 __all__ = ["LocalActorHandle", "LocalClient", "LocalJobHandle"]
 
 
 def _short_id() -> str:
     return uuid.uuid4().hex[:8]
-
-
-class _EnvOverlay:
-    """Environment variables of running callable jobs, applied to the shared ``os.environ``.
-
-    Threads share one environment, so two concurrent jobs may not disagree on a
-    variable: the second one fails with a clear error instead of silently changing
-    what the first one sees.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._held: dict[str, tuple[str, int, str | None]] = {}  # name -> (value, holders, value before)
-
-    def acquire(self, env: dict[str, str]) -> None:
-        with self._lock:
-            for key, value in env.items():
-                held = self._held.get(key)
-                if held is not None and held[0] != value:
-                    raise ConfigError(
-                        f"env var {key}={value!r} conflicts with {key}={held[0]!r} of another running local job; "
-                        "in-process jobs share one environment (use binary jobs or another backend to isolate them)"
-                    )
-            for key, value in env.items():
-                held = self._held.get(key)
-                if held is None:
-                    self._held[key] = (value, 1, os.environ.get(key))
-                    os.environ[key] = value
-                else:
-                    self._held[key] = (value, held[1] + 1, held[2])
-
-    def release(self, env: dict[str, str]) -> None:
-        with self._lock:
-            for key in env:
-                value, holders, before = self._held[key]
-                if holders > 1:
-                    self._held[key] = (value, holders - 1, before)
-                    continue
-                del self._held[key]
-                if before is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = before
-
-
-_ENV = _EnvOverlay()
 
 
 _REQ_NAME_RE = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
@@ -128,49 +71,6 @@ def _never_started(job: LocalJob) -> None:
     # Interrupted before its thread started (e.g. the submitting job was terminated mid-call):
     # it never will run, so it must not sit PENDING for shutdown(wait=True) to wait on forever.
     job.lifecycle.stop()
-
-
-def _replica_main(
-    outcomes: queue.SimpleQueue[tuple[int, Failure | None]],
-    index: int,
-    runner: Callable[[Callable[[], Failure | None]], Failure | None],
-    target: Callable[[], Failure | None],
-) -> None:
-    try:
-        outcome = runner(target)
-    except BaseException as exc:  # a bug in Fray itself must still end the attempt
-        outcome = Failure.from_exception(exc).with_message(f"internal error: {exc!r}")
-    outcomes.put((index, outcome))
-
-
-def _binary_replica(
-    job: LocalJob, attempt: Attempt, entry: BinaryEntrypoint, environment: EnvironmentConfig, info: JobInfo
-) -> Failure | None:
-    env = {**os.environ, **replica_env(info, "local", environment.env_vars)}
-    try:
-        proc = subprocess.Popen(
-            entry.argv,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            cwd=environment.workspace,
-            start_new_session=True,  # its own process group, so terminate() reaches its children too
-        )
-    except OSError as exc:
-        return Failure.from_exception(exc).with_message(f"cannot start {entry.command!r}: {exc}")
-    attempt.add_process(proc, info.replica_index)
-    assert proc.stdout is not None
-    writer = job.logs.writer()
-    last: collections.deque[str] = collections.deque(maxlen=5)
-    for raw in proc.stdout:
-        text = raw.decode(errors="replace")
-        writer.write(text)
-        last.append(text.rstrip("\n"))
-        if job.logs.echo:
-            print(text, end="", flush=True)
-    code = proc.wait()
-    return None if code == 0 else Failure.from_exit(entry.command, code, list(last))
 
 
 class LocalClient(ClientCore["LocalJobHandle", "LocalActorHandle"]):
@@ -217,8 +117,7 @@ class LocalClient(ClientCore["LocalJobHandle", "LocalActorHandle"]):
         self._jobs: dict[str, LocalJob] = {}
         self._actors_by_job: dict[str, LocalActor] = {}
         self._actors_by_name: dict[str, LocalActor] = {}
-        self._slots = threading.Condition(self._lock)
-        self._busy_threads = 0
+        self._runner = JobRunner(self, max_threads)
         self._queues: dict[str, LocalQueue[Any]] = {}
         _live_clients.add(self)
 
@@ -259,7 +158,7 @@ class LocalClient(ClientCore["LocalJobHandle", "LocalActorHandle"]):
                 job.logs.write(f"[fray] the local backend ignores docker_image={environment.docker_image!r}\n")
             context = contextvars.copy_context()
             launcher = threading.Thread(
-                target=self._run_job,
+                target=self._runner.run_job,
                 args=(job, request, environment, context),
                 name=f"fray-job-{job.job_id}",
                 daemon=True,
@@ -291,7 +190,7 @@ class LocalClient(ClientCore["LocalJobHandle", "LocalActorHandle"]):
             job_id,
             name,
             echo=self._echo,
-            wake=self._wake,
+            wake=self._runner.wake,
             max_retries_failure=max_retries_failure,
             max_retries_preemption=max_retries_preemption,
         )
@@ -301,140 +200,9 @@ class LocalClient(ClientCore["LocalJobHandle", "LocalActorHandle"]):
             self._jobs[job_id] = job
         return job
 
-    def _wake(self) -> None:
-        # A job told to stop may be waiting for thread slots.
-        with self._slots:
-            self._slots.notify_all()
-
     def _parent_namespace(self) -> str:
         parent = _current_job.get()
         return parent.namespace if parent is not None else self.namespace
-
-    def _run_job(
-        self, job: LocalJob, request: JobRequest, environment: EnvironmentConfig, context: contextvars.Context
-    ) -> None:
-        """The job's one retry loop: attempts until one succeeds, the budget runs out, or the job is stopped."""
-        lifecycle = job.lifecycle
-        try:
-            namespace = context.run(self._parent_namespace)
-            while True:
-                if not self._acquire_slots(job, request):
-                    lifecycle.stop()
-                    return
-                try:
-                    lifecycle.start()
-                    failure = self._run_attempt(job, request, environment, context, namespace)
-                finally:
-                    self._release_slots(request)
-                if job.cancel.is_set():
-                    lifecycle.stop()
-                    return
-                if failure is None:
-                    lifecycle.succeed()
-                    return
-                if not lifecycle.attempt_failed(failure):
-                    return
-                job.logs.write(f"[fray] {lifecycle.pending_reason}\n")
-        except BaseException as exc:  # a bug in Fray itself must still end the job, not leave it hanging
-            lifecycle.fail(Failure.from_exception(exc).with_message(f"internal error: {exc!r}"))
-
-    def _threads_needed(self, request: JobRequest) -> int:
-        return request.replicas if isinstance(request.entrypoint, CallableEntrypoint) else 0
-
-    def _acquire_slots(self, job: LocalJob, request: JobRequest) -> bool:
-        need = self._threads_needed(request)
-        with self._slots:
-            while (
-                not job.cancel.is_set()
-                and self.max_threads is not None
-                and self._busy_threads + need > self.max_threads
-            ):
-                free = self.max_threads - self._busy_threads
-                job.waiting_for = (
-                    f"needs {need} thread(s) at once; {free} of LocalClient(max_threads={self.max_threads}) "
-                    "are free, the others run earlier jobs"
-                )
-                self._slots.wait()  # woken by a finished attempt or by terminate()
-            job.waiting_for = ""
-            if job.cancel.is_set():
-                return False
-            self._busy_threads += need
-        return True
-
-    def _release_slots(self, request: JobRequest) -> None:
-        with self._slots:
-            self._busy_threads -= self._threads_needed(request)
-            self._slots.notify_all()
-
-    def _run_attempt(
-        self,
-        job: LocalJob,
-        request: JobRequest,
-        environment: EnvironmentConfig,
-        context: contextvars.Context,
-        namespace: str,
-    ) -> Failure | None:
-        """Run all replicas of one attempt until every one has exited; the first failure, or None."""
-        count = request.replicas
-        attempt = job.new_attempt(count)
-        outcomes: queue.SimpleQueue[tuple[int, Failure | None]] = queue.SimpleQueue()
-        threads = []
-        for index in range(count):
-            info = JobInfo(
-                job.job_id, request.name, index, count, namespace, job.lifecycle.attempt, _device(request.resources)
-            )
-            entry = request.entrypoint
-            target: Callable[[], Failure | None]
-            if isinstance(entry, CallableEntrypoint):
-                target = partial(self._callable_replica, job, attempt, entry, environment, info)
-                runner = context.copy().run
-            else:
-                target = partial(_binary_replica, job, attempt, entry, environment, info)
-                runner = contextvars.Context().run
-            thread = threading.Thread(
-                target=_replica_main, args=(outcomes, index, runner, target), name=f"fray-{job.job_id}-r{index}"
-            )
-            thread.daemon = True
-            thread.start()
-            threads.append(thread)
-        first: Failure | None = None
-        for _ in range(count):
-            index, failure = outcomes.get()
-            if index in attempt.preempted:
-                # fray.testing.preempt ended it: whatever it raised, its host was "lost".
-                failure = Failure.lost("preempted (fray.testing.preempt)")
-            if failure is not None and first is None and not attempt.stopping.is_set():
-                first = failure.in_replica(index, count)
-                attempt.stop()  # a gang lives and dies together
-        for thread in threads:
-            thread.join()
-        return first
-
-    def _callable_replica(
-        self, job: LocalJob, attempt: Attempt, entry: CallableEntrypoint, environment: EnvironmentConfig, info: JobInfo
-    ) -> Failure | None:
-        _bind_client(self)
-        _current_job.set(info)
-        bind_actor(None)  # a job started from an actor's method is not that actor
-        env = dict(environment.env_vars)
-        run = attempt.stoppable(info.replica_index)
-        with capture_to(job.logs), terminating_on(job.job_id, attempt.stopping):
-            try:
-                _ENV.acquire(env)
-            except ConfigError as exc:
-                return Failure.from_exception(exc)
-            try:
-                run.run(entry.callable, *entry.args, **entry.kwargs)
-            except BaseException as exc:
-                if exit_status(exc) == 0:  # sys.exit(0) ends a job as cleanly as returning does
-                    return None
-                failure = Failure.from_exception(exc)
-                if failure.remote is not None and not attempt.stopping.is_set() and not run.stopped:
-                    job.logs.write(failure.remote.traceback_text)
-                return failure
-            finally:
-                _ENV.release(env)
-        return None
 
     # ----- actors -----------------------------------------------------------------------------
 
@@ -457,7 +225,7 @@ class LocalClient(ClientCore["LocalJobHandle", "LocalActorHandle"]):
                 )
         job = self._new_job(name)
         try:
-            info = JobInfo(job.job_id, name, 0, 1, self._parent_namespace(), 0, _device(reserved))
+            info = JobInfo(job.job_id, name, 0, 1, self._parent_namespace(), 0, local_device(reserved))
             actor = LocalActor(self, job, actor_class, info, self._forget_actor, config, group)
             with self._lock:
                 if name in self._actors_by_name:  # lost a race with another creator
@@ -519,16 +287,6 @@ class LocalClient(ClientCore["LocalJobHandle", "LocalActorHandle"]):
             wait_for_stop(group, deadline)
         if job_context is not None:
             job_context.shutdown()
-
-
-def _device(resources: ResourceConfig) -> str:
-    """The device a local replica reports: this backend detects no accelerator, so CPU when that is a choice.
-
-    Devices are not enforced here (nothing is reserved); without a CPU choice it reports the
-    first one asked for, as if it had been placed on it.
-    """
-    choices = resources.device_choices
-    return device_name(next((d for d in choices if isinstance(d, CpuConfig)), choices[0]))
 
 
 _live_clients: weakref.WeakSet[LocalClient] = weakref.WeakSet()
