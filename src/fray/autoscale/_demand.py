@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from fray.autoscale.config import ScaleGroup
 from fray.cluster.capacity import TaskResources, format_bytes
@@ -47,6 +48,16 @@ class Unmet:
     groups: Mapping[str, str]
     message: str
     never: bool = False
+
+    def as_dict(self, job_id: str) -> dict[str, Any]:
+        """The ``autoscaler_status()`` entry of ``job_id``."""
+        return {
+            "job_id": job_id,
+            "code": self.code,
+            "never": self.never,
+            "groups": dict(self.groups),
+            "message": self.message,
+        }
 
 
 @dataclass

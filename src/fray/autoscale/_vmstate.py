@@ -12,9 +12,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from fray.autoscale.config import ScaleGroup
+from fray.cluster.capacity import Device, WorkerInfo
 from fray.errors import FrayError
 
-__all__ = ["FAILURE_REASONS", "TRANSITIONS", "VmRecord", "VmState"]
+__all__ = ["FAILURE_REASONS", "TRANSITIONS", "SliceRecord", "VmRecord", "VmState", "vm_worker_info"]
 
 
 class VmState(enum.Enum):
@@ -102,3 +104,44 @@ class VmRecord:
             "ready_at": _iso(self.ready_at),
             "reason": self.reason or None,
         }
+
+
+@dataclass
+class SliceRecord:
+    """The VMs of one slice, which move through their states together (a single VM is a slice of one)."""
+
+    slice_id: str
+    group: str
+    vms: list[VmRecord]
+    created_at: float
+    idle_since: float | None = None
+    drain_started: float | None = None
+
+    @property
+    def state(self) -> VmState:
+        """The slice's state: every one of its VMs is in it."""
+        return self.vms[0].state
+
+    def move(self, to: VmState, now: float, reason: str = "") -> None:
+        """Move every VM of the slice (checked against :data:`TRANSITIONS`)."""
+        for vm in self.vms:
+            vm.move(to, now, reason)
+
+
+def vm_worker_info(group: ScaleGroup, vm_id: str, slice_id: str, host_index: int) -> WorkerInfo:
+    """What the worker of a VM of ``group`` declares: the group's resources and the VM's attributes.
+
+    The providers start workers with exactly this (``--id VM_ID``, the group's resources,
+    ``scale-group``, ``vm``, ``preemptible`` and, for slices, ``tpu-name``/``tpu-worker-id``);
+    the scale simulation and the tests register it in their place.
+    """
+    res = group.resources
+    devices = []
+    for text in res.devices:
+        kind, dtype, count = text.split(":")
+        devices.append(Device(kind, dtype, int(count)))
+    attributes = {"scale-group": group.name, "vm": vm_id, "preemptible": "true" if group.preemptible else "false"}
+    if group.is_slice:  # a single-host TPU VM is a slice of its own without them
+        attributes["tpu-name"] = slice_id
+        attributes["tpu-worker-id"] = str(host_index)
+    return WorkerInfo(vm_id, round(res.cpu * 1000), res.ram_bytes, res.disk_bytes, tuple(devices), attributes)

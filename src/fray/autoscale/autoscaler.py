@@ -40,11 +40,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from fray.autoscale._createrate import CreateRate
-from fray.autoscale._demand import Routing, Unit, Unmet, group_vector, route
-from fray.autoscale._vmstate import VmRecord, VmState
+from fray.autoscale._demand import Routing, Unit, group_vector, route
+from fray.autoscale._vmstate import SliceRecord, VmRecord, VmState, vm_worker_info
 from fray.autoscale.config import ClusterConfig, ScaleGroup
 from fray.autoscale.provider import CloudState, Provider, ProviderVm, SliceRequest, slice_vms
-from fray.cluster.capacity import Device, WorkerInfo
+from fray.cluster.capacity import WorkerInfo
 from fray.cluster.scheduler import PendingJob, RunningTask, schedule
 from fray.errors import CapacityUnavailable, ProviderError, QuotaExceeded
 
@@ -128,24 +128,6 @@ class TickResult:
 
 
 @dataclass
-class _Slice:
-    slice_id: str
-    group: str
-    vms: list[VmRecord]
-    created_at: float
-    idle_since: float | None = None
-    drain_started: float | None = None
-
-    @property
-    def state(self) -> VmState:
-        return self.vms[0].state
-
-    def move(self, to: VmState, now: float, reason: str = "") -> None:
-        for vm in self.vms:
-            vm.move(to, now, reason)
-
-
-@dataclass
 class _Group:
     """A group's create rate and whether (and why) it is blocked after a provider refusal."""
 
@@ -192,7 +174,7 @@ class Autoscaler:
             )
             for g in config.scale_groups
         }
-        self._slices: dict[str, _Slice] = {}
+        self._slices: dict[str, SliceRecord] = {}
         self._undeleted: dict[str, str] = {}  # slice id -> group: deletes the provider has not confirmed
         self._history: deque[VmRecord] = deque(maxlen=p.history)
         self._next_index = dict.fromkeys(self._group_config, 0)
@@ -284,7 +266,7 @@ class Autoscaler:
             return 0
         state = VmState.REQUESTED if CloudState.CREATING in states else VmState.BOOTING
         records = [VmRecord(vm.vm_id, slice_id, group.name, vm.host_index, state, vm.created_at) for vm in vms]
-        self._slices[slice_id] = _Slice(slice_id, group.name, records, min(vm.created_at for vm in vms))
+        self._slices[slice_id] = SliceRecord(slice_id, group.name, records, min(vm.created_at for vm in vms))
         match = self._id_re.match(slice_id)
         if match and match.group(1) == group.name:
             self._next_index[group.name] = max(self._next_index[group.name], int(match.group(2)) + 1)
@@ -310,7 +292,7 @@ class Autoscaler:
                 deleted += self._fail(s, "lost", now, view)
         return deleted
 
-    def _fail(self, s: _Slice, reason: str, now: float, view: ClusterView) -> int:
+    def _fail(self, s: SliceRecord, reason: str, now: float, view: ClusterView) -> int:
         """The whole slice is FAILED for ``reason``: its live workers are lost (tasks retried), then it is deleted."""
         logger.warning("slice %s of group %s failed: %s", s.slice_id, s.group, reason)
         s.move(VmState.FAILED, now, reason)
@@ -323,7 +305,7 @@ class Autoscaler:
         self._forget(s)
         return len(s.vms)
 
-    def _forget(self, s: _Slice) -> None:
+    def _forget(self, s: SliceRecord) -> None:
         """Delete a finished slice at the provider and move its VMs to the history."""
         del self._slices[s.slice_id]
         self._history.extend(s.vms)
@@ -536,7 +518,7 @@ class Autoscaler:
         created_at = min((vm.created_at for vm in vms), default=now)
         records = [VmRecord(vm_id, slice_id, config.name, i, state, created_at) for i, vm_id in enumerate(vm_ids)]
         # The boot deadline runs on the autoscaler's clock from now, whatever the provider's clock says.
-        self._slices[slice_id] = _Slice(slice_id, config.name, records, now)
+        self._slices[slice_id] = SliceRecord(slice_id, config.name, records, now)
         logger.info(
             "requested slice %s of group %s (%d host%s)", slice_id, config.name, config.hosts, "s"[: config.hosts > 1]
         )
@@ -596,7 +578,7 @@ class Autoscaler:
         for job_id, entry in routing.unmet.items():
             unmet_codes[entry.code] = unmet_codes.get(entry.code, 0) + 1
             if len(unmet) < _STATUS_UNMET:
-                unmet.append(_unmet_dict(job_id, entry))
+                unmet.append(entry.as_dict(job_id))
         status = {
             "provider": self.provider.kind,
             "groups": groups,
@@ -642,32 +624,3 @@ class Autoscaler:
                 count += len(s.vms)
             self._publish(Routing(), now)
             return count
-
-
-def vm_worker_info(group: ScaleGroup, vm_id: str, slice_id: str, host_index: int) -> WorkerInfo:
-    """What the worker of a VM of ``group`` declares: the group's resources and the VM's attributes.
-
-    The providers start workers with exactly this (``--id VM_ID``, the group's resources,
-    ``scale-group``, ``vm``, ``preemptible`` and, for slices, ``tpu-name``/``tpu-worker-id``);
-    the scale simulation and the tests register it in their place.
-    """
-    res = group.resources
-    devices = []
-    for text in res.devices:
-        kind, dtype, count = text.split(":")
-        devices.append(Device(kind, dtype, int(count)))
-    attributes = {"scale-group": group.name, "vm": vm_id, "preemptible": "true" if group.preemptible else "false"}
-    if group.is_slice:  # a single-host TPU VM is a slice of its own without them
-        attributes["tpu-name"] = slice_id
-        attributes["tpu-worker-id"] = str(host_index)
-    return WorkerInfo(vm_id, round(res.cpu * 1000), res.ram_bytes, res.disk_bytes, tuple(devices), attributes)
-
-
-def _unmet_dict(job_id: str, entry: Unmet) -> dict[str, Any]:
-    return {
-        "job_id": job_id,
-        "code": entry.code,
-        "never": entry.never,
-        "groups": dict(entry.groups),
-        "message": entry.message,
-    }
