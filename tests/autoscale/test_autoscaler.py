@@ -523,3 +523,19 @@ def test_after_a_restart_names_of_slices_deleted_before_are_not_reused() -> None
     sim.step(0.1)
     assert [vm["id"] for vm in sim.autoscaler.vms()] == ["fray-cpu-1"]  # fray-cpu-0's request id is spent
     assert [vm.vm_id for vm in sim.provider.list_vms()] == ["fray-cpu-1"]
+
+
+def test_a_pass_from_before_a_slice_became_ready_is_not_taken_as_demand() -> None:
+    config = {**CONFIG, "scale_groups": {"cpu": {"resources": {"cpu": 2, "ram": "2g"}, "max": 2}}}
+    sim = _Sim(config)
+    [job] = sim.submit(1)
+    sim.step(0.1)
+    assert len(sim.live("cpu")) == 1
+    sim.clock.now += 1.5
+    [vm] = sim.provider.list_vms()
+    sim.workers[vm.vm_id] = vm_worker_info(sim.config.group("cpu"), vm.vm_id, vm.slice_id, 0)
+    # The controller's last pass ran while the VM was still fenced: it left the job pending.
+    result = sim.autoscaler.tick(replace(sim.view(), unplaced=[sim.pending[job]]))
+    assert sim.live("cpu")[0]["state"] == "READY"
+    assert job not in result.notes and len(sim.autoscaler.vms()) == 1  # no second VM, no "at max"
+    assert sim.autoscaler.status()["unmet_count"] == 0

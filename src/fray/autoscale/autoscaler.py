@@ -185,6 +185,7 @@ class Autoscaler:
         self._published_vms: list[VmRecord] = []
         self._published_status: dict[str, Any] = {"groups": [], "unmet": [], "unmet_count": 0}
         self._ticks = 0
+        self._readied = False
 
     # ----- the tick -----------------------------------------------------------------------------
 
@@ -193,6 +194,7 @@ class Autoscaler:
         with self._tick_lock:
             now = self._clock() if now is None else now
             self._ticks += 1
+            self._readied = False  # set when a slice becomes READY in this tick
             created = deleted = 0
             self._retry_deletes()
             try:
@@ -286,6 +288,7 @@ class Autoscaler:
                     if s.state == VmState.REQUESTED:
                         s.move(VmState.BOOTING, now)
                     s.move(VmState.READY, now)
+                    self._readied = True
                 elif now - s.created_at > self.policy.boot_timeout:
                     deleted += self._fail(s, "boot_deadline", now, view)
             elif any(vm.vm_id in view.lost for vm in s.vms):
@@ -344,6 +347,7 @@ class Autoscaler:
                 if s.state == VmState.DRAINING:
                     logger.info("slice %s got work while draining: kept", s.slice_id)
                     s.move(VmState.READY, now)
+                    self._readied = True
                     s.drain_started = None
                 continue
             if s.idle_since is None:
@@ -390,7 +394,8 @@ class Autoscaler:
 
     def _unplaced(self, view: ClusterView, now: float) -> Sequence[PendingJob]:
         """The demand: pending jobs a dry run of the scheduler cannot place on the live, unfenced workers."""
-        if view.unplaced is not None:
+        # The controller's last pass is the dry run, unless a slice became READY since (that pass could not use it).
+        if view.unplaced is not None and not self._readied:
             return view.unplaced
         if not view.pending:
             return ()

@@ -55,6 +55,7 @@ class AutoscaleHost:
         self._thread: threading.Thread | None = None
         self._notes: Mapping[str, str] = {}
         self._last_pending: Mapping[str, PendingReason] | None = None
+        self._pass_fenced: frozenset[str] = frozenset()  # the fences the last scheduling pass used
         self._last_kick = 0.0
 
     # ----- lifecycle ----------------------------------------------------------------------------
@@ -92,7 +93,8 @@ class AutoscaleHost:
         """Read the controller, tick, and hand the controller the fences and pending reasons."""
         result = self.autoscaler.tick(self._view())
         self._notes = result.notes
-        self._service.fenced_workers = result.fenced
+        if result.fenced != self._service.fenced_workers:
+            self._service.fenced_workers = result.fenced
 
     def _view(self) -> ClusterView:
         snapshot = self._store.scheduler_input(pending=False)
@@ -105,6 +107,8 @@ class AutoscaleHost:
                 lost.add(record.info.worker_id)
         pending = self._service.pending_snapshot()
         last = self._last_pending
+        if self._pass_fenced is not self._service.fenced_workers:
+            last = None  # that pass saw other fences (a slice became READY since): a dry run of its own
         return ClusterView(
             pending=pending,
             # The last scheduling pass's unplaced jobs are the demand (a second dry run would cost as much
@@ -123,6 +127,7 @@ class AutoscaleHost:
         """Put the autoscaler's reasons on the jobs the pass left pending; wake it for jobs it has not seen."""
         notes = self._notes
         self._last_pending = decision.pending
+        self._pass_fenced = self._service.fenced_workers
         pending = dict(decision.pending)
         unseen = False
         for job_id, reason in decision.pending.items():
