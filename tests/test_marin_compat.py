@@ -21,6 +21,14 @@ import pytest
 
 import fray
 from fray.errors import ConfigError
+from marin_on_fray.marin_venv import (
+    INSTALL_TIMEOUT,
+    SUITE_TIMEOUT,
+    VenvBuildError,
+    ensure_marin_venv,
+    find_python312,
+    marin_fray_dir,
+)
 
 MARIN_MODULES = {
     "fray.types": [
@@ -351,7 +359,6 @@ def test_actor_group_method_submit_and_current_actor() -> None:
 # Names of marin-fray 0.2.227 that Fray does not have yet; each is listed in docs/marin.md.
 KNOWN_GAPS = {"EnvironmentConfig.secret_behavior"}
 
-MARIN_VENV = Path(os.environ.get("FRAY_MARIN_VENV", "/tmp/marin-venv"))
 
 _READ_SIGNATURES = r"""
 import dataclasses, inspect, json
@@ -365,23 +372,34 @@ for cls, names in ((t.ResourceConfig, ("with_cpu", "with_gpu", "with_tpu", "scal
         out["methods"][f"{cls.__name__}.{name}"] = list(inspect.signature(getattr(cls, name)).parameters)
 out["methods"]["LocalJobHandle.__init__"] = list(inspect.signature(lb.LocalJobHandle).parameters)
 out["status"] = [m.name for m in t.JobStatus]
+import fray
+print(fray.__file__)
 print(json.dumps(out))
 """
 
 
+@pytest.mark.timeout(SUITE_TIMEOUT + INSTALL_TIMEOUT)
 def test_our_surface_covers_marins_public_signatures() -> None:
-    """Reads only names and parameters from marin-fray in its own Python 3.12 venv, and compares."""
-    python = MARIN_VENV / "bin" / "python"
-    if not python.exists():
-        pytest.skip(
-            f"no marin-fray venv at {MARIN_VENV}: build one with python3.12 -m venv {MARIN_VENV} && "
-            f"{MARIN_VENV}/bin/pip install marin-fray==0.2.227.dev40316220070 (or set FRAY_MARIN_VENV)"
-        )
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "FRAY_"))}
-    run = subprocess.run([str(python), "-c", _READ_SIGNATURES], capture_output=True, text=True, timeout=120, env=env)
-    if run.returncode != 0:
-        pytest.skip(f"marin-fray does not import in {MARIN_VENV}: {run.stderr.strip().splitlines()[-1:]}")
-    marin = json.loads(run.stdout)
+    """Reads only names and parameters from marin-fray, in the cached Python 3.12 venv, and compares.
+
+    marin-fray lives in a directory of its own in that venv (``marin_fray_dir``), put first on
+    ``PYTHONPATH`` here only, so that ``import fray`` there is marin's.
+    """
+    python, found = find_python312()
+    if python is None:
+        pytest.skip(f"marin-fray's signatures were not compared: it needs Python >= 3.12 and {found}")
+    try:
+        venv, _ = ensure_marin_venv(python)
+    except VenvBuildError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "FRAY_", "VIRTUAL_ENV"))}
+    env["PYTHONPATH"] = str(marin_fray_dir(venv))
+    run = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", _READ_SIGNATURES], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert run.returncode == 0, f"marin-fray does not import in {venv}: {run.stderr.strip().splitlines()[-5:]}"
+    assert "marin-fray" in run.stdout.splitlines()[0], "the fray read was not marin's"
+    marin = json.loads(run.stdout.splitlines()[-1])
     import fray.types as ours
     from fray.client import Client
     from fray.local_backend import LocalJobHandle

@@ -1,0 +1,99 @@
+"""marin's own code (marin-core's execution layer, zephyr's pipelines) runs on Fray unchanged (issue 22).
+
+marin's packages need Python >= 3.12 and the suite runs on the README's Python, so each test
+runs ``run_marin.py`` inside the cached Python 3.12 venv (``marin_venv.py``: the Iris suite's
+venv, this checkout's Fray editable, marin-core and marin-zephyr at their published 0.2.227
+with ``--no-deps``), once per backend, and checks what marin's code wrote. Skipped, saying
+why, where no Python 3.12 exists.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from marin_venv import INSTALL_TIMEOUT, ROOT, SUITE_TIMEOUT, VenvBuildError, ensure_marin_venv, find_python312
+
+SCRIPT = Path(__file__).with_name("run_marin.py")
+# One backend's run: a cluster or a Ray started, two StepRunner runs and two zephyr pipelines.
+RUN_TIMEOUT = 15 * 60
+CLIENTS = {"local": "LocalClient", "cluster": "ClusterClient", "ray": "RayClient"}
+# What the pipeline writes: of 0..299, every third number, with its square.
+EXPECTED_ROWS = [{"i": i, "square": i * i} for i in range(0, 300, 3)]
+
+
+@pytest.fixture(scope="module")
+def marin_python() -> Path:
+    python, found = find_python312()
+    if python is None:
+        pytest.skip(f"marin's code did not run: marin-core and zephyr need Python >= 3.12 and {found}")
+    try:
+        venv, built = ensure_marin_venv(python)
+    except VenvBuildError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    print(f"marin venv: {built}")
+    return venv / "bin" / "python"
+
+
+def _rows(paths: list[str]) -> list[dict]:
+    rows = [json.loads(line) for path in paths for line in Path(path).read_text().splitlines()]
+    return sorted(rows, key=lambda row: row["i"])
+
+
+def _status(step_path: str) -> str:
+    return Path(step_path, ".executor_status").read_text().strip()
+
+
+@pytest.mark.timeout(SUITE_TIMEOUT + INSTALL_TIMEOUT + RUN_TIMEOUT)
+@pytest.mark.parametrize("backend", sorted(CLIENTS))
+def test_marin_steps_and_zephyr_pipelines_run_on_fray(backend: str, marin_python: Path, tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "RAY_ADDRESS")}
+    env = {k: v for k, v in env.items() if not k.startswith("FRAY_")}
+    started = time.monotonic()
+    run = subprocess.run(
+        [str(marin_python), str(SCRIPT), backend, str(tmp_path)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT,
+    )
+    output = (run.stdout + run.stderr).strip().splitlines()
+    assert run.returncode == 0, f"marin's code failed on {backend} (exit {run.returncode}):\n" + "\n".join(output[-60:])
+    summary = json.loads(run.stdout.strip().splitlines()[-1])
+    print(f"{backend}: {time.monotonic() - started:.0f}s; {summary}")
+
+    # Our Fray, not marin-fray, ran marin's code.
+    assert Path(summary["fray"]).resolve().is_relative_to(ROOT / "src" / "fray")
+    assert summary["client"] == CLIENTS[backend]
+
+    # StepRunner: the inline step, then the @remote step that depends on it (a Fray job).
+    assert json.loads(Path(summary["squares_path"], "squares.json").read_text()) == [n * n for n in range(10)]
+    assert _status(summary["numbers_path"]) == _status(summary["squares_path"]) == "SUCCESS"
+    calls = [json.loads(line) for line in (tmp_path / "calls.log").read_text().splitlines()]
+    # Each step ran once: the second StepRunner run found both done and ran neither.
+    assert [call["step"] for call in calls] == ["numbers", "squares", "fails"]
+    runner = summary["runner_pid"]
+    assert calls[0]["pid"] == runner  # inline steps run in the runner's thread
+    if backend == "local":
+        assert calls[1]["pid"] == runner  # the local backend runs jobs in-process
+    else:
+        assert calls[1]["pid"] != runner  # a real job, in a process of its own
+
+    # The zephyr pipeline that ran inside the @remote step, on the job's own current client.
+    in_step = json.loads(Path(summary["squares_path"], "zephyr-results.json").read_text())
+    assert in_step["client"] == CLIENTS[backend]
+    assert len(in_step["results"]) == 3
+    assert _rows(in_step["results"]) == EXPECTED_ROWS
+
+    # A failing @remote step fails its StepRunner run and is recorded as FAILED.
+    assert summary["failure_raised"] is not None
+    assert _status(summary["fails_path"]) == "FAILED"
+
+    # The zephyr pipeline the driver ran with the client: its coordinator and workers are Fray actors.
+    assert len(summary["zephyr_results"]) == 3
+    assert _rows(summary["zephyr_results"]) == EXPECTED_ROWS
