@@ -74,7 +74,9 @@ class OpsAPI:
             "autoscaler_status": lambda caller: ops.autoscaler_status(),
             "vm_preempt": lambda caller, vm_id: ops.vm_preempt(str(self._admin(caller, vm_id))),
             "vm_quota": lambda caller, group, exhausted: ops.vm_quota(str(self._admin(caller, group)), bool(exhausted)),
-            "vm_fail_boot": lambda caller, group, count=1: ops.vm_fail_boot(str(self._admin(caller, group)), _int(count)),
+            "vm_fail_boot": lambda caller, group, count=1: ops.vm_fail_boot(
+                str(self._admin(caller, group)), _int(count)
+            ),
             "delete_all_vms": lambda caller: ops.delete_all_vms() if self._admin(caller, True) else 0,
         }
 
