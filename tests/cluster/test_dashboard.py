@@ -20,7 +20,9 @@ import pytest
 from fray.cluster.client import ClusterClient
 from fray.cluster.controller_client import ops_client
 from fray.cluster.launcher import LocalCluster
-from fray.job import Entrypoint, JobRequest
+from fray.job import Entrypoint, JobRequest, JobStatus
+from fray.resources import ResourceConfig
+from support import wait_until
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 # Flags that keep Chromium from reaching out to the network this machine does not have.
@@ -154,3 +156,106 @@ def test_one_time_links_and_what_is_refused(fray_cluster: LocalCluster, browser:
     assert _request(address, "GET", "/stop/anything", headers={"Cookie": f"fray_session={session}"})[0] == 405
     page_status, page_headers, _ = _request(address, "GET", "/jobs", headers={"Cookie": f"fray_session={session}"})
     assert page_status == 200 and "frame-ancestors 'none'" in page_headers["content-security-policy"]
+
+
+def test_utilisation_charts_job_timeline_and_pending_reasons(fray_cluster: LocalCluster, browser: Any, tmp_path: Path):
+    """A pending job shows its reason in the list; a job that failed once and was retried shows one bar per
+    attempt on its timeline; the Utilisation page draws its charts from samples whose numbers match the cluster."""
+    address = _dashboard(fray_cluster)
+    assert _request(address, "GET", "/data/utilisation")[0] == 401  # the data needs a session too
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.goto(f"http://{address}/login")
+    page.fill("input[name=token]", fray_cluster.token)
+    page.click("button[type=submit]")
+    page.wait_for_url(f"http://{address}/jobs")
+
+    client = ClusterClient(fray_cluster.address, token=fray_cluster.token)
+    marker = tmp_path / "failed-once"
+    flaky = f"if [ -e {marker} ]; then echo second; else touch {marker}; echo first; exit 3; fi"
+    pending = client.submit(
+        JobRequest(
+            name="dash-too-big",
+            entrypoint=Entrypoint.from_binary("true", []),
+            resources=ResourceConfig(cpu=512),
+        )
+    )
+    retried = client.submit(
+        JobRequest(
+            name="dash-retried",
+            entrypoint=Entrypoint.from_binary("bash", ["-c", flaky]),
+            max_retries_failure=1,
+        )
+    )
+    shots: list[Path] = []
+    try:
+        assert retried.wait(timeout=120) == JobStatus.SUCCEEDED
+        wait_until(lambda: pending.pending_reason() != "", timeout=60)
+        reason = pending.pending_reason()
+
+        # The jobs list: the pending job's row carries the scheduler's reason, as `fray job list` does.
+        page.goto(f"http://{address}/jobs")
+        why = page.locator("#jobs tr", has_text=pending.job_id).locator("td.why")
+        why.wait_for(timeout=60_000)
+        assert why.inner_text().strip() == reason.strip()
+        assert "512" in reason
+        shots.append(tmp_path / "dashboard-jobs-pending-reason.png")
+        page.screenshot(path=str(shots[-1]), full_page=True)
+
+        # The job page: a timeline with one bar per attempt's task, coloured by how each ended.
+        page.goto(f"http://{address}/jobs/{retried.job_id}")
+        bars = page.locator("#timeline svg.timeline rect.bar")
+        assert bars.count() == 2
+        assert [bars.nth(i).get_attribute("data-attempt") for i in range(2)] == ["0", "1"]
+        assert [bars.nth(i).get_attribute("data-state") for i in range(2)] == ["failed", "succeeded"]
+        for i in range(2):
+            box = bars.nth(i).bounding_box()
+            assert box is not None and box["width"] >= 1 and box["height"] > 5
+        shots.append(tmp_path / "dashboard-job-timeline.png")
+        page.screenshot(path=str(shots[-1]), full_page=True)
+
+        # The Utilisation page: its data endpoint's numbers are the cluster's, and each chart is drawn.
+        ops = ops_client(fray_cluster.address, fray_cluster.token)
+        try:
+            capacity = ops.status()["capacity"]
+            # The same samples over the operator API (the administrator's view includes jobs by state).
+            assert "jobs" in ops.utilisation()["samples"][-1]
+        finally:
+            ops.close()
+
+        def data() -> dict[str, Any]:
+            response = page.request.get(f"http://{address}/data/utilisation")
+            assert response.status == 200
+            return dict(response.json())
+
+        # Samples are taken every 5 s: wait for two that saw the pending job.
+        def seen_pending() -> bool:
+            jobs = next(c for c in data()["charts"] if c["id"] == "jobs")
+            return sum(1 for v in jobs["series"][0]["values"] if v >= 1) >= 2
+
+        wait_until(seen_pending, timeout=60)
+        charts = {c["id"]: c for c in data()["charts"]}
+        assert set(charts) == {"cpu", "ram", "jobs", "workers"}
+        assert charts["cpu"]["series"][1]["values"][-1] == capacity["cpu_total"]
+        assert charts["ram"]["series"][1]["values"][-1] == round(capacity["ram_total"] / (1 << 30), 3)
+        assert {"worker-0", "worker-1"} <= {s["label"] for s in charts["workers"]["series"]}
+
+        page.goto(f"http://{address}/utilisation")
+        assert f"of {capacity['cpu_total']:g} cores in use" in page.locator("#latest").inner_text()
+        page.wait_for_function("Number(document.getElementById('charts').dataset.samples || 0) >= 2", timeout=60_000)
+        for name in ("cpu", "ram", "jobs", "workers"):
+            canvas = page.locator(f"#chart-{name} canvas")
+            assert canvas.count() == 1
+            box = canvas.bounding_box()
+            assert box is not None and box["width"] >= 300 and box["height"] >= 100, (name, box)
+            assert int(page.locator(f"#chart-{name}").get_attribute("data-points") or 0) >= 2
+        # The chart library is served by the dashboard itself, with its licence (no network needed).
+        assert page.request.get(f"http://{address}/static/uPlot.LICENSE").text().startswith("The MIT License")
+        shots.append(tmp_path / "dashboard-utilisation.png")
+        page.screenshot(path=str(shots[-1]), full_page=True)
+        # pytest keeps only its last few tmp dirs: a copy goes where the other dashboard screenshots go.
+        OUTPUT_DIR.mkdir(parents=True, exist_ok=True)
+        kept = [Path(shutil.copy(shot, OUTPUT_DIR / shot.name)) for shot in shots]
+        print("screenshots:", *map(str, shots + kept), sep="\n  ")
+    finally:
+        pending.terminate()
+        client.shutdown(wait=False)

@@ -11,8 +11,8 @@ Who sees what (also in ``docs/security.md``):
 * the administrator (the cluster token) sees every job and may make dashboard log-in links;
 * a user (or a job, which acts for its user) sees only that user's jobs: ``jobs``,
   ``find_jobs`` and ``status`` leave the others out and ``job_detail`` of another user's
-  job is :class:`~fray.errors.NotFound`; workers, capacity and controller health are
-  visible to every user. Users and jobs may store workspace blobs;
+  job is :class:`~fray.errors.NotFound`; workers, capacity (also over time, ``utilisation``,
+  without the cluster-wide job counts) and controller health are visible to every user. Users and jobs may store workspace blobs;
 * a worker may only fetch workspace blobs (to run the jobs placed on it);
 * on a cluster with a VM provider (``docs/autoscaling.md``) every user sees the VMs and the
   autoscaler's status, as they see the workers; only the administrator injects faults or
@@ -42,6 +42,12 @@ def _str_list(value: Any) -> list[str] | None:
     return value
 
 
+def _float(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ProtocolError(f"expected a number, got {type(value).__name__}")
+    return float(value)
+
+
 def _opt_str(value: Any) -> str | None:
     if value is not None and not isinstance(value, str):
         raise ProtocolError(f"expected a string or nil, got {type(value).__name__}")
@@ -65,6 +71,8 @@ class OpsAPI:
             "job_detail": self._job_detail,
             "status": self._status,
             "health": lambda caller: ops.health(),
+            # Everybody sees capacity over time, as the workers; the cluster-wide job counts, only the administrator.
+            "utilisation": lambda caller, since=0.0: ops.utilisation(_float(since), jobs=caller.admin),
             "has_blob": self._has_blob,
             "put_blob": self._put_blob,
             "get_blob": self._get_blob,

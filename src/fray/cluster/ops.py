@@ -21,6 +21,7 @@ from typing import Any
 from fray.cluster import _blobs, _views
 from fray.cluster._retention import RetentionPolicy, prune_finished_jobs
 from fray.cluster._schema import read_job
+from fray.cluster._utilisation import UtilisationSampler
 from fray.cluster._workspace import digest_of
 from fray.cluster.records import JobRecord, TaskRecord
 from fray.cluster.store import ClusterStore
@@ -98,6 +99,8 @@ class OpsService:
         self.dashboard_address = ""
         #: The controller's autoscaler (:class:`fray.cluster._autoscale_host.AutoscaleHost`), when it has a VM provider.
         self.autoscaler: Any = None
+        #: Utilisation over time (the dashboard's charts): a ring buffer in memory, filled while started.
+        self.sampler = UtilisationSampler(self._utilisation_now, clock=clock)
 
     # ----- lifecycle ----------------------------------------------------------------------------
 
@@ -105,9 +108,11 @@ class OpsService:
         """Prune once now, then every ``prune_interval`` seconds, in a background thread."""
         self._thread = threading.Thread(target=self._prune_loop, name="fray-retention", daemon=True)
         self._thread.start()
+        self.sampler.start()
 
     def stop(self) -> None:
-        """Stop the pruning thread."""
+        """Stop the pruning and sampling threads."""
+        self.sampler.stop()
         self._stopping.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
@@ -218,6 +223,22 @@ class OpsService:
             "queues": self.queues(),
             "autoscaler": self._autoscaler_view(),
         }
+
+    def _utilisation_now(self) -> tuple[list[dict[str, Any]], dict[str, int]]:
+        now = self._clock()
+        return self._store.read_with(lambda cur: (_views.worker_rows(cur, now), _views.job_counts(cur)))
+
+    def utilisation(self, since: float = 0.0, *, jobs: bool = True) -> dict[str, Any]:
+        """Samples of the cluster taken after ``since``, oldest first, and the sampling interval and capacity.
+
+        Each sample: ``at``, cores and bytes of memory in use and offered by the live workers, the same
+        per worker, and (with ``jobs``) the stored jobs by state, cluster-wide.
+        """
+        samples = self.sampler.samples(since)
+        if not jobs:
+            for sample in samples:
+                del sample["jobs"]
+        return {"interval": self.sampler.interval, "capacity": self.sampler.capacity, "samples": samples}
 
     def health(self) -> dict[str, Any]:
         """The controller's own state: address, uptime, database, retention, and whether it is read-only (and why)."""

@@ -27,10 +27,17 @@ from urllib.parse import parse_qs, urlsplit
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response, StreamingResponse
+from starlette.responses import (
+    HTMLResponse,
+    JSONResponse,
+    PlainTextResponse,
+    RedirectResponse,
+    Response,
+    StreamingResponse,
+)
 from starlette.routing import Route
 
-from fray.dashboard import pages
+from fray.dashboard import charts, pages, timeline
 
 __all__ = ["Backend", "Sessions", "build_app"]
 
@@ -61,6 +68,7 @@ class Backend(Protocol):
     def queues(self) -> list[dict[str, Any]] | None: ...
     def logs(self, job_id: str, last: int | None = None, after_id: int = 0) -> list[tuple[int, str]]: ...
     def terminate(self, job_id: str) -> None: ...
+    def utilisation(self, since: float = 0.0) -> dict[str, Any]: ...
 
 
 @dataclass
@@ -160,7 +168,7 @@ def build_app(backend: Backend, sessions: Sessions, *, stopping: threading.Event
         async def endpoint(request: Request) -> Response:
             session = sessions.get(request.cookies.get(SESSION_COOKIE))
             if session is None:
-                if request.url.path.startswith("/stream/"):
+                if request.url.path.startswith(("/stream/", "/data/")):
                     return PlainTextResponse("log in first", status_code=401, headers=_HEADERS)
                 return RedirectResponse(f"/login?next={request.url.path}", status_code=303, headers=_HEADERS)
             return await handler(request, session)
@@ -215,7 +223,7 @@ def build_app(backend: Backend, sessions: Sessions, *, stopping: threading.Event
             detail = await run_in_threadpool(backend.job_detail, request.path_params["job_id"])
         except KeyError:
             return _html(pages.page("No such job", "<h1>No such job</h1>", csrf=session.csrf), 404)
-        return _html(pages.job_page(detail, session.csrf))
+        return _html(pages.job_page(detail, session.csrf, timeline.timeline_svg(detail["tasks"], time.time())))
 
     async def logs(request: Request, session: _Session) -> Response:
         job_id = request.path_params["job_id"]
@@ -236,6 +244,13 @@ def build_app(backend: Backend, sessions: Sessions, *, stopping: threading.Event
 
     async def actors(request: Request, session: _Session) -> Response:
         return _html(pages.actors_page(await run_in_threadpool(backend.status), session.csrf))
+
+    async def utilisation(request: Request, session: _Session) -> Response:
+        return _html(charts.utilisation_page(await run_in_threadpool(backend.utilisation), session.csrf))
+
+    async def utilisation_data(request: Request, session: _Session) -> Response:
+        data = charts.chart_data(await run_in_threadpool(backend.utilisation))
+        return JSONResponse(data, headers=_HEADERS)
 
     async def queues(request: Request, session: _Session) -> Response:
         return _html(pages.queues_page(await run_in_threadpool(backend.queues), session.csrf))
@@ -288,7 +303,10 @@ def build_app(backend: Backend, sessions: Sessions, *, stopping: threading.Event
         if name == "app.js":
             return Response(pages.SCRIPT, media_type="text/javascript", headers=_HEADERS)
         if name == "app.css":
-            return Response(pages.STYLE, media_type="text/css", headers=_HEADERS)
+            return Response(pages.STYLE + timeline.STYLE, media_type="text/css", headers=_HEADERS)
+        found = charts.static_file(name)
+        if found is not None:
+            return Response(found[0], media_type=found[1], headers=_HEADERS)
         return PlainTextResponse("not found", status_code=404, headers=_HEADERS)
 
     routes = [
@@ -303,6 +321,8 @@ def build_app(backend: Backend, sessions: Sessions, *, stopping: threading.Event
         Route("/workers", authed(workers)),
         Route("/actors", authed(actors)),
         Route("/queues", authed(queues)),
+        Route("/utilisation", authed(utilisation)),
+        Route("/data/utilisation", authed(utilisation_data)),
         Route("/stream/jobs", authed(stream_jobs)),
         Route("/stream/logs/{job_id:path}", authed(stream_logs)),
         Route("/static/{name}", static),

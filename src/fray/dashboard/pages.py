@@ -42,6 +42,7 @@ th { background: #f4f6f7; } td.num { text-align: right; }
 .state-failed { color: #c5221f; } .state-stopped { color: #5f6368; }
 pre.log { background: #111; color: #e8e8e8; padding: 8px; min-height: 200px; max-height: 70vh; overflow: auto; }
 .muted { color: #5f6368; } .error { color: #c5221f; }
+td.why { color: #8a6d00; white-space: pre-line; } section.chart { max-width: 1100px; }
 .login { max-width: 360px; margin: 80px auto; } .login input { width: 100%; padding: 6px; margin: 6px 0; }
 """
 
@@ -102,7 +103,13 @@ def page(title: str, body: str, *, csrf: str = "", nav: bool = True) -> str:
     if nav:
         links = "".join(
             f'<a href="{href}">{name}</a>'
-            for href, name in (("/jobs", "Jobs"), ("/workers", "Workers"), ("/actors", "Actors"), ("/queues", "Queues"))
+            for href, name in (
+                ("/jobs", "Jobs"),
+                ("/utilisation", "Utilisation"),
+                ("/workers", "Workers"),
+                ("/actors", "Actors"),
+                ("/queues", "Queues"),
+            )
         )
         logout = (
             f'<form method="post" action="/logout"><input type="hidden" name="csrf" value="{escape(csrf)}">'
@@ -137,15 +144,16 @@ def job_rows(jobs: list[dict[str, Any]]) -> str:
     """The rows of the jobs table (also what the live stream sends)."""
     rows = []
     for job in jobs:
-        note = job["pending_reason"] or job["error"]
+        # A pending job's reason is shown as the scheduler gave it (in the pending colour), else the error.
+        why = job["pending_reason"] if job["state"] == "pending" else ""
+        note = f'<td class="why">{escape(why)}</td>' if why else f'<td class="muted">{escape(job["error"])}</td>'
         rows.append(
             "<tr>"
             f"<td>{_job_link(job['job_id'])}</td><td>{_state(job['state'])}</td>"
             f"<td>{escape(job['command'])}</td><td>{escape(job['user'])}</td>"
             f"<td>{_when(job['submitted_at'])}</td><td class=num>{_duration(job['duration'])}</td>"
             f'<td><a href="/logs/{quote(job["job_id"])}">logs</a></td>'
-            f'<td class="muted">{escape(note)}</td>'
-            "</tr>"
+            f"{note}</tr>"
         )
     return "".join(rows) or '<tr><td colspan="8" class="muted">no jobs</td></tr>'
 
@@ -168,8 +176,9 @@ def jobs_page(jobs: list[dict[str, Any]], counts: dict[str, int], state: str, cs
     return page("Jobs", body, csrf=csrf)
 
 
-def job_page(job: dict[str, Any], csrf: str) -> str:
-    """One job: what it runs, its tasks in every attempt, its history, why it waits, and a stop button."""
+def job_page(job: dict[str, Any], csrf: str, timeline: str = "") -> str:
+    """One job: what it runs, its tasks in every attempt (and ``timeline``, their HTML timeline), its history,
+    why it waits, and a stop button."""
     job_id = job["job_id"]
     stop = ""
     if job["state"] in ("pending", "running"):
@@ -218,7 +227,9 @@ def job_page(job: dict[str, Any], csrf: str) -> str:
     children = _table(("child job", "state"), ((_job_link(c["job_id"]), _state(c["state"])) for c in job["children"]))
     body = (
         f'<h1>{escape(job_id)}</h1><p><a href="/logs/{quote(job_id)}">Output (live)</a></p>{stop}'
-        f"<table>{facts_html}</table><h2>Tasks</h2>{tasks}<h2>History</h2>{history}"
+        f"<table>{facts_html}</table>"
+        + (f'<h2>Timeline</h2><div id="timeline">{timeline}</div>' if timeline else "")
+        + f"<h2>Tasks</h2>{tasks}<h2>History</h2>{history}"
         + (f"<h2>Child jobs</h2>{children}" if job["children"] else "")
     )
     return page(job_id, body, csrf=csrf)
