@@ -274,6 +274,10 @@ class OpsProxy:
         """The cluster at a glance: workers and resources, jobs by state, actors, queues, controller health."""
         return dict(self._call("status"))
 
+    def utilisation(self, since: float = 0.0) -> dict[str, Any]:
+        """The controller's samples of cores, memory and jobs by state taken after ``since`` (the last hour)."""
+        return dict(self._call("utilisation", since))
+
     def health(self) -> dict[str, Any]:
         """The controller's own state: address, dashboard, uptime, database, retention, read-only or not."""
         return dict(self._call("health"))
