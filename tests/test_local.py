@@ -457,3 +457,36 @@ def test_no_subprocess_outlives_the_interpreter(tmp_path: Path):
     subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
     pid = int(pidfile.read_text())
     wait_until(lambda: not alive(pid), what="the orphaned job process to be killed")
+
+
+# ----- passing values unpickled (seed 003: the local backend "calls methods directly") -----------
+
+
+def _lock_held_by_the_caller(lock: threading.Lock) -> bool:
+    return lock.locked()
+
+
+def test_by_default_jobs_and_actors_get_the_very_objects_unpickled():
+    lock = threading.Lock()
+    with lock, LocalClient() as client:
+        handle = client.submit(job("same-lock", _lock_held_by_the_caller, lock))
+        assert handle.wait(timeout=30, raise_on_failure=True) == JobStatus.SUCCEEDED
+        actor = client.create_actor(Looper, name="unpickled")
+        assert actor.echo(lock) is lock  # argument and return value are the caller's own object
+        assert actor.calls() == [lock]
+
+
+def test_check_pickling_refuses_what_another_backend_could_not_ship():
+    for client in (LocalClient(check_pickling=True), fray.client_from_spec("local?pickle=1")):
+        with client:
+            assert client.check_pickling
+            with pytest.raises(SerializationError, match="argument 0 cannot be pickled"):
+                client.submit(job("locked", _lock_held_by_the_caller, threading.Lock()))
+            actor = client.create_actor(Looper, name="checked-args")
+            with pytest.raises(SerializationError, match="argument 0 cannot be pickled"):
+                actor.echo(threading.Lock())
+            assert actor.calls() == []
+    with fray.client_from_spec("local?threads=2") as default:
+        assert not default.check_pickling
+    with pytest.raises(ConfigError, match="pickle='yes' must be 1"):
+        fray.client_from_spec("local?pickle=yes")

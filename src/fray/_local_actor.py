@@ -1,10 +1,11 @@
 """The local backend's actors: one object served by its own threads, and the handle that calls it.
 
-Calls are checked the way every backend checks them -- arguments must pickle (refused
-in the caller, nothing queued), return values must pickle (the caller gets the
-:class:`~fray.errors.SerializationError`) -- and a method's exception reaches the
-caller in the one remote form (:func:`~fray._remote.remote_error`), so code that
-passes here does not fail later on a cluster.
+Arguments and return values are passed as they are, unpickled. With the client's
+``check_pickling`` they are checked the way every other backend checks them -- arguments
+must pickle (refused in the caller, nothing queued), return values must pickle (the
+caller gets the :class:`~fray.errors.SerializationError`). A method's exception reaches
+the caller in the one remote form (:func:`~fray._remote.remote_error`) either way, so
+code that passes here does not fail later on a cluster.
 
 An actor lives as a series of *incarnations* (:class:`_Incarnation`): one instance of
 the class with its threads (``max_concurrency`` of them, all taking calls from one
@@ -104,8 +105,11 @@ class LocalActor:
         on_gone: Callable[[LocalActor], None],
         config: ActorConfig,
         group: tuple[str, int] | None = None,
+        *,
+        check_pickling: bool = False,
     ) -> None:
         self.client = client
+        self.check_pickling = check_pickling
         self.job = job
         self.name = job.name
         self.cls = cls
@@ -240,10 +244,11 @@ class LocalActor:
             value = run.run(invoke, incarnation.instance, call.method, call.args, call.kwargs, incarnation.loop)
         except BaseException as exc:
             return None, remote_error(RemoteFailure.capture(exc), original=exc)
-        try:
-            check_result_picklable(self.name, call.method, value)
-        except SerializationError as exc:
-            return None, exc
+        if self.check_pickling:
+            try:
+                check_result_picklable(self.name, call.method, value)
+            except SerializationError as exc:
+                return None, exc
         return value, None
 
     def _thread_ended(self, incarnation: _Incarnation) -> None:
@@ -447,9 +452,11 @@ class LocalActorHandle:
         return (_restore_actor_handle, (self._client_id, job_id, self._cls, self._name))
 
     def _fray_call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ActorFuture:
-        # Checked here, in the caller, exactly as other backends ship it: nothing is queued on failure.
-        check_call_picklable(self._name, method, args, kwargs)
-        return self._actor_or_raise().submit(method, args, kwargs)
+        actor = self._actor_or_raise()
+        if actor.check_pickling:
+            # Checked here, in the caller, exactly as other backends ship it: nothing is queued on failure.
+            check_call_picklable(self._name, method, args, kwargs)
+        return actor.submit(method, args, kwargs)
 
     def _actor_or_raise(self) -> LocalActor:
         if self._actor is None:

@@ -83,6 +83,14 @@ class LocalClient(ClientCore["LocalJobHandle", "LocalActorHandle"]):
     ``docker_image`` is ignored (noted in the job's log); ``pip_packages`` must already
     be installed; env vars of callable jobs are set process-wide while they run.
 
+    Callables, their arguments, actor calls and their results are passed to the job or
+    actor as they are, never pickled (seed 003: the local backend "calls methods
+    directly"), so a lock or an open file may be passed. ``check_pickling=True`` (spec
+    ``local?pickle=1``) refuses, as every other backend does, what would not pickle --
+    a job's callable and arguments at submit, an actor call's arguments in the caller and
+    its return value -- with :class:`~fray.errors.SerializationError`, so that code that
+    passes here does not fail later on a cluster; Fray's conformance suite turns it on.
+
     ``terminate()`` stops a callable job's threads by raising :class:`~fray.errors.JobTerminated`
     in each of them (``PyThreadState_SetAsyncExc``): it lands at the thread's next Python
     instruction, and again at every Fray call the job makes. A thread blocked inside one
@@ -104,7 +112,14 @@ class LocalClient(ClientCore["LocalJobHandle", "LocalActorHandle"]):
 
     BACKEND = "local"
 
-    def __init__(self, max_threads: int | None = None, *, namespace: str | None = None, echo_logs: bool = True) -> None:
+    def __init__(
+        self,
+        max_threads: int | None = None,
+        *,
+        namespace: str | None = None,
+        echo_logs: bool = True,
+        check_pickling: bool = False,
+    ) -> None:
         if max_threads is not None and (
             isinstance(max_threads, bool) or not isinstance(max_threads, int) or max_threads < 1
         ):
@@ -113,6 +128,8 @@ class LocalClient(ClientCore["LocalJobHandle", "LocalActorHandle"]):
         self.client_id = _short_id()
         self.namespace = namespace or f"local-{self.client_id}"
         self.max_threads = max_threads
+        #: Refuse what another backend could not pickle (off: values are passed as they are).
+        self.check_pickling = bool(check_pickling)
         self._echo = echo_logs
         self._jobs: dict[str, LocalJob] = {}
         self._actors_by_job: dict[str, LocalActor] = {}
@@ -123,21 +140,25 @@ class LocalClient(ClientCore["LocalJobHandle", "LocalActorHandle"]):
 
     @classmethod
     def from_spec(cls, spec: ClientSpec) -> LocalClient:
-        """Build from ``local`` or ``local?threads=N``."""
+        """Build from ``local``, ``local?threads=N`` and/or ``local?pickle=1`` (``check_pickling``)."""
         if spec.address is not None:
             raise spec.invalid("the local backend takes no address")
-        unknown = set(spec.options) - {"threads"}
+        unknown = set(spec.options) - {"threads", "pickle"}
         if unknown:
             raise spec.invalid(f"unknown option(s) {sorted(unknown)} for local")
+        pickle = spec.options.get("pickle", "0")
+        if pickle not in ("0", "1"):
+            raise spec.invalid(f"pickle={pickle!r} must be 1 (check that everything pickles) or 0")
         threads = spec.options.get("threads")
         if threads is None:
-            return cls()
+            return cls(check_pickling=pickle == "1")
         if not threads.isdigit() or int(threads) < 1:
             raise spec.invalid(f"threads={threads!r} must be a whole number >= 1")
-        return cls(max_threads=int(threads))
+        return cls(max_threads=int(threads), check_pickling=pickle == "1")
 
     def __repr__(self) -> str:
-        return f"LocalClient(namespace={self.namespace!r}, max_threads={self.max_threads})"
+        pickling = ", check_pickling=True" if self.check_pickling else ""
+        return f"LocalClient(namespace={self.namespace!r}, max_threads={self.max_threads}{pickling})"
 
     # ----- jobs -------------------------------------------------------------------------------
 
@@ -145,7 +166,8 @@ class LocalClient(ClientCore["LocalJobHandle", "LocalActorHandle"]):
         entry = request.entrypoint
         environment = request.environment or EnvironmentConfig()
         if isinstance(entry, CallableEntrypoint):
-            check_picklable(f"job {request.name!r}", call_parts(entry.callable, entry.args, entry.kwargs))
+            if self.check_pickling:
+                check_picklable(f"job {request.name!r}", call_parts(entry.callable, entry.args, entry.kwargs))
             _check_packages(request.name, tuple(environment.pip_packages))
             if self.max_threads is not None and request.replicas > self.max_threads:
                 raise ConfigError(
@@ -226,7 +248,9 @@ class LocalClient(ClientCore["LocalJobHandle", "LocalActorHandle"]):
         job = self._new_job(name)
         try:
             info = JobInfo(job.job_id, name, 0, 1, self._parent_namespace(), 0, local_device(reserved))
-            actor = LocalActor(self, job, actor_class, info, self._forget_actor, config, group)
+            actor = LocalActor(
+                self, job, actor_class, info, self._forget_actor, config, group, check_pickling=self.check_pickling
+            )
             with self._lock:
                 if name in self._actors_by_name:  # lost a race with another creator
                     self._jobs.pop(job.job_id, None)
