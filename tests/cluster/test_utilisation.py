@@ -160,6 +160,8 @@ def test_chart_data_has_one_column_per_series_and_gaps_for_absent_workers():
     assert [s["label"] for s in by_id["jobs"]["series"]] == ["pending", "running", "succeeded", "failed", "stopped"]
     workers = {s["label"]: s["values"] for s in by_id["workers"]["series"]}
     assert workers == {"w-0": [2.0, 2.0], "w-1": [1.0, 1.0], "w-2": [None, 4.0]}
+    memory = {s["label"]: s["values"] for s in by_id["workers_ram"]["series"]}
+    assert memory == {"w-0": [2.0, 2.0], "w-1": [1.0, 1.0], "w-2": [None, 4.0]}  # GiB
 
 
 def test_the_timeline_draws_one_bar_per_task_coloured_by_outcome_and_escapes_text():

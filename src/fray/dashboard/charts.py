@@ -104,6 +104,17 @@ def chart_data(utilisation: dict[str, Any]) -> dict[str, Any]:
             ],
         }
     )
+    charts.append(
+        {
+            "id": "workers_ram",
+            "title": "Memory in use per worker",
+            "unit": "GiB",
+            "series": [
+                _series(wid, [round(row[wid]["ram_used"] / _GIB, 3) if wid in row else None for row in per_worker])
+                for wid in workers
+            ],
+        }
+    )
     return {"interval": utilisation["interval"], "t": times, "charts": charts}
 
 
@@ -142,6 +153,7 @@ def utilisation_page(utilisation: dict[str, Any], csrf: str) -> str:
             ("ram", "Memory in use and offered (GiB)"),
             ("jobs", "Jobs by state"),
             ("workers", "Cores in use per worker"),
+            ("workers_ram", "Memory in use per worker (GiB)"),
         )
     )
     body = (
