@@ -186,6 +186,14 @@ def test_utilisation_charts_job_timeline_and_pending_reasons(fray_cluster: Local
             max_retries_failure=1,
         )
     )
+    gate = tmp_path / "gate"
+    busy = client.submit(
+        JobRequest(
+            name="dash-busy",
+            entrypoint=Entrypoint.from_binary("bash", ["-c", f"while [ ! -e {gate} ]; do sleep 0.05; done"]),
+            resources=ResourceConfig(cpu=2, ram="1g"),
+        )
+    )
     shots: list[Path] = []
     try:
         assert retried.wait(timeout=120) == JobStatus.SUCCEEDED
@@ -228,13 +236,21 @@ def test_utilisation_charts_job_timeline_and_pending_reasons(fray_cluster: Local
             assert response.status == 200
             return dict(response.json())
 
-        # Samples are taken every 5 s: wait for two that saw the pending job.
-        def seen_pending() -> bool:
-            jobs = next(c for c in data()["charts"] if c["id"] == "jobs")
-            return sum(1 for v in jobs["series"][0]["values"] if v >= 1) >= 2
+        # Samples are taken every 5 s: wait for two that saw the pending job and the busy one's 2 cores in use.
+        def seen_jobs() -> bool:
+            charts = {c["id"]: c for c in data()["charts"]}
+            pending_counts = charts["jobs"]["series"][0]["values"]
+            cores_in_use = charts["cpu"]["series"][0]["values"]
+            both = [p >= 1 and c >= 2 for p, c in zip(pending_counts, cores_in_use, strict=True)]
+            return sum(both) >= 2
 
-        wait_until(seen_pending, timeout=60)
+        wait_until(seen_jobs, timeout=90)
         charts = {c["id"]: c for c in data()["charts"]}
+        assert busy.status() == JobStatus.RUNNING
+        # The busy job's worker shows its 2 cores and 1 GiB in the per-worker charts.
+        assert max(v or 0 for s in charts["workers"]["series"] for v in s["values"]) >= 2
+        assert max(v or 0 for s in charts["workers_ram"]["series"] for v in s["values"]) >= 1
+        assert max(charts["ram"]["series"][0]["values"]) >= 1
         assert set(charts) == {"cpu", "ram", "jobs", "workers", "workers_ram"}
         assert charts["cpu"]["series"][1]["values"][-1] == capacity["cpu_total"]
         assert charts["ram"]["series"][1]["values"][-1] == round(capacity["ram_total"] / (1 << 30), 3)
@@ -258,5 +274,6 @@ def test_utilisation_charts_job_timeline_and_pending_reasons(fray_cluster: Local
         kept = [Path(shutil.copy(shot, OUTPUT_DIR / shot.name)) for shot in shots]
         print("screenshots:", *map(str, shots + kept), sep="\n  ")
     finally:
+        gate.touch()
         pending.terminate()
         client.shutdown(wait=False)

@@ -12,7 +12,7 @@
       var el = document.getElementById('chart-' + chart.id);
       if (!el) { return; }
       var series = [{}].concat(chart.series.map(function (s, i) {
-        return { label: s.label, stroke: s.colour || colours[i % colours.length], width: 2, spanGaps: false };
+        return { label: s.label, stroke: s.colour || colours[i % colours.length], width: s.width || 2, spanGaps: false };
       }));
       var columns = [data.t].concat(chart.series.map(function (s) { return s.values; }));
       var old = drawn[chart.id];
