@@ -3,8 +3,9 @@
 Every backend calls :func:`watch` with each job it submits; the backend's only part is
 its handle's ``info()`` (is the job pending, and why). One daemon thread per process
 looks at each job once when it has waited ``FRAY_PENDING_NOTICE_SECONDS`` (10 s unless
-set; ``off`` turns the notice off) and prints one line for a job still PENDING. A job
-that started (or finished) by then costs that single look and is forgotten.
+set; ``off`` turns the notice off) and prints one line for a job still PENDING. Jobs
+that started (or finished) by then cost one batched status read (the backend's
+``_fray_wait_some`` with no wait, as ``wait_all`` uses) and are forgotten.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING
 from fray.errors import ConfigError
 
 if TYPE_CHECKING:
-    from fray.job import JobHandle
+    from fray.job import JobHandle, JobStatus
 
 __all__ = ["ENV_VAR", "notice_seconds", "watch"]
 
@@ -32,6 +33,9 @@ _DEFAULT_SECONDS = 10.0
 # this often, this many times, before the notice goes out without one: a wait must not stay silent.
 _NO_REASON_RECHECK = 1.0
 _NO_REASON_TRIES = 5
+
+# Jobs looked at in one go (one batched status read per backend).
+_BATCH = 500
 
 
 def notice_seconds() -> float | None:
@@ -73,32 +77,66 @@ class _Watcher:
             with self._lock:
                 while not self._due or self._due[0][0] > time.monotonic():
                     self._lock.wait(None if not self._due else self._due[0][0] - time.monotonic())
-                _, _, job, submitted, tries = heapq.heappop(self._due)
-            again = _look(job, submitted, tries)
+                now = time.monotonic()
+                due: list[tuple[float, int, JobHandle, float, int]] = []
+                while self._due and self._due[0][0] <= now and len(due) < _BATCH:
+                    due.append(heapq.heappop(self._due))
+            again = _look([(job, submitted, tries) for _, _, job, submitted, tries in due])
             if again:
                 with self._lock:
-                    heapq.heappush(
-                        self._due, (time.monotonic() + _NO_REASON_RECHECK, next(self._seq), job, submitted, tries + 1)
-                    )
+                    for job, submitted, tries in again:
+                        when = time.monotonic() + _NO_REASON_RECHECK
+                        heapq.heappush(self._due, (when, next(self._seq), job, submitted, tries + 1))
 
 
-def _look(job: JobHandle, submitted: float, tries: int) -> bool:
-    """Print the notice if ``job`` is still pending; True to look again later (pending, no reason yet)."""
+def _statuses(jobs: list[JobHandle]) -> list[JobStatus | None]:
+    """Each job's status, read in one go where the backend can (its ``_fray_wait_some`` with no wait)."""
+    statuses: list[JobStatus | None] = [None] * len(jobs)
+    groups: dict[object, list[int]] = {}
+    for index, job in enumerate(jobs):
+        method = getattr(type(job), "_fray_wait_some", None)
+        groups.setdefault(getattr(method, "__func__", method), []).append(index)
+    for indices in groups.values():
+        method = getattr(type(jobs[indices[0]]), "_fray_wait_some", None)
+        try:
+            if method is not None:
+                found = method([jobs[i] for i in indices], 0.0)
+            else:
+                found = [jobs[i].status() for i in indices]
+        except Exception:  # the backend is gone: nobody is waiting to be told
+            continue
+        for index, status in zip(indices, found, strict=True):
+            statuses[index] = status
+    return statuses
+
+
+def _look(due: list[tuple[JobHandle, float, int]]) -> list[tuple[JobHandle, float, int]]:
+    """Print the notice for each job still pending; the ones to look at again (pending, no reason yet).
+
+    Most jobs started long before they are due: one batched status read clears them, and
+    only a job still PENDING costs an ``info()``.
+    """
     from fray.job import JobStatus
 
-    try:
-        info = job.info()
-    except Exception:  # the backend is gone or the job with it: nobody is waiting to be told
-        return False
-    if info.status != JobStatus.PENDING:
-        return False
-    if not info.pending_reason and tries < _NO_REASON_TRIES:
-        return True
-    waited = time.monotonic() - submitted
-    why = info.pending_reason or "the backend gives no reason"
-    with contextlib.suppress(OSError, ValueError):  # stderr closed at interpreter exit
-        print(f"fray: job {info.job_id!r} is still pending after {waited:.0f}s: {why}", file=sys.stderr, flush=True)
-    return False
+    again: list[tuple[JobHandle, float, int]] = []
+    statuses = _statuses([job for job, _, _ in due])
+    for (job, submitted, tries), status in zip(due, statuses, strict=True):
+        if status != JobStatus.PENDING:
+            continue
+        try:
+            info = job.info()
+        except Exception:  # the backend is gone or the job with it: nobody is waiting to be told
+            continue
+        if info.status != JobStatus.PENDING:
+            continue
+        if not info.pending_reason and tries < _NO_REASON_TRIES:
+            again.append((job, submitted, tries))
+            continue
+        waited = time.monotonic() - submitted
+        why = info.pending_reason or "the backend gives no reason"
+        with contextlib.suppress(OSError, ValueError):  # stderr closed at interpreter exit
+            print(f"fray: job {info.job_id!r} is still pending after {waited:.0f}s: {why}", file=sys.stderr, flush=True)
+    return again
 
 
 _WATCHER = _Watcher()
