@@ -142,8 +142,21 @@ def _look(due: list[tuple[JobHandle, float, int]]) -> list[tuple[JobHandle, floa
 _WATCHER = _Watcher()
 
 
+_warned: set[str] = set()
+
+
 def watch(job: JobHandle) -> None:
-    """Have ``job`` say why on stderr, once, if it is still PENDING after ``FRAY_PENDING_NOTICE_SECONDS``."""
-    after = notice_seconds()
+    """Have ``job`` say why on stderr, once, if it is still PENDING after ``FRAY_PENDING_NOTICE_SECONDS``.
+
+    Never raises: it runs after the job was submitted, so a bad setting is named once on
+    stderr and the default used, rather than failing a submit whose job already runs.
+    """
+    try:
+        after = notice_seconds()
+    except ConfigError as exc:
+        if str(exc) not in _warned:
+            _warned.add(str(exc))
+            print(f"fray: {exc}; using {_DEFAULT_SECONDS:g}", file=sys.stderr, flush=True)
+        after = _DEFAULT_SECONDS
     if after is not None:
         _WATCHER.add(job, after)
