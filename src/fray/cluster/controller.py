@@ -26,6 +26,7 @@ from fray.cluster._database import ReadOnlyMode
 from fray.cluster._pending import PendingSet
 from fray.cluster._queues import QueueService
 from fray.cluster._specs import DEFAULT_MAX_SPECS, SpecCache
+from fray.cluster._stall import StallWatch
 from fray.cluster.capacity import WorkerInfo
 from fray.cluster.credentials import ClusterKeys, Issued, new_credential_id
 from fray.cluster.messages import (
@@ -139,6 +140,9 @@ class ControllerService:
         self._epochs: dict[str, int] = {}
         self._heartbeat_written: dict[str, float] = {}
         self._last_pass = 0.0  # seconds the last scheduling pass took (sets the debounce)
+        # A stall of the controller itself longer than this could make a worker's heartbeat look
+        # older than the timeout although the worker still holds its lease (see _schedule_loop).
+        self._stalls = StallWatch(threshold=worker_timeout * (1 - _LEASE_FRACTION))
 
     # ----- queues (kept by fray.cluster._queues; the Controller sets ``queues``) -------------------
 
@@ -165,6 +169,7 @@ class ControllerService:
         """Start the scheduling loop (after a restart, workers get a full timeout to reconnect)."""
         self._queue.load()
         self._store.refresh_heartbeats(self._clock())
+        self._stalls.start()
         self._scheduler = threading.Thread(target=self._schedule_loop, name="fray-scheduler", daemon=True)
         self._scheduler.start()
 
@@ -177,6 +182,7 @@ class ControllerService:
             self._outbox_ready.notify_all()
         if self._scheduler is not None:
             self._scheduler.join(timeout=5)
+        self._stalls.stop()
 
     # ----- scheduling ---------------------------------------------------------------------------
 
@@ -195,7 +201,11 @@ class ControllerService:
                 if self._storage.reason:
                     self._try_writable(now)
                     continue
-                self._apply(self._store.expire_workers(now, self._worker_timeout))
+                self._forgive_stall()  # after ``now``: a stall in between is seen here
+                expired = self._store.expire_workers(now, self._worker_timeout)
+                for worker_id in expired.lost_workers:
+                    logger.warning("worker %s is lost: no heartbeat for more than %gs", worker_id, self._worker_timeout)
+                self._apply(expired)
                 if now - last_accrual >= 5.0:
                     self._store.accrue_credits(now)
                     last_accrual = now
@@ -206,6 +216,22 @@ class ControllerService:
                 self.storage_failed(exc)
             except Exception:  # the loop must survive anything one pass hits
                 logger.exception("scheduling pass failed")
+
+    def _forgive_stall(self) -> None:
+        # The controller itself stood still (SIGSTOP, GC, swap, a VM pause) and heard nobody
+        # meanwhile: every worker gets a full timeout from the resume, as after a restart, so
+        # only those that stay silent after it are lost. A worker that was cut off from us
+        # meanwhile has stopped its own tasks (its lease) and reports them lost on its next call.
+        stalled = self._stalls.take()
+        if stalled:
+            refreshed = self._store.refresh_heartbeats(self._clock())
+            logger.warning(
+                "the controller stood still for %.1fs (more than %.1fs); %d alive workers get %gs from now to be heard",
+                stalled,
+                self._stalls.threshold,
+                refreshed,
+                self._worker_timeout,
+            )
 
     # ----- storage failures ---------------------------------------------------------------------
 

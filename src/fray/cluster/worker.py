@@ -12,6 +12,9 @@ Three loops, none of which may die (each catches, logs and carries on after anyt
   partition, a controller down) stops its own tasks 0.75 x the worker timeout after its
   last contact, before the controller, which waits the whole timeout, can have given
   them to another worker. No task ever has two live attempts.
+  An answer to a request sent more than a lease ago (the controller stood still meanwhile)
+  is confirmed by a fresh round trip before its tasks start, so they do not start under
+  the lapsed lease only to be killed at once.
 
 One thread per task reads its output and waits for it to exit.
 
@@ -50,7 +53,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -349,6 +352,8 @@ class Worker:
                     commands = poller.poll(self.worker_id, self._epoch, self._poll_wait)
                 self._heard(sent)
                 backoff = 0.05
+                if commands.start and self._lease_seconds and self._lease_left() <= 0:
+                    commands = self._confirmed(commands)
                 self._obey(commands)
             except Exception as exc:  # never dies: an unreachable controller, or a bug of ours
                 if self._joined:
@@ -361,6 +366,22 @@ class Worker:
                 logger.warning("controller %s: %s; retrying in %.2fs", self.controller, _describe(exc), backoff)
                 self._stopping.wait(backoff)
                 backoff = min(backoff * 2, 2.0)
+
+    def _confirmed(self, commands: WorkerCommands) -> WorkerCommands:
+        # An answer to a request sent more than a lease ago (the controller stood still, or the
+        # network, meanwhile) proves nothing recent: tasks started on it would run under the
+        # lapsed lease, be killed at once and come back as new attempts, burning their retries
+        # in a loop. A fresh round trip renews the lease first; its answer's commands join.
+        sent = time.monotonic()
+        try:
+            more = self._client.poll(self.worker_id, self._epoch, 0.0)
+        except Exception as exc:  # unreachable again: obey as before; the lease stops the tasks
+            logger.warning("controller %s: %s; starting tasks under a lapsed lease", self.controller, _describe(exc))
+            return commands
+        self._heard(sent)
+        if more.reregister:  # the registration gets every assignment not yet started again
+            return more
+        return replace(more, start=commands.start + more.start, kill=commands.kill + more.kill)
 
     def _stored_credential(self, token: Credential | None) -> Credential | None:
         """The credential this worker joined with before, if it may use it (same token, or none given)."""
@@ -566,6 +587,11 @@ class Worker:
                 self._forkserver = ForkServer()
                 if self._lease_seconds:
                     self._forkserver.renew(self._lease_seconds)
+            # The lease loop renews only every 0.25 s: after a lapse, renew now, or the fork
+            # server would kill a task started just after contact came back.
+            left = self._lease_left()
+            if self._lease_seconds and left > 0:
+                self._forkserver.renew(left)
             return self._forkserver.launch(request)
         except OSError as exc:
             logger.warning("fork server failed (%s); starting the task as a new process", exc)
@@ -695,6 +721,11 @@ class Worker:
                 with self._lock:
                     self._pending.put_back(started, logs)
                 self._registered = False
+
+    def _lease_left(self) -> float:
+        """Seconds the tasks may still run on the controller's last answer (not positive: lapsed)."""
+        with self._lock:
+            return self._contact + self._lease_seconds - time.monotonic()
 
     def _heard(self, sent: float) -> None:
         """The controller answered a request sent at ``sent``: the lease may run from there."""
