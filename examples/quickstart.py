@@ -89,7 +89,14 @@ def main() -> None:
     ]
     jobs.append(
         client.submit(
-            JobRequest(name="tokenize", entrypoint=Entrypoint.from_callable(tokenize_shard, args=(4,)), replicas=4)
+            JobRequest(
+                name="tokenize",
+                entrypoint=Entrypoint.from_callable(tokenize_shard, args=(4,)),
+                replicas=4,
+                # Half a core each: the gang of 4 fits the 2 cores of a small machine, which
+                # `fray cluster up` divides among its workers.
+                resources=ResourceConfig(cpu=0.5),
+            )
         )
     )
     statuses = wait_all(jobs, timeout=120)

@@ -412,7 +412,9 @@ def run(
         entrypoint=Entrypoint.from_callable(
             ray_node, args=(rendezvous, str(workdir), ray_program, (str(result_path), terminate_when_running))
         ),
-        resources=ResourceConfig(cpu=1),
+        # Half a core each (each Ray node still starts with --num-cpus=1): three replicas fit the
+        # 2 cores of a small machine, which `fray cluster up` divides among its workers.
+        resources=ResourceConfig(cpu=0.5),
         replicas=replicas,
     )
     job = client.submit(request)

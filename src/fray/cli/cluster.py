@@ -161,7 +161,12 @@ def up_again(state: dict[str, Any]) -> str:
     if controller_args[-2:] == ["--dashboard-port", "0"]:
         controller_args = controller_args[:-2]
     args += controller_args
-    worker_args = state.get("worker_args", _DEFAULT_WORKER_ARGS)
+    worker_args = list(state.get("worker_args", _DEFAULT_WORKER_ARGS))
+    auto = _machine_share(workers, [])  # `up` adds this machine's share again by itself
+    for tail in (auto, auto[2:], auto[:2]):
+        if tail and worker_args[-len(tail) :] == tail:
+            worker_args = worker_args[: -len(tail)]
+            break
     if worker_args != _DEFAULT_WORKER_ARGS:
         args += ["--worker-option", " ".join(worker_args)]
     return "fray cluster down && " + shlex.join(args)
@@ -250,6 +255,8 @@ def cluster_up(
         # Workers on this one machine are never preempted; saying so lets
         # ResourceConfig(preemptible=False) actors (curriculum, coordinators) run here.
         extra += _DEFAULT_WORKER_ARGS
+    share = _machine_share(workers, extra) if config is None else []
+    extra += share
     try:
         what = "a controller and its autoscaler" if config is not None else f"a controller and {workers} workers"
         status = console.status(f"starting {what}...")
@@ -276,6 +283,13 @@ def cluster_up(
             f"[green]Fray cluster up[/green] in {elapsed:.2f}s: controller [bold]{launcher.address}[/bold], "
             f"{workers} workers"
         )
+        if share:
+            console.print(
+                escape(
+                    f"  each worker: {_share_text(share)} (this machine divided among them; "
+                    "--worker-option '--cpu N --ram SIZE' sets it)"
+                )
+            )
     console.print(f"  use it:   export FRAY_CLIENT_SPEC=fray://{launcher.address}")
     console.print(f"  token:    {'$FRAY_TOKEN' if os.environ.get('FRAY_TOKEN') else TOKEN_FILE}")
     console.print(f"  state:    {directory}/controller.db   logs: {directory}/*.log")
@@ -284,6 +298,35 @@ def cluster_up(
     elif not no_dashboard:
         console.print(escape(f"  dashboard: none ({_why_no_dashboard(state)})"))
     console.print("  stop it:  fray cluster down")
+
+
+def _machine_share(workers: int, extra: list[str]) -> list[str]:
+    """``--cpu`` and ``--ram`` that give each of ``workers`` workers its share of this machine.
+
+    A worker offers the whole machine unless told otherwise, so N workers on one machine
+    would offer N times its cores and memory: jobs would be placed on cores that are not
+    there. Options the user gave (``--worker-option '--cpu 4'``) are kept as they are.
+    """
+    if workers < 2:
+        return []
+    share = []
+    if "--cpu" not in extra:
+        share += ["--cpu", f"{(os.cpu_count() or 1) / workers:g}"]
+    if "--ram" not in extra:
+        try:
+            total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError):  # the worker's own default then (the whole machine)
+            return share
+        share += ["--ram", str(total // workers)]
+    return share
+
+
+def _share_text(share: list[str]) -> str:
+    values = dict(zip(share[::2], share[1::2], strict=True))
+    parts = [f"{values['--cpu']} cores"] if "--cpu" in values else []
+    if "--ram" in values:
+        parts.append(f"{format_size(int(values['--ram']))} RAM")
+    return ", ".join(parts)
 
 
 def _load_config(path: str | None, workers: int | None, dry_run: bool) -> ClusterConfig | None:
