@@ -17,6 +17,7 @@ from fray._runtime import check_terminated
 from fray.actor import ActorGroup, ActorHandle
 from fray.actor_config import ActorConfig
 from fray.errors import ConfigError, JobAlreadyExists, JobFailed
+from fray.job import EnvironmentConfig as EnvironmentConfig  # marin's fray.client offers it too
 from fray.job import JobHandle, JobRequest, JobStatus, wait_all
 from fray.queue import Queue
 from fray.resources import ResourceConfig

@@ -14,8 +14,10 @@ import types
 
 from fray.client import Client, current_client, set_current_client
 from fray.client import _current as _current_client_var
+from fray.local import LocalClient
 
-__all__ = ["Client", "current_client", "set_current_client"]
+# LocalClient: marin's module offers the client it falls back to, which is Fray's too.
+__all__ = ["Client", "LocalClient", "current_client", "set_current_client"]
 
 
 class _CallableModule(types.ModuleType):
