@@ -19,27 +19,23 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import types
 import weakref
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
-import cloudpickle
-
 from fray._adopt import is_named
 from fray._client_core import ClientCore
-from fray._codepickle import dumps
-from fray._serialization import call_parts, check_picklable
 from fray.actor import check_actor_request
 from fray.actor_config import ActorConfig
 from fray.client import ClientSpec
 from fray.errors import ConfigError, FrayError, JobAlreadyExists
 from fray.job import CallableEntrypoint, JobInfo, JobRequest, current_job, replica_env, validate_name
-from fray.ray._actor_host import CONTROL_GROUP, GROUP_ENV, INDEX_ENV, actor_class_for
+from fray.ray._actor_host import GROUP_ENV, INDEX_ENV
 from fray.ray._connection import CONNECTION
 from fray.ray._driver_exit import track
 from fray.ray._launch import Launcher, short_id
+from fray.ray._shipping import Shipping
 from fray.ray._values import shield_call
 from fray.ray.actors import RayActorHandle, disown, own
 from fray.ray.binary import BinaryJob
@@ -105,8 +101,7 @@ class RayClient(ClientCore["RayJobHandle", "RayActorHandle"]):
         self._jobs: weakref.WeakValueDictionary[str, RayJobHandle] = weakref.WeakValueDictionary()
         self._actor_jobs: dict[str, ActorJob] = {}
         self._queues: list[RayQueue[Any]] = []
-        self._actor_classes: weakref.WeakKeyDictionary[type, Any] = weakref.WeakKeyDictionary()
-        self._function_pickles: weakref.WeakKeyDictionary[Any, bytes] = weakref.WeakKeyDictionary()
+        self._shipping = Shipping()
         _CLIENTS.setdefault(self.namespace, self)
 
     @classmethod
@@ -172,7 +167,7 @@ class RayClient(ClientCore["RayJobHandle", "RayActorHandle"]):
         job_id = self._new_job_id(request.name)
         if isinstance(request.resources.device, TpuConfig) or isinstance(request.entrypoint, CallableEntrypoint):
             kind = TpuJob if isinstance(request.resources.device, TpuConfig) else CallableJob
-            job = kind(self._launcher, job_id, request, self._pickle_entry(request))
+            job = kind(self._launcher, job_id, request, self._shipping.entry(request))
             self._register(job)
             job._launch()
             return job
@@ -194,42 +189,7 @@ class RayClient(ClientCore["RayJobHandle", "RayActorHandle"]):
 
         return resources.with_device(choose_device(resources, ray.cluster_resources()))
 
-    def _pickle_entry(self, request: JobRequest) -> tuple[bytes, bytes]:
-        entry = request.entrypoint
-        if not isinstance(entry, CallableEntrypoint):
-            raise ConfigError(f"job {request.name!r}: TPU jobs on Ray need a callable entrypoint")
-        try:
-            # Pickled once here, both to check it and to ship it: Ray then moves plain bytes.
-            # The callable travels apart from its arguments so workers can reuse it unpickled.
-            return self._pickled_callable(entry.callable), cloudpickle.dumps((entry.args, dict(entry.kwargs)))
-        except Exception:
-            check_picklable(f"job {request.name!r}", call_parts(entry.callable, entry.args, entry.kwargs))
-            raise
-
-    def _pickled_callable(self, fn: Any) -> bytes:
-        """``fn`` pickled, once per function: what Ray does when it exports a remote function.
-
-        As with ``ray.remote``, a function defined in ``__main__`` is captured with the
-        values of its globals at its first submission. Other callables (bound methods,
-        partials, callable objects) are pickled at every submission.
-        """
-        if not isinstance(fn, types.FunctionType):
-            return dumps(fn)
-        pickled = self._function_pickles.get(fn)
-        if pickled is None:
-            pickled = self._function_pickles[fn] = dumps(fn)
-        return pickled
-
     # ----- actors -----------------------------------------------------------------------------
-
-    def _ray_class(self, cls: type) -> Any:
-        ray_cls = self._actor_classes.get(cls)
-        if ray_cls is None:
-            import ray
-
-            ray_cls = ray.remote(concurrency_groups={CONTROL_GROUP: 1})(actor_class_for(cls))  # type: ignore[call-overload]
-            self._actor_classes[cls] = ray_cls
-        return ray_cls
 
     def _create_actor(
         self,
@@ -262,7 +222,7 @@ class RayClient(ClientCore["RayJobHandle", "RayActorHandle"]):
             options["lifetime"] = "detached"
         try:
             args, kwargs = shield_call(args, kwargs)
-            ray_handle = self._ray_class(actor_class).options(**options).remote(env, *args, **kwargs)
+            ray_handle = self._shipping.actor_class(actor_class).options(**options).remote(env, *args, **kwargs)
         except ValueError as exc:
             if "already" in str(exc) or "taken" in str(exc):
                 raise JobAlreadyExists(

@@ -1,0 +1,67 @@
+"""What a RayClient ships to Ray, made once per function and per actor class.
+
+Ray exports a remote function once and reuses it; :class:`Shipping` does the same for
+the callables of Fray jobs (pickled once, apart from their arguments, so workers can
+reuse them unpickled) and for the Ray actor classes that host Fray actors.
+"""
+
+from __future__ import annotations
+
+import types
+import weakref
+from typing import Any
+
+import cloudpickle
+
+from fray._codepickle import dumps
+from fray._serialization import call_parts, check_picklable
+from fray.errors import ConfigError
+from fray.job import CallableEntrypoint, JobRequest
+from fray.ray._actor_host import CONTROL_GROUP, actor_class_for
+
+__all__ = ["Shipping"]
+
+
+class Shipping:
+    """One client's caches of pickled job callables and Ray actor classes (weak: they go with their functions)."""
+
+    def __init__(self) -> None:
+        self._classes: weakref.WeakKeyDictionary[type, Any] = weakref.WeakKeyDictionary()
+        self._functions: weakref.WeakKeyDictionary[Any, bytes] = weakref.WeakKeyDictionary()
+
+    def entry(self, request: JobRequest) -> tuple[bytes, bytes]:
+        """A callable job's (callable, arguments), each pickled; ConfigError for a binary TPU job."""
+        entry = request.entrypoint
+        if not isinstance(entry, CallableEntrypoint):
+            raise ConfigError(f"job {request.name!r}: TPU jobs on Ray need a callable entrypoint")
+        try:
+            # Pickled once here, both to check it and to ship it: Ray then moves plain bytes.
+            # The callable travels apart from its arguments so workers can reuse it unpickled.
+            return self.callable(entry.callable), cloudpickle.dumps((entry.args, dict(entry.kwargs)))
+        except Exception:
+            check_picklable(f"job {request.name!r}", call_parts(entry.callable, entry.args, entry.kwargs))
+            raise
+
+    def callable(self, fn: Any) -> bytes:
+        """``fn`` pickled, once per function: what Ray does when it exports a remote function.
+
+        As with ``ray.remote``, a function defined in ``__main__`` is captured with the
+        values of its globals at its first submission. Other callables (bound methods,
+        partials, callable objects) are pickled at every submission.
+        """
+        if not isinstance(fn, types.FunctionType):
+            return dumps(fn)
+        pickled = self._functions.get(fn)
+        if pickled is None:
+            pickled = self._functions[fn] = dumps(fn)
+        return pickled
+
+    def actor_class(self, cls: type) -> Any:
+        """The Ray actor class that hosts ``cls`` (made once per class)."""
+        ray_cls = self._classes.get(cls)
+        if ray_cls is None:
+            import ray
+
+            ray_cls = ray.remote(concurrency_groups={CONTROL_GROUP: 1})(actor_class_for(cls))  # type: ignore[call-overload]
+            self._classes[cls] = ray_cls
+        return ray_cls
