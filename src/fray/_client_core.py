@@ -88,7 +88,7 @@ class ClientCore(Generic[J, A]):
         if live is not None:
             return live
         handle = self._start_job(request, detached)
-        watch_pending(handle)  # a job nothing can place says why, once (fray._pending_notice)
+        watch_pending(handle, self)  # a job nothing can place says why, once (fray._pending_notice)
         return handle
 
     def create_actor(

@@ -17,7 +17,9 @@ import os
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from fray.errors import ConfigError
 
@@ -36,6 +38,11 @@ _NO_REASON_TRIES = 5
 
 # Jobs looked at in one go (one batched status read per backend).
 _BATCH = 500
+
+# The client that submitted a job, weakly (None: not known).
+_Owner = Callable[[], Any] | None
+# (when due, sequence, job, submitted at, looks so far, owner)
+_Entry = tuple[float, int, "JobHandle", float, int, _Owner]
 
 
 def notice_seconds() -> float | None:
@@ -59,14 +66,14 @@ class _Watcher:
 
     def __init__(self) -> None:
         self._lock = threading.Condition()
-        self._due: list[tuple[float, int, JobHandle, float, int]] = []  # (when, seq, job, submitted, tries)
+        self._due: list[_Entry] = []
         self._seq = itertools.count()
         self._thread: threading.Thread | None = None
 
-    def add(self, job: JobHandle, after: float) -> None:
+    def add(self, job: JobHandle, after: float, owner: _Owner) -> None:
         now = time.monotonic()
         with self._lock:
-            heapq.heappush(self._due, (now + after, next(self._seq), job, now, 0))
+            heapq.heappush(self._due, (now + after, next(self._seq), job, now, 0, owner))
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="fray-pending-notice", daemon=True)
                 self._thread.start()
@@ -78,15 +85,26 @@ class _Watcher:
                 while not self._due or self._due[0][0] > time.monotonic():
                     self._lock.wait(None if not self._due else self._due[0][0] - time.monotonic())
                 now = time.monotonic()
-                due: list[tuple[float, int, JobHandle, float, int]] = []
+                due: list[_Entry] = []
                 while self._due and self._due[0][0] <= now and len(due) < _BATCH:
                     due.append(heapq.heappop(self._due))
-            again = _look([(job, submitted, tries) for _, _, job, submitted, tries in due])
+            # A job whose client was shut down (or dropped) has nobody waiting on it: it is not looked at,
+            # so no thread of a finished script reaches a backend it stopped.
+            live = [entry for entry in due if _open(entry[5])]
+            again = _look([(job, submitted, tries) for _, _, job, submitted, tries, _ in live])
+            owners = {id(entry[2]): entry[5] for entry in live}
             if again:
                 with self._lock:
                     for job, submitted, tries in again:
                         when = time.monotonic() + _NO_REASON_RECHECK
-                        heapq.heappush(self._due, (when, next(self._seq), job, submitted, tries + 1))
+                        heapq.heappush(self._due, (when, next(self._seq), job, submitted, tries + 1, owners[id(job)]))
+
+
+def _open(owner: _Owner) -> bool:
+    if owner is None:
+        return True
+    client = owner()
+    return client is not None and not getattr(client, "closed", False)
 
 
 def _statuses(jobs: list[JobHandle]) -> list[JobStatus | None]:
@@ -145,8 +163,11 @@ _WATCHER = _Watcher()
 _warned: set[str] = set()
 
 
-def watch(job: JobHandle) -> None:
+def watch(job: JobHandle, client: object | None = None) -> None:
     """Have ``job`` say why on stderr, once, if it is still PENDING after ``FRAY_PENDING_NOTICE_SECONDS``.
+
+    ``client`` is the client that submitted it: once that is shut down (its ``closed``) or
+    gone, the job is no longer looked at.
 
     Never raises: it runs after the job was submitted, so a bad setting is named once on
     stderr and the default used, rather than failing a submit whose job already runs.
@@ -159,4 +180,4 @@ def watch(job: JobHandle) -> None:
             print(f"fray: {exc}; using {_DEFAULT_SECONDS:g}", file=sys.stderr, flush=True)
         after = _DEFAULT_SECONDS
     if after is not None:
-        _WATCHER.add(job, after)
+        _WATCHER.add(job, after, None if client is None else weakref.ref(client))

@@ -302,7 +302,7 @@ class ClusterClient(ClientCore["ClusterJobHandle", "ClusterActorHandle"]):
                 self._owned.extend((view.job_id, False, detached) for view in views)
             handles.extend(ClusterJobHandle(self.address, view.job_id, self._token) for view in views)
         for handle in handles:
-            watch_pending(handle)
+            watch_pending(handle, self)
         return handles
 
     def _start_job(self, request: JobRequest, detached: bool) -> ClusterJobHandle:
