@@ -501,12 +501,18 @@ def test_cluster_up_dry_run_prints_the_planned_calls(tmp_path: Path) -> None:
     env["HOME"] = str(tmp_path)
     run = fray_cli_in(env)
     config = tmp_path / "cluster.yaml"
+    # Cloud VMs cannot reach this machine's loopback: without an address they reach, the file is refused.
     config.write_text(yaml.safe_dump(CLUSTER_FILE))
+    unreachable = run("cluster", "up", "--config", str(config), "--dry-run", "--port", "7399", check=False)
+    assert unreachable.returncode == 2 and "provider.controller_address" in unreachable.stderr
+    reachable = json.loads(json.dumps(CLUSTER_FILE))
+    reachable["provider"]["controller_address"] = CONTROLLER
+    config.write_text(yaml.safe_dump(reachable))
     out = run("cluster", "up", "--config", str(config), "--dry-run", "--port", "7399")
     printed = [line.strip() for line in out.stdout.splitlines() if line.startswith("  POST ")]
-    assert printed == gcp.planned_calls(_config(), controller="127.0.0.1:7399")
-    assert len(printed) == 2
-    bad = json.loads(json.dumps(CLUSTER_FILE))
+    assert printed == gcp.planned_calls(_config(), controller=CONTROLLER)
+    assert len(printed) == 2 and all(CONTROLLER in line for line in printed)
+    bad = json.loads(json.dumps(reachable))
     del bad["provider"]["zone"]
     config.write_text(yaml.safe_dump(bad))
     refused = run("cluster", "up", "--config", str(config), "--dry-run", check=False)

@@ -61,6 +61,8 @@ _KEYS = {
     "external_ip",
     "install",
     "create_wait",
+    # Read by fray.autoscale.providers.vm_controller_address: where the VMs reach the controller.
+    "controller_address",
     # Read by the autoscaler (fray.autoscale.autoscaler.Policy), accepted here so that they are not unknown.
     "boot_timeout",
     "quota_block_seconds",

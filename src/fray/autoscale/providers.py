@@ -12,7 +12,32 @@ from fray.autoscale.config import ClusterConfig
 from fray.autoscale.provider import Provider
 from fray.errors import ConfigError
 
-__all__ = ["make_provider"]
+__all__ = ["make_provider", "vm_controller_address"]
+
+_LOOPBACK = ("127.", "localhost", "[::1]", "::1")
+
+
+def vm_controller_address(config: ClusterConfig, bound: str) -> str:
+    """The ``HOST:PORT`` the provider's VMs reach the controller at.
+
+    ``provider.controller_address`` when given, else ``bound`` (the controller's own
+    address). Simulated VMs run on this machine, so loopback is right for them; a cloud's
+    VMs cannot reach this machine's loopback, so a cloud provider without a reachable
+    address is refused here rather than leaving every VM to fail its boot.
+    """
+    given = config.provider.options.get("controller_address")
+    if given is not None:
+        host, _, port = str(given).rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(f"provider.controller_address {given!r} must be HOST:PORT, e.g. 10.128.0.2:7100")
+        return str(given)
+    if config.provider.kind != "simulated" and bound.startswith(_LOOPBACK):
+        raise ConfigError(
+            f"the {config.provider.kind} provider's VMs cannot reach a controller at {bound} (this machine's "
+            "loopback): set provider.controller_address to HOST:PORT the VMs reach, and start the controller "
+            "listening there (fray controller --config FILE --host ADDRESS; TLS is on beyond loopback)"
+        )
+    return bound
 
 
 def make_provider(

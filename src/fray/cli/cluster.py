@@ -350,6 +350,9 @@ def _load_config(path: str | None, workers: int | None, dry_run: bool) -> Cluste
 
 def _planned_calls(config: ClusterConfig, controller: str) -> list[str]:
     """The provider module's own account of the calls start-up makes."""
+    from fray.autoscale.providers import vm_controller_address
+
+    controller = vm_controller_address(config, controller)
     if config.provider.kind == "gcp":
         from fray.autoscale import gcp
 
@@ -492,7 +495,14 @@ def _open_provider(config: ClusterConfig, state: dict[str, Any]) -> Provider:
     from fray.autoscale.providers import make_provider
 
     credential = (Path(state["directory"]) / "worker.credential").read_text().strip()
-    return make_provider(config, state_dir=state_dir, controller=str(state["address"]), credential=credential)
+    # Listing and deleting never start a VM, so no VM needs a working join token from here.
+    return make_provider(
+        config,
+        state_dir=state_dir,
+        controller=str(state["address"]),
+        credential=credential,
+        join_token="unused: this provider only lists and deletes",
+    )
 
 
 @cluster.command("restart")

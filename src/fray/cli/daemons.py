@@ -206,7 +206,7 @@ def _cluster_config(path: str) -> Any:
 def _start_autoscaling(ctl: Any, config: Any, cluster_dir: Path, token: bytes) -> Any:
     """The provider of ``config`` (its state in ``cluster_dir/vms``) and an autoscaler on ``ctl``."""
     from fray._private_files import private_dir
-    from fray.autoscale.providers import make_provider
+    from fray.autoscale.providers import make_provider, vm_controller_address
     from fray.cluster._autoscale_host import start_autoscaling
     from fray.cluster.credentials import WORKER, Credential, write_credential
 
@@ -224,7 +224,7 @@ def _start_autoscaling(ctl: Any, config: Any, cluster_dir: Path, token: bytes) -
         provider = make_provider(
             config,
             state_dir=private_dir(cluster_dir / "vms"),
-            controller=ctl.address,
+            controller=vm_controller_address(config, ctl.address),
             credential=credential.encode(),
             join_token=join_token,
         )
@@ -316,7 +316,9 @@ def worker(
             join=join,
         ).start()
     except ConfigError as exc:  # a malformed join token
-        raise CliError(str(exc), "fray token create --role worker (run by the administrator) prints a join token") from None
+        raise CliError(
+            str(exc), "fray token create --role worker (run by the administrator) prints a join token"
+        ) from None
     click.echo(f"fray worker {node.worker_id} taking tasks from {address}", err=True)
     wait_for_signal(node.stop, gave_up)
     if node.refusal is not None:
