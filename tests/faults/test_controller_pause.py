@@ -91,6 +91,8 @@ def test_a_paused_controller_declares_no_worker_lost_on_resume(
     cluster: LocalCluster, admin: ControllerProxy, tmp_path: Path
 ) -> None:
     jobs, first = _submit_two(cluster, tmp_path)
+    cluster.add_worker("w-c", "--cpu", "1")  # and an idle one, whose only call is its long-poll
+    cluster.wait_for_workers(3)
     before = _workers(admin)
     resumed_wall = time.time() + (_pause_controller(cluster, [int(line[2]) for line in first]) - time.monotonic())
 
