@@ -97,7 +97,6 @@ class AutoscaleHost:
             self._service.fenced_workers = result.fenced
 
     def _view(self) -> ClusterView:
-        snapshot = self._store.scheduler_input(pending=False)
         registered: set[str] = set()
         lost: set[str] = set()
         for record in self._store.list_workers():
@@ -105,6 +104,10 @@ class AutoscaleHost:
                 registered.add(record.info.worker_id)
             else:
                 lost.add(record.info.worker_id)
+        # Read after the registrations: a worker that registers between the two reads is then in both.
+        # The other order once made a slice READY whose worker the dry run did not have, and its job,
+        # unplaceable there, asked for a second VM the moment the first was ready.
+        snapshot = self._store.scheduler_input(pending=False)
         pending = self._service.pending_snapshot()
         last = self._last_pending
         if self._pass_fenced is not self._service.fenced_workers:
