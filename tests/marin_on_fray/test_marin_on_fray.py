@@ -3,8 +3,9 @@
 marin's packages need Python >= 3.12 and the suite runs on the README's Python, so each test
 runs ``run_marin.py`` inside the cached Python 3.12 venv (``marin_venv.py``: the Iris suite's
 venv, this checkout's Fray editable, marin-core and marin-zephyr at their published 0.2.227
-with ``--no-deps``), once per backend, and checks what marin's code wrote. Skipped, saying
-why, where no Python 3.12 exists.
+with ``--no-deps``), once per backend -- local, ``fray://``, Ray and Iris (zephyr's part only
+tried there, see ``run_marin.py``) -- and checks what marin's code wrote. Skipped, saying why,
+where no Python 3.12 exists.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from marin_venv import INSTALL_TIMEOUT, ROOT, SUITE_TIMEOUT, VenvBuildError, ens
 SCRIPT = Path(__file__).with_name("run_marin.py")
 # One backend's run: a cluster or a Ray started, two StepRunner runs and two zephyr pipelines.
 RUN_TIMEOUT = 15 * 60
-CLIENTS = {"local": "LocalClient", "cluster": "ClusterClient", "ray": "RayClient"}
+CLIENTS = {"local": "LocalClient", "cluster": "ClusterClient", "ray": "RayClient", "iris": "IrisClient"}
 # What the pipeline writes: of 0..299, every third number, with its square.
 EXPECTED_ROWS = [{"i": i, "square": i * i} for i in range(0, 300, 3)]
 
@@ -84,15 +85,21 @@ def test_marin_steps_and_zephyr_pipelines_run_on_fray(backend: str, marin_python
     else:
         assert calls[1]["pid"] != runner  # a real job, in a process of its own
 
+    # A failing @remote step fails its StepRunner run and is recorded as FAILED.
+    assert summary["failure_raised"] is not None
+    assert _status(summary["fails_path"]) == "FAILED"
+
+    if backend == "iris":
+        # The one remaining gap (docs/marin.md): zephyr's actors ask for restarts, which Fray's Iris
+        # backend refuses. When it honours them, this fails: then run zephyr on Iris here too.
+        assert "cannot honour ActorConfig(max_restarts=10" in summary["zephyr_refused"]
+        return
+
     # The zephyr pipeline that ran inside the @remote step, on the job's own current client.
     in_step = json.loads(Path(summary["squares_path"], "zephyr-results.json").read_text())
     assert in_step["client"] == CLIENTS[backend]
     assert len(in_step["results"]) == 3
     assert _rows(in_step["results"]) == EXPECTED_ROWS
-
-    # A failing @remote step fails its StepRunner run and is recorded as FAILED.
-    assert summary["failure_raised"] is not None
-    assert _status(summary["fails_path"]) == "FAILED"
 
     # The zephyr pipeline the driver ran with the client: its coordinator and workers are Fray actors.
     assert len(summary["zephyr_results"]) == 3
