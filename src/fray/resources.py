@@ -11,6 +11,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
+from fray._sizes import check_size, format_size, parse_size, scaled_size
 from fray.errors import ConfigError
 
 __all__ = [
@@ -33,43 +34,6 @@ __all__ = [
     "tpu_hbm_bytes_per_chip",
     "tpu_hbm_capacity_bytes",
 ]
-
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)(i?b)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
-
-
-def parse_size(value: str | int, *, what: str = "size") -> int:
-    """Parse a human size such as ``"512m"``, ``"4g"``, ``"1.5t"`` or ``"4GiB"`` into bytes.
-
-    Units are powers of 1024 (k, m, g, t, p, optionally followed by ``b`` or ``ib``,
-    any case); ``"512b"``, a number without a unit, or a bare integer is a number of
-    bytes. (:class:`ResourceConfig` is stricter: it wants a unit, see there.)
-    """
-    if isinstance(value, bool):
-        raise ConfigError(f"{what} must be a size like '512m' or '4g', not a bool")
-    if isinstance(value, int):
-        if value < 0:
-            raise ConfigError(f"{what} must not be negative, got {value}")
-        return value
-    if not isinstance(value, str):
-        raise ConfigError(f"{what} must be a size string like '512m', '4g' or '1.5t', got {value!r}")
-    match = _SIZE_RE.match(value)
-    if match is None:
-        raise ConfigError(
-            f"{what}={value!r} is not a size: use a number with an optional unit k, m, g, t or p "
-            "(powers of 1024), e.g. '512m', '4g', '1.5t', '2GiB'"
-        )
-    number, unit, _ = match.groups()
-    return int(float(number) * _UNITS[unit.lower()])
-
-
-def format_size(num_bytes: int) -> str:
-    """Render a byte count the way :func:`parse_size` reads it (``"1.5g"``)."""
-    for unit in ("p", "t", "g", "m", "k"):
-        scale = _UNITS[unit]
-        if num_bytes >= scale:
-            return f"{num_bytes / scale:.4g}{unit}"
-    return f"{num_bytes}b"
 
 
 def _one_spelling(what: str, type: str | None, variant: str | None, default: str | None) -> str:
@@ -364,32 +328,6 @@ def _device_from_name(text: str) -> DeviceConfig:
     )
 
 
-def _scaled_size(num_bytes: int, factor: float) -> str:
-    """``num_bytes * factor`` as a size string, in the largest unit that holds it exactly."""
-    scaled = int(num_bytes * factor)
-    for unit in ("p", "t", "g", "m", "k"):
-        if scaled and scaled % _UNITS[unit] == 0:
-            return f"{scaled // _UNITS[unit]}{unit}"
-    return f"{scaled}b"
-
-
-def _check_size(name: str, value: str | int) -> None:
-    """A ResourceConfig size must say its unit: a bare number is refused rather than guessed."""
-    bare = None
-    if isinstance(value, int) and not isinstance(value, bool):
-        bare = str(value)
-    elif isinstance(value, str):
-        match = _SIZE_RE.match(value)
-        if match is not None and not match.group(2) and not match.group(3):
-            bare = match.group(1)
-    if bare is not None:
-        raise ConfigError(
-            f"ResourceConfig({name}={value!r}): a bare number is ambiguous (bytes? GiB?); write a size with a "
-            f"unit, e.g. {name}='4g' or '512m' ('{bare}b' for {bare} bytes)"
-        )
-    parse_size(value, what=f"ResourceConfig.{name}")
-
-
 @dataclass(frozen=True)
 class ResourceConfig:
     """What one replica of a job (or one actor) needs.
@@ -435,8 +373,8 @@ class ResourceConfig:
             raise ConfigError(f"ResourceConfig(cpu={self.cpu!r}) must be a number of cores, e.g. 1 or 0.5")
         if self.cpu < 0:
             raise ConfigError(f"ResourceConfig(cpu={self.cpu!r}) must not be negative")
-        _check_size("ram", self.ram)
-        _check_size("disk", self.disk)
+        check_size("ram", self.ram)
+        check_size("disk", self.disk)
         if not isinstance(self.device, CpuConfig | GpuConfig | TpuConfig):
             raise ConfigError(
                 f"ResourceConfig(device={self.device!r}) must be CpuConfig(), GpuConfig(type, count) or TpuConfig(type)"
@@ -572,8 +510,8 @@ class ResourceConfig:
         return replace(
             self,
             cpu=self.cpu if cpu is None else self.cpu * cpu,
-            ram=self.ram if ram is None else _scaled_size(self.ram_bytes, ram),
-            disk=self.disk if disk is None else _scaled_size(self.disk_bytes, disk),
+            ram=self.ram if ram is None else scaled_size(self.ram_bytes, ram),
+            disk=self.disk if disk is None else scaled_size(self.disk_bytes, disk),
         )
 
     def chip_count(self) -> int:
