@@ -8,6 +8,11 @@ redelivered lease has ``deliveries > 1``). ``done`` after the lease timed out ra
 twice :class:`~fray.errors.LeaseError`. Queue handles are picklable: pass them to jobs
 and actors.
 
+The batch forms ``push_many``, ``pop_many`` and ``done_many`` do the same for several
+items in one call (one round trip, and on the cluster one transaction): they are how a
+queue reaches thousands of items per second. ``done_many`` finishes every lease it
+still holds and then raises for those it does not (see :meth:`Queue.done_many`).
+
 :class:`QueueCore` is the in-memory state machine shared by the local queue, the Ray
 queue's actor and the generic actor-backed queue; the Fray cluster keeps the same
 state in its controller's database (durable).
@@ -21,6 +26,7 @@ import time
 import uuid
 import weakref
 from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from heapq import heappop, heappush
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
@@ -39,8 +45,12 @@ __all__ = [
     "QueueCounts",
     "QueueService",
     "actor_queue",
+    "check_items",
+    "check_leases",
+    "check_max_items",
     "check_pop_arguments",
     "counts_from",
+    "done_many_error",
     "lease_error",
     "queue_exists",
 ]
@@ -117,6 +127,32 @@ class Queue(Protocol[T]):
         """
         ...
 
+    def push_many(self, items: Iterable[T]) -> None:
+        """Append every item of ``items`` (a list or tuple, say), in order, in one call; all or none are pushed."""
+        ...
+
+    def pop_many(
+        self, max_items: int, lease_timeout: float = DEFAULT_LEASE_TIMEOUT, *, timeout: float | None = 0.0
+    ) -> list[Lease[T]]:
+        """Lease up to ``max_items`` items at once, each for ``lease_timeout`` seconds, in queue order.
+
+        As :meth:`pop`, but a list: at least one lease unless ``timeout`` ran out
+        (then ``[]``); it does not wait for more once one item is there.
+        """
+        ...
+
+    def done_many(self, leases: Iterable[Lease[T]]) -> None:
+        """Remove the items of every lease in ``leases`` for good, in one call.
+
+        Every lease the queue still holds is done, even when others are not: then it
+        raises, after the others are done, the error ``done`` would raise for the first
+        lease not held (:class:`~fray.errors.LeaseExpired` for one that timed out), its
+        message naming every lease that was not done and why. Each check of ``done``
+        on the leases themselves (each a :class:`Lease` of this queue) is made before
+        any is done.
+        """
+        ...
+
     def pending(self) -> int:
         """How many items wait to be popped (items whose lease expired included; leased ones not)."""
         ...
@@ -149,15 +185,42 @@ def check_pop_arguments(lease_timeout: object, timeout: object) -> tuple[float, 
     return float(lease_timeout), None if timeout is None else float(timeout)
 
 
-def check_lease(lease: object, queue: str) -> Lease[Any]:
+def check_max_items(max_items: object) -> int:
+    """``pop_many``'s ``max_items``: a whole number >= 1."""
+    if isinstance(max_items, bool) or not isinstance(max_items, int) or max_items < 1:
+        raise ConfigError(f"pop_many(max_items={max_items!r}) must be a whole number >= 1 (how many leases at most)")
+    return max_items
+
+
+def _sequence(values: object, method: str, what: str) -> list[Any]:
+    # A string, bytes or a mapping is iterable but almost never meant as a batch: refused, not split up.
+    if isinstance(values, str | bytes | bytearray | Mapping) or not isinstance(values, Iterable):
+        raise ConfigError(
+            f"{method}() takes a list (or another iterable) of {what}, got {type(values).__name__}: "
+            f"{values!r:.80}; wrap a single value in a list"
+        )
+    return list(values)
+
+
+def check_items(items: object) -> list[Any]:
+    """``push_many``'s items as a list."""
+    return _sequence(items, "push_many", "items")
+
+
+def check_lease(lease: object, queue: str, method: str = "done") -> Lease[Any]:
     """``lease`` checked to be a :class:`Lease` of ``queue``."""
     if not isinstance(lease, Lease):
-        raise LeaseError(f"done() takes the Lease that pop() returned, got {type(lease).__name__}: {lease!r}")
+        raise LeaseError(f"{method}() takes the Lease that pop() returned, got {type(lease).__name__}: {lease!r}")
     if lease.queue != queue:
         raise LeaseError(
-            f"lease {lease.lease_id!r} is of queue {lease.queue!r}, not {queue!r}: call done() on that queue"
+            f"lease {lease.lease_id!r} is of queue {lease.queue!r}, not {queue!r}: call {method}() on that queue"
         )
     return lease
+
+
+def check_leases(leases: object, queue: str) -> list[Lease[Any]]:
+    """``done_many``'s leases, each checked as ``done`` checks one."""
+    return [check_lease(lease, queue, "done_many") for lease in _sequence(leases, "done_many", "leases")]
 
 
 def lease_error(status: str, lease_id: str, queue: str) -> LeaseError:
@@ -172,6 +235,23 @@ def lease_error(status: str, lease_id: str, queue: str) -> LeaseError:
     return LeaseError(
         f"lease {lease_id!r} is not held on queue {queue!r} (it ended long ago, or the queue was created again)"
     )
+
+
+def done_many_error(leases: list[Lease[Any]], statuses: list[str], queue: str) -> LeaseError | None:
+    """The error for ``done_many`` given each lease's status (``"ok"`` or why not held); None when all are ok.
+
+    Its type and first sentence are those of ``done`` for the first lease not held; it
+    then names the others not held and says how many were done.
+    """
+    failed = [(lease.lease_id, status) for lease, status in zip(leases, statuses, strict=True) if status != "ok"]
+    if not failed:
+        return None
+    first = lease_error(failed[0][1], failed[0][0], queue)
+    extra = ""
+    if len(failed) > 1:
+        extra = "; not done either: " + ", ".join(f"{lease_id!r} ({status})" for lease_id, status in failed[1:])
+    done = len(leases) - len(failed)
+    return type(first)(f"done_many(): {first}{extra}; the other {done} lease(s) of this call are done")
 
 
 def queue_exists(name: str, where: str) -> QueueAlreadyExists:
@@ -207,6 +287,9 @@ class QueueCore:
     def push(self, item: Any) -> None:
         self._items.append((item, 0))
 
+    def push_many(self, items: list[Any]) -> None:
+        self._items.extend((item, 0) for item in items)
+
     def expire(self, now: float) -> int:
         """Put back the items whose lease ran out by ``now``; how many."""
         count = 0
@@ -234,8 +317,13 @@ class QueueCore:
 
     def pop(self, lease_timeout: float, now: float) -> Lease[Any] | None:
         self.expire(now)
-        if not self._items:
-            return None
+        return self._lease(lease_timeout, now) if self._items else None
+
+    def pop_many(self, max_items: int, lease_timeout: float, now: float) -> list[Lease[Any]]:
+        self.expire(now)
+        return [self._lease(lease_timeout, now) for _ in range(min(max_items, len(self._items)))]
+
+    def _lease(self, lease_timeout: float, now: float) -> Lease[Any]:
         item, deliveries = self._items.popleft()
         lease_id = f"{self._tag}-{next(self._ids)}"
         deadline = now + lease_timeout
@@ -250,6 +338,10 @@ class QueueCore:
             self._remember(lease_id, "done")
             return "ok"
         return self._ended.get(lease_id, "unknown")
+
+    def done_many(self, lease_ids: list[str], now: float) -> list[str]:
+        """Each lease's ``done`` status, in order (the leases held are done)."""
+        return [self.done(lease_id, now) for lease_id in lease_ids]
 
     def counts(self, now: float) -> QueueCounts:
         self.expire(now)
@@ -310,15 +402,26 @@ class LocalQueue(Generic[T]):
         """Lease the next item (see :meth:`Queue.pop`)."""
         check_terminated()
         lease_timeout, timeout = check_pop_arguments(lease_timeout, timeout)
+        leases = self._wait_for(lambda now: self._core.pop_many(1, lease_timeout, now), timeout)
+        return leases[0] if leases else None
+
+    def pop_many(
+        self, max_items: int, lease_timeout: float = DEFAULT_LEASE_TIMEOUT, *, timeout: float | None = 0.0
+    ) -> list[Lease[T]]:
+        """Lease up to ``max_items`` items at once (see :meth:`Queue.pop_many`)."""
+        check_terminated()
+        max_items = check_max_items(max_items)
+        lease_timeout, timeout = check_pop_arguments(lease_timeout, timeout)
+        return self._wait_for(lambda now: self._core.pop_many(max_items, lease_timeout, now), timeout)
+
+    def _wait_for(self, take: Callable[[float], list[Lease[T]]], timeout: float | None) -> list[Lease[T]]:
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             while True:
                 now = time.monotonic()
-                lease = self._core.pop(lease_timeout, now)
-                if lease is not None:
-                    return lease
-                if deadline is not None and now >= deadline:
-                    return None
+                leases = take(now)
+                if leases or (deadline is not None and now >= deadline):
+                    return leases
                 # Wake for a push, or when the earliest lease runs out (its item comes back).
                 wake = [t for t in (deadline, self._core.next_deadline()) if t is not None]
                 self._cond.wait(max(0.0, min(wake) - now) if wake else None)
@@ -331,6 +434,24 @@ class LocalQueue(Generic[T]):
             status = self._core.done(lease.lease_id, time.monotonic())
         if status != "ok":
             raise lease_error(status, lease.lease_id, self._name)
+
+    def push_many(self, items: Iterable[T]) -> None:
+        """Append every item, in order (see :meth:`Queue.push_many`)."""
+        check_terminated()
+        batch = check_items(items)
+        with self._cond:
+            self._core.push_many(batch)
+            self._cond.notify_all()
+
+    def done_many(self, leases: Iterable[Lease[T]]) -> None:
+        """Remove the items of several leases for good (see :meth:`Queue.done_many`)."""
+        check_terminated()
+        batch = check_leases(leases, self._name)
+        with self._cond:
+            statuses = self._core.done_many([lease.lease_id for lease in batch], time.monotonic())
+        error = done_many_error(batch, statuses, self._name)
+        if error is not None:
+            raise error
 
     def pending(self) -> int:
         """Items waiting to be popped."""
@@ -368,14 +489,23 @@ class QueueService:
     def push(self, item: Any) -> None:
         self._core.push(item)
 
+    def push_many(self, items: list[Any]) -> None:
+        self._core.push_many(items)
+
     def peek(self) -> tuple[bool, Any]:
         return self._core.peek(time.monotonic())
 
     def pop(self, lease_timeout: float) -> Lease[Any] | None:
         return self._core.pop(lease_timeout, time.monotonic())
 
+    def pop_many(self, max_items: int, lease_timeout: float) -> list[Lease[Any]]:
+        return self._core.pop_many(max_items, lease_timeout, time.monotonic())
+
     def done(self, lease_id: str) -> str:
         return self._core.done(lease_id, time.monotonic())
+
+    def done_many(self, lease_ids: list[str]) -> list[str]:
+        return self._core.done_many(lease_ids, time.monotonic())
 
     def counts(self) -> tuple[int, int]:
         counts = self._core.counts(time.monotonic())
@@ -413,12 +543,25 @@ class ActorQueue(Generic[T]):
     def pop(self, lease_timeout: float = DEFAULT_LEASE_TIMEOUT, *, timeout: float | None = 0.0) -> Lease[T] | None:
         """Lease the next item (see :meth:`Queue.pop`)."""
         lease_timeout, timeout = check_pop_arguments(lease_timeout, timeout)
+        leases = self._poll(lambda: self._actor.pop_many(1, lease_timeout), timeout)
+        return leases[0] if leases else None
+
+    def pop_many(
+        self, max_items: int, lease_timeout: float = DEFAULT_LEASE_TIMEOUT, *, timeout: float | None = 0.0
+    ) -> list[Lease[T]]:
+        """Lease up to ``max_items`` items in one call to the actor (see :meth:`Queue.pop_many`)."""
+        max_items = check_max_items(max_items)
+        lease_timeout, timeout = check_pop_arguments(lease_timeout, timeout)
+        return self._poll(lambda: self._actor.pop_many(max_items, lease_timeout), timeout)
+
+    @staticmethod
+    def _poll(take: Callable[[], list[Lease[T]]], timeout: float | None) -> list[Lease[T]]:
         deadline = None if timeout is None else time.monotonic() + timeout
         pause = 0.001
         while True:
-            lease: Lease[T] | None = self._actor.pop(lease_timeout)
-            if lease is not None or (deadline is not None and time.monotonic() >= deadline):
-                return lease
+            leases = take()
+            if leases or (deadline is not None and time.monotonic() >= deadline):
+                return leases
             remaining = pause if deadline is None else min(pause, max(0.0, deadline - time.monotonic()))
             time.sleep(remaining)
             pause = min(pause * 2, 0.05)
@@ -429,6 +572,21 @@ class ActorQueue(Generic[T]):
         status = self._actor.done(lease.lease_id)
         if status != "ok":
             raise lease_error(status, lease.lease_id, self._name)
+
+    def push_many(self, items: Iterable[T]) -> None:
+        """Append every item, in order, in one call to the actor (see :meth:`Queue.push_many`)."""
+        batch = check_items(items)
+        if batch:
+            self._actor.push_many(batch)
+
+    def done_many(self, leases: Iterable[Lease[T]]) -> None:
+        """Remove the items of several leases in one call to the actor (see :meth:`Queue.done_many`)."""
+        batch = check_leases(leases, self._name)
+        if not batch:
+            return
+        error = done_many_error(batch, self._actor.done_many([lease.lease_id for lease in batch]), self._name)
+        if error is not None:
+            raise error
 
     def pending(self) -> int:
         """Items waiting to be popped."""

@@ -7,6 +7,7 @@ queue is the generic actor-backed one). Iris refuses ``create_queue`` by name.
 from __future__ import annotations
 
 import pickle
+import re
 import threading
 
 import pytest
@@ -202,3 +203,123 @@ def test_items_keep_their_type(qclient, uid):
         lease = queue.pop(lease_timeout=60)
         assert lease is not None and typed(lease.item) == typed(value)
         queue.done(lease)
+
+
+# ----- batches: push_many, pop_many, done_many ---------------------------------------------------
+
+
+def test_batches_push_pop_and_done_several_items_in_order(qclient, uid):
+    queue = qclient.create_queue(f"q-{uid}")
+    assert queue.pop_many(5) == []
+    queue.push_many(["a", "b", "c", "d", "e"])
+    queue.push_many([])  # nothing to push: nothing happens
+    assert queue.counts() == QueueCounts(pending=5, in_flight=0) and queue.peek() == "a"
+    first = queue.pop_many(3, lease_timeout=60)
+    assert [lease.item for lease in first] == ["a", "b", "c"]
+    assert all(isinstance(lease, Lease) and lease.deliveries == 1 and lease.timeout == 60 for lease in first)
+    assert len({lease.lease_id for lease in first}) == 3
+    rest = queue.pop_many(10)  # fewer waiting than asked for: what there is
+    assert [lease.item for lease in rest] == ["d", "e"]
+    assert queue.counts() == QueueCounts(pending=0, in_flight=5)
+    queue.done_many(first + rest)
+    queue.done_many([])
+    assert queue.counts() == QueueCounts(pending=0, in_flight=0)
+    with pytest.raises(LeaseError, match="already done"):
+        queue.done(first[0])
+
+
+def test_batches_mix_with_single_operations(qclient, uid):
+    queue = qclient.create_queue(f"q-{uid}")
+    queue.push("one")
+    queue.push_many(("two", "three"))
+    lease = queue.pop()
+    assert lease.item == "one"
+    batch = queue.pop_many(2)
+    assert [each.item for each in batch] == ["two", "three"]
+    queue.done_many([lease])
+    for each in batch:
+        queue.done(each)
+    assert queue.counts().unfinished == 0
+
+
+def test_blocking_pop_many_waits_for_the_first_item_or_times_out(qclient, uid):
+    queue = qclient.create_queue(f"q-{uid}")
+    assert queue.pop_many(4, timeout=0.3) == []
+    got: list[list[Lease]] = []
+    started = threading.Event()
+
+    def consume() -> None:
+        started.set()
+        got.append(queue.pop_many(4, lease_timeout=60, timeout=120))
+
+    consumer = threading.Thread(target=consume)
+    consumer.start()
+    started.wait(30)
+    queue.push_many(["late"])
+    consumer.join(150)
+    assert not consumer.is_alive() and [lease.item for lease in got[0]] == ["late"]
+
+
+def test_a_lease_from_pop_many_expires_and_is_redelivered(qclient, uid):
+    queue = qclient.create_queue(f"q-{uid}")
+    queue.push_many(["short", "long"])
+    short, long = queue.pop_many(1, lease_timeout=0.3) + queue.pop_many(1, lease_timeout=600)
+    assert (short.item, long.item) == ("short", "long")
+    again = wait_until(lambda: queue.pop_many(5, lease_timeout=60), timeout=60, what="the item to be redelivered")
+    assert [(lease.item, lease.deliveries) for lease in again] == [("short", 2)]
+    queue.done_many([long, again[0]])
+    assert queue.counts().unfinished == 0
+
+
+def test_done_many_with_an_expired_lease_does_the_others_and_names_it(qclient, uid):
+    # The chosen rule: every lease still held is done; the call then raises done()'s error
+    # for the lease that is not (LeaseExpired), naming it.
+    queue = qclient.create_queue(f"q-{uid}")
+    queue.push_many(["expires", "kept-1", "kept-2"])
+    expiring = queue.pop_many(1, lease_timeout=0.3)[0]
+    kept = queue.pop_many(2, lease_timeout=600)
+    redelivered = wait_until(lambda: queue.pop(lease_timeout=600), timeout=60, what="the lease to run out")
+    assert redelivered.item == "expires"
+    with pytest.raises(LeaseExpired, match=re.escape(expiring.lease_id)) as caught:
+        queue.done_many([kept[0], expiring, kept[1]])
+    assert "2 lease(s) of this call are done" in str(caught.value)
+    assert queue.counts() == QueueCounts(pending=0, in_flight=1)  # only the redelivered lease is left
+    with pytest.raises(LeaseError, match="already done"):
+        queue.done(kept[1])
+    queue.done(redelivered)
+    assert queue.counts().unfinished == 0
+
+
+def test_batch_bad_input_is_refused_with_the_fix(qclient, uid):
+    queue = qclient.create_queue(f"q-{uid}")
+    for wrong in ("abc", b"abc", {"a": 1}, 7, None):
+        with pytest.raises(ConfigError, match=r"push_many.*list"):
+            queue.push_many(wrong)
+    for wrong in (0, -1, 2.5, True, "3"):
+        with pytest.raises(ConfigError, match="max_items"):
+            queue.pop_many(wrong)
+    with pytest.raises(ConfigError, match="lease_timeout"):
+        queue.pop_many(2, lease_timeout=0)
+    with pytest.raises(ConfigError, match="timeout"):
+        queue.pop_many(2, timeout=-1)
+    with pytest.raises(ConfigError, match=r"done_many.*list"):
+        queue.done_many("lease-1")
+    queue.push_many([1, 2])
+    leases = queue.pop_many(2)
+    with pytest.raises(LeaseError, match="takes the Lease"):
+        queue.done_many([leases[0], "lease-1"])
+    other = qclient.create_queue(f"other-{uid}")
+    other.push(3)
+    with pytest.raises(LeaseError, match="call done_many"):
+        queue.done_many([leases[0], other.pop()])
+    assert queue.in_flight() == 2  # a refused call does nothing, not even to the leases that were fine
+    queue.done_many(leases)
+    assert queue.counts().unfinished == 0
+
+
+def test_batched_items_keep_their_type(qclient, uid):
+    queue = qclient.create_queue(f"q-{uid}")
+    queue.push_many(TYPED_VALUES)
+    leases = queue.pop_many(len(TYPED_VALUES), lease_timeout=60)
+    assert [typed(lease.item) for lease in leases] == [typed(value) for value in TYPED_VALUES]
+    queue.done_many(leases)

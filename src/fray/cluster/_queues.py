@@ -5,7 +5,12 @@ written through to three tables of the controller's database, created here (not 
 the store's schema), so that a controller killed with ``kill -9`` and restarted
 loses nothing: items waiting, items leased (with their deadlines, in wall-clock
 time), and the leases that ended (so that a late ``done`` still says why it fails).
-Every change is one small transaction through the store's own connection.
+Changes are committed with *group commit* (:mod:`fray.cluster._groupcommit`): an
+operation changes memory under the service's lock, queues its statements, and answers
+once they are committed; concurrent operations share one transaction. A batch
+(``push_many``, ``pop_many``, ``done_many``) is one write for all its items. If a commit
+fails, the operations in it fail and memory is reloaded from the database before the
+next operation.
 
 Items are opaque bytes: only clients and tasks unpickle them. Queues are named
 ``NAMESPACE/NAME`` and belong to the user who created them; that user's clients and
@@ -25,12 +30,15 @@ import threading
 import time
 import uuid
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from heapq import heappop, heappush
 from typing import Any
 
 from fray.cluster._api import Caller
 from fray.cluster._codec import checked
+from fray.cluster._groupcommit import GroupCommit
 from fray.errors import NotFound, PermissionDenied, ProtocolError, QueueAlreadyExists, StorageError
 
 __all__ = ["QUEUE_PREFIX", "QueueAPI", "QueueService", "with_queues"]
@@ -41,6 +49,8 @@ QUEUE_PREFIX = "queue."
 MAX_WAIT = 5.0
 #: Ended leases are remembered this long (so that a late done() says "expired"), then forgotten.
 ENDED_MEMORY_SECONDS = 24 * 3600.0
+#: A pop_many answer stops growing once its items hold this many bytes (it always holds one item).
+MAX_POP_BYTES = 32 << 20
 
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS queues (key TEXT PRIMARY KEY, user TEXT NOT NULL, created REAL NOT NULL, "
@@ -87,6 +97,8 @@ class QueueService:
         self._queues: dict[str, _Queue] = {}
         self._ids = uuid.uuid4().hex[:8]
         self._serial = 0
+        self._commits = GroupCommit(store)
+        self._mine = threading.local()  # the ticket of this thread's last write in the current operation
         store.write_with(self._create_tables)
         self._queues = store.read_with(self._load)
         self.prune()
@@ -127,11 +139,25 @@ class QueueService:
         return queues
 
     def _write(self, *statements: tuple[str, tuple[Any, ...]]) -> None:
-        def change(cur: sqlite3.Cursor) -> None:
-            for sql, params in statements:
-                cur.execute(sql, params)
+        """Queue statements for the next group commit (lock held): the operation answers once they are committed."""
+        self._mine.ticket = self._commits.add(list(statements))
 
-        self._store.write_with(change)
+    @contextmanager
+    def _op(self) -> Iterator[None]:
+        """One operation: the lock while it runs, then (lock released) wait until its writes are committed."""
+        self._mine.ticket = 0
+        with self._lock:
+            if self._commits.broken:  # a commit failed: memory may hold changes the database does not
+                self._queues = self._store.read_with(self._load)
+                self._commits.recovered()
+                self._changed.notify_all()
+            yield
+        self._commits.flush(self._mine.ticket)
+
+    @property
+    def commits(self) -> int:
+        """Transactions committed so far by queue operations (several operations may share one)."""
+        return self._commits.commits
 
     def _expire(self, queue: _Queue, now: float) -> None:
         """Put back the items whose lease ran out (lock held): to the front, in deadline order."""
@@ -178,7 +204,7 @@ class QueueService:
 
     def create(self, key: str, user: str, exist_ok: bool, call_id: str) -> bool:
         """Create the queue ``key`` for ``user``; True if it was created now (False: attached with ``exist_ok``)."""
-        with self._lock:
+        with self._op():
             queue = self._queues.get(key)
             if queue is not None:
                 if queue.user != user:
@@ -202,25 +228,36 @@ class QueueService:
 
     def push(self, key: str, user: str | None, item_id: str, payload: bytes) -> None:
         """Append one item (opaque bytes); a repeated push of the same ``item_id`` does nothing."""
-        with self._lock:
+        self.push_many(key, user, [(item_id, payload)])
+
+    def push_many(self, key: str, user: str | None, items: list[tuple[str, bytes]]) -> None:
+        """Append ``(item_id, payload)`` pairs in order, in one transaction; ids already pushed are skipped."""
+        with self._op():
             queue = self._get(key, user)
-            if item_id in queue.items:
+            fresh: dict[str, bytes] = {}
+            for item_id, payload in items:
+                if item_id not in queue.items and item_id not in fresh:
+                    fresh[item_id] = payload
+            if not fresh:
                 return
-            seq = queue.back
             self._write(
-                (
-                    "INSERT INTO queue_items (queue, item_id, seq, payload, deliveries) VALUES (?, ?, ?, ?, 0)",
-                    (key, item_id, seq, payload),
+                *(
+                    (
+                        "INSERT INTO queue_items (queue, item_id, seq, payload, deliveries) VALUES (?, ?, ?, ?, 0)",
+                        (key, item_id, queue.back + offset, payload),
+                    )
+                    for offset, (item_id, payload) in enumerate(fresh.items())
                 )
             )
-            queue.back += 1
-            queue.items[item_id] = _Item(item_id, seq, payload)
-            queue.waiting.append(item_id)
+            for item_id, payload in fresh.items():
+                queue.items[item_id] = _Item(item_id, queue.back, payload)
+                queue.waiting.append(item_id)
+                queue.back += 1
             self._changed.notify_all()
 
     def peek(self, key: str, user: str | None) -> list[Any]:
         """``[found, payload]`` of the next item."""
-        with self._lock:
+        with self._op():
             queue = self._get(key, user)
             self._expire(queue, self._clock())
             if not queue.waiting:
@@ -229,71 +266,116 @@ class QueueService:
 
     def pop(self, key: str, user: str | None, lease_timeout: float, wait: float) -> list[Any] | None:
         """Lease the next item: ``[lease_id, payload, deliveries]``, or None after ``wait`` seconds (at most MAX_WAIT)."""
+        leases = self.pop_many(key, user, lease_timeout, wait, 1)
+        return leases[0] if leases else None
+
+    def pop_many(self, key: str, user: str | None, lease_timeout: float, wait: float, max_items: int) -> list[Any]:
+        """Lease up to ``max_items`` items in one transaction: ``[[lease_id, payload, deliveries], ...]``.
+
+        Waits up to ``wait`` seconds (at most MAX_WAIT) for the first item, not for more;
+        ``[]`` when none came.
+        """
         deadline = time.monotonic() + min(max(wait, 0.0), MAX_WAIT)
-        with self._lock:
+        with self._op():
             while True:
                 queue = self._get(key, user)
                 now = self._clock()
                 self._expire(queue, now)
                 if queue.waiting:
-                    return self._lease(queue, now, lease_timeout)
+                    return self._lease(queue, now, lease_timeout, max(1, max_items))
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    return None
+                    return []
                 wake = remaining
                 if queue.deadlines:  # an item comes back when the earliest lease runs out
                     wake = min(wake, max(0.0, queue.deadlines[0][0] - now))
                 self._changed.wait(wake)
 
-    def _lease(self, queue: _Queue, now: float, lease_timeout: float) -> list[Any]:
-        item = queue.items[queue.waiting[0]]
-        self._serial += 1
-        lease_id = f"{self._ids}-{self._serial}"
+    def _lease(self, queue: _Queue, now: float, lease_timeout: float, max_items: int) -> list[Any]:
+        """Lease the first items waiting (at least one; lock held), written in one transaction."""
+        chosen: list[_Item] = []
+        size = 0
+        for item_id in queue.waiting:
+            if len(chosen) == max_items or (chosen and size >= MAX_POP_BYTES):
+                break
+            chosen.append(queue.items[item_id])
+            size += len(chosen[-1].payload)
         deadline = now + lease_timeout
+        lease_ids = [f"{self._ids}-{self._serial + n}" for n in range(1, len(chosen) + 1)]
         self._write(
-            (
-                "UPDATE queue_items SET lease_id = ?, deadline = ?, deliveries = ? WHERE queue = ? AND item_id = ?",
-                (lease_id, deadline, item.deliveries + 1, queue.key, item.item_id),
+            *(
+                (
+                    "UPDATE queue_items SET lease_id = ?, deadline = ?, deliveries = ? WHERE queue = ? AND item_id = ?",
+                    (lease_id, deadline, item.deliveries + 1, queue.key, item.item_id),
+                )
+                for lease_id, item in zip(lease_ids, chosen, strict=True)
             )
         )
-        queue.waiting.popleft()
-        item.lease_id, item.deadline, item.deliveries = lease_id, deadline, item.deliveries + 1
-        queue.leases[lease_id] = item.item_id
-        heappush(queue.deadlines, (deadline, lease_id))
-        return [lease_id, item.payload, item.deliveries]
+        self._serial += len(chosen)
+        answer = []
+        for lease_id, item in zip(lease_ids, chosen, strict=True):
+            queue.waiting.popleft()
+            item.lease_id, item.deadline, item.deliveries = lease_id, deadline, item.deliveries + 1
+            queue.leases[lease_id] = item.item_id
+            heappush(queue.deadlines, (deadline, lease_id))
+            answer.append([lease_id, item.payload, item.deliveries])
+        return answer
 
     def done(self, key: str, user: str | None, lease_id: str, call_id: str) -> str:
         """Remove a leased item: ``"ok"``, or ``"expired"``, ``"done"``, ``"unknown"`` (see QueueCore.done)."""
-        with self._lock:
+        return self.done_many(key, user, [lease_id], call_id)[0]
+
+    def done_many(self, key: str, user: str | None, lease_ids: list[str], call_id: str) -> list[str]:
+        """Remove the items of several leases in one transaction; each lease's status as :meth:`done` gives it.
+
+        The leases held are done even when others are not. A repeat of this call
+        (the same ``call_id``) answers ``"ok"`` for the leases it did.
+        """
+        with self._op():
             queue = self._get(key, user)
             now = self._clock()
             self._expire(queue, now)
-            item_id = queue.leases.get(lease_id)
-            if item_id is None:
-                how, by = queue.ended.get(lease_id, ("unknown", ""))
-                return "ok" if how == "done" and by == call_id else how
-            self._write(
-                ("DELETE FROM queue_items WHERE queue = ? AND item_id = ?", (key, item_id)),
-                (
-                    "INSERT OR REPLACE INTO queue_leases_ended (queue, lease_id, how, call_id, at) VALUES (?, ?, ?, ?, ?)",
-                    (key, lease_id, "done", call_id, now),
-                ),
-            )
-            del queue.leases[lease_id]
-            del queue.items[item_id]
-            queue.ended[lease_id] = ("done", call_id)
-            return "ok"
+            statuses: list[str] = []
+            finishing: dict[str, str] = {}  # lease id -> item id, done by this call
+            for lease_id in lease_ids:
+                item_id = queue.leases.get(lease_id)
+                if lease_id in finishing:
+                    statuses.append("done")  # the same lease twice in one call: as done() twice
+                elif item_id is not None:
+                    finishing[lease_id] = item_id
+                    statuses.append("ok")
+                else:
+                    how, by = queue.ended.get(lease_id, ("unknown", ""))
+                    statuses.append("ok" if how == "done" and by == call_id else how)
+            if not finishing:
+                return statuses
+            statements: list[tuple[str, tuple[Any, ...]]] = []
+            for lease_id, item_id in finishing.items():
+                statements.append(("DELETE FROM queue_items WHERE queue = ? AND item_id = ?", (key, item_id)))
+                statements.append(
+                    (
+                        "INSERT OR REPLACE INTO queue_leases_ended (queue, lease_id, how, call_id, at) "
+                        "VALUES (?, ?, ?, ?, ?)",
+                        (key, lease_id, "done", call_id, now),
+                    )
+                )
+            self._write(*statements)
+            for lease_id, item_id in finishing.items():
+                del queue.leases[lease_id]
+                del queue.items[item_id]
+                queue.ended[lease_id] = ("done", call_id)
+            return statuses
 
     def counts(self, key: str, user: str | None) -> list[int]:
         """``[pending, in_flight]``."""
-        with self._lock:
+        with self._op():
             queue = self._get(key, user)
             self._expire(queue, self._clock())
             return [len(queue.waiting), len(queue.leases)]
 
     def stats(self) -> list[dict[str, Any]]:
         """Every queue with its backlog (for the dashboard and ``fray status``)."""
-        with self._lock:
+        with self._op():
             now = self._clock()
             out = []
             for key in sorted(self._queues):
@@ -307,7 +389,8 @@ class QueueService:
     def prune(self) -> None:
         """Forget ended leases older than :data:`ENDED_MEMORY_SECONDS`."""
         cutoff = self._clock() - ENDED_MEMORY_SECONDS
-        self._write(("DELETE FROM queue_leases_ended WHERE at < ?", (cutoff,)))
+        with self._op():
+            self._write(("DELETE FROM queue_leases_ended WHERE at < ?", (cutoff,)))
 
 
 def _str(value: Any, what: str) -> str:
@@ -358,12 +441,43 @@ class QueueAPI:
             raise ProtocolError(f"a queue item is a byte string, got {type(payload).__name__}")
         self._queues.push(_str(key, "queue"), self._user(caller), _str(item_id, "item id"), payload)
 
+    def _push_many(self, caller: Caller, key: Any, items: Any) -> None:
+        if not isinstance(items, list):
+            raise ProtocolError(f"push_many takes a list of [item id, payload] pairs, got {type(items).__name__}")
+        pairs: list[tuple[str, bytes]] = []
+        for pair in items:
+            if not isinstance(pair, list | tuple) or len(pair) != 2 or not isinstance(pair[1], bytes):
+                raise ProtocolError("push_many takes [item id, payload] pairs, each payload a byte string")
+            pairs.append((_str(pair[0], "item id"), pair[1]))
+        self._queues.push_many(_str(key, "queue"), self._user(caller), pairs)
+
     def _peek(self, caller: Caller, key: Any) -> list[Any]:
         return self._queues.peek(_str(key, "queue"), self._user(caller))
 
     def _pop(self, caller: Caller, key: Any, lease_timeout: Any, wait: Any = 0.0) -> list[Any] | None:
         return self._queues.pop(
             _str(key, "queue"), self._user(caller), _number(lease_timeout, "lease_timeout"), _number(wait, "wait")
+        )
+
+    def _pop_many(self, caller: Caller, key: Any, lease_timeout: Any, wait: Any, max_items: Any) -> list[Any]:
+        if isinstance(max_items, bool) or not isinstance(max_items, int) or max_items < 1:
+            raise ProtocolError(f"max_items must be a whole number >= 1, got {max_items!r}")
+        return self._queues.pop_many(
+            _str(key, "queue"),
+            self._user(caller),
+            _number(lease_timeout, "lease_timeout"),
+            _number(wait, "wait"),
+            max_items,
+        )
+
+    def _done_many(self, caller: Caller, key: Any, lease_ids: Any, call_id: Any) -> list[str]:
+        if not isinstance(lease_ids, list):
+            raise ProtocolError(f"done_many takes a list of lease ids, got {type(lease_ids).__name__}")
+        return self._queues.done_many(
+            _str(key, "queue"),
+            self._user(caller),
+            [_str(lease_id, "lease id") for lease_id in lease_ids],
+            _str(call_id, "call id"),
         )
 
     def _done(self, caller: Caller, key: Any, lease_id: Any, call_id: Any) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable, Iterable
 from typing import Any, Generic, TypeVar
 
 import ray
@@ -20,10 +21,14 @@ from fray.queue import (
     Lease,
     QueueCore,
     QueueCounts,
+    check_items,
     check_lease,
+    check_leases,
+    check_max_items,
     check_pop_arguments,
     check_queue_name,
     counts_from,
+    done_many_error,
     lease_error,
     queue_exists,
 )
@@ -53,17 +58,30 @@ class _QueueActor:
         async with changed:
             changed.notify()
 
+    async def push_many(self, items: list[Any]) -> None:
+        self._core.push_many(items)
+        changed = self._condition()
+        async with changed:
+            changed.notify_all()
+
     async def peek(self) -> tuple[bool, Any]:
         return self._core.peek(time.monotonic())
 
     async def pop(self, lease_timeout: float, timeout: float | None) -> Lease[Any] | None:
+        leases = await self._wait_for(lambda now: self._core.pop_many(1, lease_timeout, now), timeout)
+        return leases[0] if leases else None
+
+    async def pop_many(self, max_items: int, lease_timeout: float, timeout: float | None) -> list[Lease[Any]]:
+        return await self._wait_for(lambda now: self._core.pop_many(max_items, lease_timeout, now), timeout)
+
+    async def _wait_for(self, take: Callable[[float], list[Lease[Any]]], timeout: float | None) -> list[Lease[Any]]:
         deadline = None if timeout is None else time.monotonic() + timeout
         changed = self._condition()
         while True:
             now = time.monotonic()
-            lease = self._core.pop(lease_timeout, now)
-            if lease is not None or (deadline is not None and now >= deadline):
-                return lease
+            leases = take(now)
+            if leases or (deadline is not None and now >= deadline):
+                return leases
             wake = [t for t in (deadline, self._core.next_deadline()) if t is not None]
             async with changed:
                 with contextlib.suppress(TimeoutError):  # woken by the clock: a lease may have run out
@@ -71,6 +89,9 @@ class _QueueActor:
 
     async def done(self, lease_id: str) -> str:
         return self._core.done(lease_id, time.monotonic())
+
+    async def done_many(self, lease_ids: list[str]) -> list[str]:
+        return self._core.done_many(lease_ids, time.monotonic())
 
     async def counts(self) -> tuple[int, int]:
         counts = self._core.counts(time.monotonic())
@@ -135,6 +156,30 @@ class RayQueue(Generic[T]):
         status = self._call("done", lease.lease_id)
         if status != "ok":
             raise lease_error(status, lease.lease_id, self._name)
+
+    def push_many(self, items: Iterable[T]) -> None:
+        """Append every item, in order, in one call to the actor (see :meth:`fray.queue.Queue.push_many`)."""
+        batch = check_items(items)
+        if batch:
+            self._call("push_many", batch)
+
+    def pop_many(
+        self, max_items: int, lease_timeout: float = DEFAULT_LEASE_TIMEOUT, *, timeout: float | None = 0.0
+    ) -> list[Lease[T]]:
+        """Lease up to ``max_items`` items in one call (see :meth:`fray.queue.Queue.pop_many`)."""
+        max_items = check_max_items(max_items)
+        lease_timeout, timeout = check_pop_arguments(lease_timeout, timeout)
+        leases: list[Lease[T]] = self._call("pop_many", max_items, lease_timeout, timeout)
+        return leases
+
+    def done_many(self, leases: Iterable[Lease[T]]) -> None:
+        """Remove the items of several leases in one call (see :meth:`fray.queue.Queue.done_many`)."""
+        batch = check_leases(leases, self._name)
+        if not batch:
+            return
+        error = done_many_error(batch, self._call("done_many", [lease.lease_id for lease in batch]), self._name)
+        if error is not None:
+            raise error
 
     def pending(self) -> int:
         """Items waiting to be popped."""
