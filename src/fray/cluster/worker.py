@@ -16,7 +16,8 @@ Three loops, none of which may die (each catches, logs and carries on after anyt
   is confirmed by a fresh round trip before its tasks start, so they do not start under
   the lapsed lease only to be killed at once.
 
-One thread per task reads its output and waits for it to exit.
+One thread per task reads its output (kept bounded by :mod:`fray.cluster._task_output`) and
+waits for it to exit. A task's environment is built by :mod:`fray.cluster._task_env`.
 
 Retrying is for what may heal: a controller not up yet, or restarting. A first answer that
 cannot change by retrying -- the controller refuses the worker's credential, or the server is
@@ -30,7 +31,8 @@ Joining (``join=``, ``fray worker --join TOKEN``): a worker with a join token fi
 controller against the CA the token pins (before anything secret is sent), exchanges the token
 for its own credential and keeps it 0600 in ``workdir/credential`` with the token's id; started
 again with the same token (or none), it reuses that credential, so a token may expire once its
-workers have joined.
+workers have joined. The token, the kept credential and the lines a worker gives up with are in
+:mod:`fray.cluster._worker_join`.
 
 Exactly-once completion: a task's exit goes into the durable :class:`OutcomeJournal`
 first, and leaves it only when the controller has recorded it -- through a report, or
@@ -42,7 +44,6 @@ ended (a worker it declared lost), so a stale outcome is never accepted.
 
 from __future__ import annotations
 
-import collections
 import logging
 import os
 import shutil
@@ -63,19 +64,17 @@ from fray._process import kill_process_group
 from fray.cluster._environments import prepare as prepare_environment
 from fray.cluster._journal import OutcomeJournal
 from fray.cluster._launch import ForkedProcess, ForkServer, die_with_worker
+from fray.cluster._task_env import nul_problem, task_env
+from fray.cluster._task_output import LAST_OUTPUT_LINES, OutputCap
+from fray.cluster._worker_join import join_token, refusal_line, revoked, stored_credential
 from fray.cluster.capacity import Device, WorkerInfo
 from fray.cluster.controller_client import CredentialLike, controller_client, resolve_credential
 from fray.cluster.credentials import Credential, issued_id
 from fray.cluster.messages import TaskAssignment, TaskExit, WorkerCommands, WorkerReport
 from fray.cluster.records import TaskKey
-from fray.errors import AuthenticationError, ConfigError, FrayError, PermissionDenied
-from fray.job import JobInfo, replica_env
-from fray.rpc.tls import UntrustedServerError
+from fray.errors import FrayError
 
 __all__ = ["LAST_OUTPUT_LINES", "Worker"]
-
-#: How many of a failed task's last output lines its failure message quotes.
-LAST_OUTPUT_LINES = 5
 
 logger = logging.getLogger(__name__)
 
@@ -83,9 +82,6 @@ _Process = subprocess.Popen[bytes] | ForkedProcess
 
 # A report waits this long after its first event, so a burst of task events costs one report.
 _REPORT_GATHER_SECONDS = 0.003
-
-# The worker's own secrets, which its tasks must not inherit.
-_SECRETS = frozenset({"FRAY_TOKEN", "FRAY_CREDENTIAL"})
 
 
 def _total_memory() -> int:
@@ -120,92 +116,6 @@ class _Pending:
         self.started[:0] = started
         for key, lines in logs:
             self.logs.setdefault(key, [])[:0] = lines
-
-
-#: Longest output line stored whole; a longer one keeps its first this many bytes, and a note.
-MAX_LINE_BYTES = 64 * 1024
-#: Output kept per task: the first and the last this many lines (and bytes), with a note of the rest.
-HEAD_LINES = TAIL_LINES = 4_000
-HEAD_BYTES = TAIL_BYTES = 8 << 20
-
-
-class _OutputCap:
-    """Keeps one task's output bounded: long lines cut, and only its head and tail once it is long.
-
-    Lines up to the head budget are passed on as they come; after that, only the most
-    recent ones are kept (a bounded tail), and :meth:`finish` returns a note of what was
-    dropped followed by the tail. Memory never holds more than the tail and one line.
-    """
-
-    def __init__(self) -> None:
-        self._head_lines = 0
-        self._head_bytes = 0
-        self._tail: collections.deque[str] = collections.deque()
-        self._tail_bytes = 0
-        self._dropped_lines = 0
-        self._dropped_bytes = 0
-        self.last_lines: collections.deque[str] = collections.deque(maxlen=LAST_OUTPUT_LINES)
-
-    @property
-    def last(self) -> list[str]:
-        """The task's last few lines, for a failure message."""
-        return list(self.last_lines)
-
-    def read_line(self, stream: Any) -> str | None:
-        """The next line (None at the end), cut to :data:`MAX_LINE_BYTES` with a note of the rest."""
-        raw = stream.readline(MAX_LINE_BYTES + 1)
-        if not raw:
-            return None
-        cut = 0
-        if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
-            # An overlong line: its rest is counted as it streams past, never held.
-            cut = len(raw) - MAX_LINE_BYTES
-            raw = raw[:MAX_LINE_BYTES]
-            while more := stream.readline(MAX_LINE_BYTES):
-                ends = more.endswith(b"\n")
-                cut += len(more) - ends
-                if ends:
-                    break
-        line = raw.decode(errors="replace").rstrip("\n")
-        if cut:
-            line += f" [fray: line cut, {cut} more bytes dropped]"
-        self.last_lines.append(line)
-        return line
-
-    def keep(self, line: str) -> bool:
-        """True: pass ``line`` on now (within the head); False: it went to the bounded tail."""
-        size = len(line) + 1
-        if self._head_lines < HEAD_LINES and self._head_bytes + size <= HEAD_BYTES:
-            self._head_lines += 1
-            self._head_bytes += size
-            return True
-        self._tail.append(line)
-        self._tail_bytes += size
-        while len(self._tail) > TAIL_LINES or self._tail_bytes > TAIL_BYTES:
-            dropped = self._tail.popleft()
-            self._tail_bytes -= len(dropped) + 1
-            self._dropped_lines += 1
-            self._dropped_bytes += len(dropped) + 1
-        return False
-
-    def finish(self) -> list[str]:
-        """What is left to pass on at the end: a note of what was dropped, then the tail."""
-        tail = list(self._tail)
-        if self._dropped_lines:
-            note = f"[fray: {self._dropped_lines} lines ({self._dropped_bytes} bytes) of output dropped here]"
-            tail.insert(0, note)
-        return tail
-
-
-def _nul_problem(argv: list[str], env: dict[str, str]) -> str:
-    """Why the task cannot be started because of a NUL byte, or ""."""
-    for i, arg in enumerate(argv):
-        if "\0" in arg:
-            return f"argument {i} of the command contains a NUL byte, which no program can receive"
-    for key, value in env.items():
-        if "\0" in key or "\0" in value:
-            return f"environment variable {key!r} contains a NUL byte"
-    return ""
 
 
 class Worker:
@@ -247,7 +157,7 @@ class Worker:
         join: str | None = None,
     ) -> None:
         self.controller = controller
-        token_of_join = _join_token(join) if join else None
+        token_of_join = join_token(join) if join else None
         # A joining worker's default id is its host's name (one worker a host), so that it is the same
         # when it starts again and finds its credential.
         default_id = (
@@ -269,7 +179,7 @@ class Worker:
         self._poll_wait = poll_wait
         self._heartbeat = heartbeat
         self._join_token = token_of_join
-        stored = self._stored_credential(token_of_join)
+        stored = stored_credential(self.credential_file, self.worker_id, token_of_join)
         if stored is not None or token_of_join is not None:
             self._credential: Credential | None = stored  # None: join first (see _register)
         else:
@@ -357,9 +267,9 @@ class Worker:
                 self._obey(commands)
             except Exception as exc:  # never dies: an unreachable controller, or a bug of ours
                 if self._joined:
-                    refusal = _revoked(self.worker_id, self.controller, exc)
+                    refusal = revoked(self.worker_id, self.controller, exc)
                 else:
-                    refusal = _refusal(self.worker_id, self.controller, exc, joining=self._join_token is not None)
+                    refusal = refusal_line(self.worker_id, self.controller, exc, joining=self._join_token is not None)
                 if refusal is not None:
                     self._give_up(refusal)
                     return
@@ -382,23 +292,6 @@ class Worker:
         if more.reregister:  # the registration gets every assignment not yet started again
             return more
         return replace(more, start=commands.start + more.start, kill=commands.kill + more.kill)
-
-    def _stored_credential(self, token: Credential | None) -> Credential | None:
-        """The credential this worker joined with before, if it may use it (same token, or none given)."""
-        try:
-            lines = self.credential_file.read_text().splitlines()
-        except OSError:
-            return None
-        try:
-            credential = Credential.decode(lines[0]) if lines else None
-        except ConfigError:
-            return None
-        via = lines[1].removeprefix("join-token ").strip() if len(lines) > 1 else ""
-        if credential is None or not credential.principal.startswith(f"worker:{self.worker_id}#"):
-            return None  # another worker's (a reused workdir): join anew
-        if token is not None and via != issued_id(token.principal):
-            return None  # a new token: join with it (e.g. after a revocation)
-        return credential
 
     def _join(self) -> None:
         """Exchange the join token for this worker's own credential, kept 0600 in :attr:`credential_file`."""
@@ -497,31 +390,9 @@ class Worker:
         task_dir = self.workdir / "tasks" / f"{key.job_id.replace('/', '__')}-{key.task_index}-{key.attempt}"
         private_dir(task_dir)
         failure_path = task_dir / "failure.pkl"
-        info = JobInfo(
-            key.job_id,
-            assignment.job_name,
-            assignment.replica_index,
-            assignment.replica_count,
-            assignment.namespace,
-            key.attempt,
-        )
-        # The worker's own variables (never its credential, nor a cluster token), then Fray's
-        # for this task -- the job's own credential and its namespace's actor key -- then the
-        # user's (which win).
-        env = {k: v for k, v in os.environ.items() if k not in _SECRETS}
-        env.update(
-            FRAY_TASK_INDEX=str(key.task_index),
-            FRAY_HOST_INDEX=str(assignment.host_index),
-            FRAY_WORKER_ID=self.worker_id,
-        )
-        env.update(assignment.device_env)
-        if assignment.credential:
-            env["FRAY_CREDENTIAL"] = assignment.credential
-        if assignment.actor_token:
-            env["FRAY_TOKEN"] = assignment.actor_token
-        env.update(replica_env(info, f"fray://{self.controller}", spec.environment.env_vars))
+        env = task_env(assignment, self.worker_id, self.controller)
         argv = list(spec.argv) if spec.argv is not None else None
-        problem = _nul_problem(argv or [], env)
+        problem = nul_problem(argv or [], env)
         if problem:
             self._cannot_start(key, f"cannot start the task: {problem}")
             return
@@ -612,7 +483,7 @@ class Worker:
     def _watch(self, task: _Task) -> None:
         proc, key = task.proc, task.assignment.key
         assert proc is not None and proc.stdout is not None
-        output = _OutputCap()
+        output = OutputCap()
         try:
             while True:
                 line = output.read_line(proc.stdout)
@@ -748,63 +619,3 @@ class Worker:
 
 def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
-
-
-def _join_token(line: str) -> Credential:
-    """The join token in ``line``; ConfigError (one line saying what it should be) if it is not one."""
-    try:
-        token = Credential.decode(line)
-    except ConfigError:
-        token = None
-    if token is None or not token.principal.startswith("join:"):
-        raise ConfigError(
-            "--join takes the one line `fray token create --role worker` printed (fray-credential-v1 join:...), "
-            "and this is not one"
-        )
-    return token
-
-
-def _revoked(worker_id: str, controller: str, exc: Exception) -> str | None:
-    """The line a registered worker gives up with when the controller refuses its credential, else None."""
-    # PermissionDenied: a revoked worker's shared credential may still connect, but not register it.
-    if not isinstance(exc, (AuthenticationError, PermissionDenied)) or isinstance(exc, UntrustedServerError):
-        return None
-    return (
-        f"worker {worker_id}: the controller at {controller} refused its credential (revoked: fray worker revoke) "
-        "and its tasks were stopped -- join again with a new token: fray worker --join TOKEN "
-        "(fray token create --role worker makes one)"
-    )
-
-
-def _refusal(worker_id: str, controller: str, exc: Exception, *, joining: bool = False) -> str | None:
-    """The one line a worker gives up with when ``exc`` is an answer retrying cannot change, else None.
-
-    Connection failures (``CallNotSentError``, timeouts, a lost connection) are None: the
-    controller may not be up yet, or be restarting.
-    """
-    lines = str(exc).strip().splitlines()
-    detail = lines[0] if lines else type(exc).__name__
-    if joining and isinstance(exc, UntrustedServerError):
-        fix = "the join token pins another controller's CA: check --controller, or mint a token on that controller"
-    elif joining and isinstance(exc, (AuthenticationError, PermissionDenied)):
-        fix = (
-            "the join token, or the credential this worker got with it earlier, is expired, revoked or another "
-            "cluster's: mint a new token with `fray token create --role worker` on the controller's machine"
-        )
-    elif isinstance(exc, UntrustedServerError):
-        fix = (
-            "set FRAY_TLS_CA to the CA of the controller's cluster (`fray controller` prints its path when it starts) "
-            "and check that --controller names that controller"
-        )
-    elif isinstance(exc, AuthenticationError):
-        fix = (
-            "give the worker that cluster's worker credential (FRAY_CREDENTIAL; `fray cluster up` keeps it in "
-            "worker.credential) or its token (FRAY_TOKEN), and check that --controller names that cluster's controller"
-        )
-    elif isinstance(exc, PermissionDenied):
-        fix = "set FRAY_CREDENTIAL to the cluster's worker credential (worker.credential in the cluster directory)"
-    elif isinstance(exc, ConfigError):
-        fix = "fix the setting and start the worker again"
-    else:
-        return None
-    return f"worker {worker_id} cannot join the controller at {controller}: {detail} -- {fix}"
