@@ -23,12 +23,13 @@ from typing import Any
 from fray._tpu_env import tpu_host_env
 from fray.cluster import _codec as codec
 from fray.cluster._database import ReadOnlyMode
+from fray.cluster._issuer import DEFAULT_JOIN_TTL, CredentialIssuer
 from fray.cluster._pending import PendingSet
 from fray.cluster._queues import QueueService
 from fray.cluster._specs import DEFAULT_MAX_SPECS, SpecCache
 from fray.cluster._stall import StallWatch
 from fray.cluster.capacity import WorkerInfo
-from fray.cluster.credentials import ClusterKeys, Issued, new_credential_id
+from fray.cluster.credentials import Issued
 from fray.cluster.messages import (
     CONTROLLER_ACTOR,
     JobSpec,
@@ -50,12 +51,12 @@ from fray.cluster.records import (
 )
 from fray.cluster.scheduler import PendingJob, SchedulingDecision, schedule
 from fray.cluster.store import ClusterStore
-from fray.errors import ConfigError, FrayError, JobAlreadyExists, NotFound, PermissionDenied, StorageError
+from fray.errors import FrayError, JobAlreadyExists, NotFound, StorageError
 from fray.job import JobStatus
 from fray.rpc.datarpc import pack, unpack
 from fray.rpc.registry import EndpointRegistry
 
-__all__ = ["CONTROLLER_ACTOR", "ControllerService"]
+__all__ = ["CONTROLLER_ACTOR", "DEFAULT_JOIN_TTL", "ControllerService"]
 
 logger = logging.getLogger(__name__)
 
@@ -71,13 +72,6 @@ _DEBOUNCE_MAX = 0.05
 _HEARTBEAT_WRITE_SECONDS = 0.5
 # How long wait_status holds a partial answer to gather more completions (see there).
 _WAIT_LINGER = 0.05
-#: How long a worker join token lasts unless told (``fray token create --ttl``): a day, as kubeadm's.
-DEFAULT_JOIN_TTL = 86400.0
-
-
-def _plain_name(name: str) -> bool:
-    """A worker id or user name that is safe in a principal and a file name: letters, digits, ``._-``."""
-    return bool(name) and len(name) <= 128 and all(c.isalnum() or c in "._-" for c in name)
 
 
 @dataclass
@@ -110,11 +104,9 @@ class ControllerService:
     ) -> None:
         self._store = store
         self.pin = pin
-        # Issued credentials by id (join tokens, workers' and users' own): replaced whole on every change,
-        # read without a lock by every handshake and call.
-        self._issued: dict[str, Issued] = {r.credential_id: r for r in store.issued()}
-        # Every credential derives from the cluster token; issued ones must also be on record, valid.
-        self._keys = ClusterKeys(master, self._job_is_live, lambda cid: self._issued.get(cid), clock)
+        # Join tokens, workers' and users' own credentials, and the keys every credential derives from.
+        self._issuer = CredentialIssuer(store, master, self._job_is_live, clock, pin)
+        self._keys = self._issuer.keys
         self._worker_timeout = worker_timeout
         self._clock = clock
         self._lock = threading.Lock()
@@ -344,65 +336,29 @@ class ControllerService:
     def create_token(self, role: str, ttl: float | None = None) -> tuple[Issued, str]:
         """Issue a join token (``role="worker"``) or a user credential (``role="user:NAME"``); its record and line.
 
-        ``ttl`` (seconds) bounds its life: a join token lasts :data:`DEFAULT_JOIN_TTL` unless told, a
-        user credential for ever. The line names the CA's pin when the controller serves TLS.
+        See :meth:`CredentialIssuer.create_token <fray.cluster._issuer.CredentialIssuer.create_token>`.
         """
-        if role == "worker":
-            subject = "join"
-            ttl = DEFAULT_JOIN_TTL if ttl is None else ttl
-        elif role.startswith("user:") and _plain_name(role.removeprefix("user:")):
-            subject = role
-        else:
-            raise ConfigError(f"--role {role!r}: a token is for 'worker' (a join token) or 'user:NAME'")
-        if ttl is not None and not ttl > 0:
-            raise ConfigError(f"--ttl {ttl:g}: a token's life must be a positive number of seconds")
-        now = self._clock()
-        record = Issued(new_credential_id(), subject, now, None if ttl is None else now + ttl)
-        return record, self._record_issued(record)
+        return self._issuer.create_token(role, ttl)
 
     def join(self, token_principal: str, worker_id: str) -> str:
         """Exchange the join token the caller proved for ``worker_id``'s own credential (its line).
 
         A worker that was revoked joins again only with a token made after its revocation.
         """
-        token = self._keys.issued_record(token_principal)
-        if token is None or token.subject != "join" or not token.valid(self._clock()):
-            raise PermissionDenied("this join token is not valid (expired, revoked or unknown)")
-        if not _plain_name(worker_id):
-            raise ConfigError(f"worker id {worker_id!r}: use letters, digits and . _ - only")
-        revoked = [r.revoked_at for r in self._issued.values() if r.subject == f"worker:{worker_id}" and r.revoked_at]
-        if revoked and max(revoked) >= token.created_at:
-            raise PermissionDenied(
-                f"worker {worker_id} was revoked after this join token was made: it joins again only with a new "
-                "token (fray token create --role worker)"
-            )
-        record = Issued(new_credential_id(), f"worker:{worker_id}", self._clock(), via=token.credential_id)
-        logger.info("worker %s joined with token %s", worker_id, token.credential_id)
-        return self._record_issued(record)
-
-    def _record_issued(self, record: Issued) -> str:
-        line = self._keys.issue(record, self.pin).encode()
-        self._store.add_issued(record)
-        self._reload_issued()
-        return line
-
-    def _reload_issued(self) -> None:
-        self._issued = {r.credential_id: r for r in self._store.issued()}
+        return self._issuer.join(token_principal, worker_id)
 
     def list_credentials(self) -> list[Issued]:
         """Every issued credential and join token (none of their keys)."""
-        return list(self._issued.values())
+        return self._issuer.list()
 
     def revoke_credential(self, credential_id: str) -> bool:
         """Revoke one issued credential or join token: it stops working at once (False: it was already)."""
-        revoked = self._store.revoke_issued(credential_id, self._clock())
-        self._reload_issued()
-        return revoked
+        return self._issuer.revoke(credential_id)
 
     def revoke_worker(self, worker_id: str) -> WorkerRecord:
         """Revoke ``worker_id``'s credentials at once; it is lost (its tasks get new attempts) and REVOKED."""
         effects = self._store.revoke_worker(worker_id, self._clock())
-        self._reload_issued()
+        self._issuer.reload()
         with self._lock:
             self._epochs.pop(worker_id, None)  # its polls and reports are refused from now on
         self._apply(effects)
