@@ -22,6 +22,9 @@ jobs, workers, running tasks) and what the provider lists, and acts:
    rate; a :class:`~fray.errors.QuotaExceeded` blocks the group for ``quota_block_seconds``
    and its demand goes to the next group in the same tick.
 
+After the tick, the pending reasons of jobs and the status people read are built by
+:mod:`fray.autoscale._status`.
+
 The tick is a function of its inputs (the view, the provider's answers, ``now``), so tests
 and the scale simulation drive it with a simulated clock. In the controller it runs on its
 own thread (:mod:`fray.cluster._autoscale_host`), so scheduling never waits on a provider.
@@ -36,11 +39,11 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
 from typing import Any
 
 from fray.autoscale._createrate import CreateRate
 from fray.autoscale._demand import Routing, Unit, group_vector, route
+from fray.autoscale._status import BOOTING, GroupState, autoscaler_status, iso, job_notes
 from fray.autoscale._vmstate import SliceRecord, VmRecord, VmState, vm_worker_info
 from fray.autoscale.config import ClusterConfig, ScaleGroup
 from fray.autoscale.provider import CloudState, Provider, ProviderVm, SliceRequest, slice_vms
@@ -53,15 +56,12 @@ __all__ = ["Autoscaler", "AutoscalerPolicy", "ClusterView", "TickResult", "vm_wo
 logger = logging.getLogger(__name__)
 
 _LIVE = (VmState.REQUESTED, VmState.BOOTING, VmState.READY, VmState.DRAINING)
-_BOOTING = (VmState.REQUESTED, VmState.BOOTING)
 # Seconds a new slice may be absent from the provider's listing before it counts as lost.
 _LISTING_GRACE = 30.0
 # Seconds a DELETED or FAILED VM's worker stays fenced (see Autoscaler._fenced).
 _FENCE_AFTER_END = 60.0
 # Slice names tried for one create when the provider answers earlier names with no VMs (see _create_slice).
 _NAME_TRIES = 1000
-# Unmet-demand entries listed in full by status(); the rest are counted by code.
-_STATUS_UNMET = 100
 
 
 @dataclass(frozen=True)
@@ -127,22 +127,6 @@ class TickResult:
     deleted: int = 0
 
 
-@dataclass
-class _Group:
-    """A group's create rate and whether (and why) it is blocked after a provider refusal."""
-
-    rate: CreateRate
-    blocked_until: float = 0.0
-    blocked_code: str = ""
-    blocked_message: str = ""
-    last_error: str = ""
-    wanted: int = 0  # slices wanted in the last tick but not created (rate-limited)
-
-
-def _iso(at: float) -> str:
-    return datetime.fromtimestamp(at, UTC).isoformat(timespec="seconds")
-
-
 class Autoscaler:
     """Keeps a cluster's scale groups sized to its demand through a :class:`Provider` (see the module docstring).
 
@@ -169,7 +153,7 @@ class Autoscaler:
         now = clock()
         p = self.policy
         self._groups = {
-            g.name: _Group(
+            g.name: GroupState(
                 CreateRate(p.create_rate, p.create_burst, p.failure_factor, p.rate_floor, p.recovery_seconds, now)
             )
             for g in config.scale_groups
@@ -224,7 +208,7 @@ class Autoscaler:
                 if blocked_now <= blocked_before:
                     break
                 blocked_before = blocked_now
-            notes = self._notes(routing)
+            notes = job_notes(routing, self._slices.values(), self._groups, self._group_config)
             self._publish(routing, now)
             return TickResult(self._fenced(now), notes, created, deleted)
 
@@ -243,7 +227,7 @@ class Autoscaler:
             if CloudState.PREEMPTED in states:
                 deleted += self._fail(known, "preempted", now, view)
             elif CloudState.FAILED in states:
-                deleted += self._fail(known, "boot_failed" if known.state in _BOOTING else "lost", now, view)
+                deleted += self._fail(known, "boot_failed" if known.state in BOOTING else "lost", now, view)
             elif len(vms) != len(known.vms) or CloudState.DELETING in states:
                 deleted += self._fail(known, "lost", now, view)
             elif known.state == VmState.REQUESTED and states == {CloudState.RUNNING}:
@@ -283,7 +267,7 @@ class Autoscaler:
             for vm in s.vms:
                 if vm.vm_id in view.registered:
                     vm.registered = True
-            if s.state in _BOOTING:
+            if s.state in BOOTING:
                 if all(vm.vm_id in view.registered for vm in s.vms):
                     if s.state == VmState.REQUESTED:
                         s.move(VmState.BOOTING, now)
@@ -366,7 +350,7 @@ class Autoscaler:
             if group.name in wanted:
                 continue  # demand is coming to this group: keep what it has
             mine = [s for s in self._slices.values() if s.group == group.name]
-            staying = sum(1 for s in mine if s.state in (*_BOOTING, VmState.READY))
+            staying = sum(1 for s in mine if s.state in (*BOOTING, VmState.READY))
             idle = sorted(
                 (
                     s
@@ -419,34 +403,8 @@ class Autoscaler:
                 blocked[name] = ("stopped", "is being deleted (fray cluster down)")
             elif group.blocked_until > now:
                 # A fixed time, not a countdown: the reason of every job it holds stays the same until then.
-                blocked[name] = (group.blocked_code, f"is {group.blocked_message} until {_iso(group.blocked_until)}")
+                blocked[name] = (group.blocked_code, f"is {group.blocked_message} until {iso(group.blocked_until)}")
         return route(unplaced, self._groups_by_priority, self._counts(), blocked, units)
-
-    def _notes(self, routing: Routing) -> dict[str, str]:
-        booting: dict[str, int] = {}
-        for s in self._slices.values():
-            if s.state in _BOOTING:
-                booting[s.group] = booting.get(s.group, 0) + 1
-        by_group: dict[str, str] = {}
-        for name in set(routing.served.values()):
-            count = booting.get(name, 0)
-            wanted = self._groups[name].wanted
-            unit = "slice" if self._group_config[name].is_slice else "VM"
-            parts = [f"is starting {count} {unit}{'s' if count != 1 else ''}"] if count else []
-            if wanted:
-                parts.append(f"will create {wanted} more (create rate limited)")
-            if not parts:
-                parts.append(f"keeps a draining {unit} for it")
-            by_group[name] = f"waiting for capacity: scale group {name} {' and '.join(parts)}"
-        notes = {job_id: by_group[name] for job_id, name in routing.served.items()}
-        texts: dict[int, str] = {}
-        for job_id, unmet in routing.unmet.items():
-            text = texts.get(id(unmet))
-            if text is None:
-                prefix = "can never be scheduled: " if unmet.never else "waiting for capacity: "
-                text = texts[id(unmet)] = f"{prefix}[{unmet.code}] {unmet.message}"
-            notes[job_id] = text
-        return notes
 
     # -- create ----------------------------------------------------------------------------------
 
@@ -483,7 +441,7 @@ class Autoscaler:
             created += made
         return created
 
-    def _block(self, group: _Group, now: float, code: str, words: str, seconds: float, exc: Exception) -> None:
+    def _block(self, group: GroupState, now: float, code: str, words: str, seconds: float, exc: Exception) -> None:
         logger.warning("scale group blocked for %gs: %s", seconds, exc)
         group.blocked_until = now + seconds
         group.blocked_code = code
@@ -546,53 +504,10 @@ class Autoscaler:
 
     def _publish(self, routing: Routing, now: float) -> None:
         vms = [replace(vm) for s in self._slices.values() for vm in s.vms]
-        counts = self._counts()
-        groups = []
-        for config in self._groups_by_priority:
-            group = self._groups[config.name]
-            states: dict[str, int] = {}
-            for s in self._slices.values():
-                if s.group == config.name:
-                    states[s.state.value] = states.get(s.state.value, 0) + len(s.vms)
-            if self._stopped:
-                state = "stopped"
-            elif group.blocked_until > now:
-                state = f"{group.blocked_message} until {_iso(group.blocked_until)}"
-            elif group.rate.throttled:
-                state = f"backoff ({group.rate.failures} boot failures)"
-            else:
-                state = "ok"
-            target = counts[config.name] + routing.new_slices.get(config.name, 0)
-            groups.append(
-                {
-                    "name": config.name,
-                    "priority": config.priority,
-                    "hosts": config.hosts,
-                    "min": config.min,
-                    "max": config.max,
-                    "state": state,
-                    "target": max(config.min, min(config.max, target)),
-                    "slices": counts[config.name],
-                    "vms": states,
-                    "create_rate_per_minute": round(group.rate.rate * 60, 3),
-                    "last_error": group.last_error,
-                }
-            )
-        unmet_codes: dict[str, int] = {}
-        unmet: list[dict[str, Any]] = []
-        for job_id, entry in routing.unmet.items():
-            unmet_codes[entry.code] = unmet_codes.get(entry.code, 0) + 1
-            if len(unmet) < _STATUS_UNMET:
-                unmet.append(entry.as_dict(job_id))
-        status = {
-            "provider": self.provider.kind,
-            "groups": groups,
-            "unmet": unmet,
-            "unmet_count": len(routing.unmet),
-            "unmet_by_code": unmet_codes,
-            "waiting_for_vms": len(routing.served),
-            "ticks": self._ticks,
-        }
+        status = autoscaler_status(
+            self.provider.kind, self._groups_by_priority, self._groups, self._slices.values(), self._counts(),
+            routing, stopped=self._stopped, ticks=self._ticks, now=now,
+        )  # fmt: skip
         with self._publish_lock:
             self._published_vms = vms
             self._published_status = status
