@@ -22,18 +22,21 @@ situation. The rules, in brief (``docs/scheduler.md`` has the long form):
   order may no longer use those workers, which therefore drain until it fits.
 * Every job left pending gets a reason, which says whether the job can *never* be
   placed with the workers currently registered or is *waiting* for capacity.
+
+The vector arithmetic of placement (what a task needs, what a worker has, how many fit)
+is in :mod:`fray.cluster._fit`.
 """
 
 from __future__ import annotations
 
 import heapq
-import math
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from fray.cluster._fit import capacity_of, fits, gpu_matches, need_of, need_text, one_of, slots_for
 from fray.cluster._freeindex import FreeIndex
-from fray.cluster.capacity import CPU, DIM_NAMES, TaskResources, WorkerInfo, format_amount
+from fray.cluster.capacity import TaskResources, WorkerInfo, format_amount
 from fray.cluster.credit import CreditPolicy, bid, task_rate
 from fray.errors import ConfigError
 from fray.resources import TPU_TOPOLOGIES
@@ -127,43 +130,6 @@ class SchedulingDecision:
     bids: Mapping[str, float]
 
 
-def _fmt_need(dim: int, value: int) -> str:
-    """``'64 GiB RAM'``, ``'2 cores'``, ``'8 GPUs'``."""
-    if dim == CPU:
-        return format_amount(dim, value)
-    return f"{format_amount(dim, value)} {DIM_NAMES[dim]}"
-
-
-def _need(r: TaskResources) -> tuple[int, int, int, int, int]:
-    gpu = r.device_count if r.device_kind == "gpu" else 0
-    tpu = r.device_count if r.device_kind == "tpu" else 0
-    return (r.cpu_millis, r.ram_bytes, r.disk_bytes, gpu, tpu)
-
-
-def _capacity(w: WorkerInfo) -> list[int]:
-    gpu = w.device("gpu")
-    tpu = w.device("tpu")
-    return [w.cpu_millis, w.ram_bytes, w.disk_bytes, gpu.count if gpu else 0, tpu.count if tpu else 0]
-
-
-def _slots(free: Sequence[int], need: Sequence[int]) -> int:
-    """How many tasks needing ``need`` fit into ``free``."""
-    best = math.inf
-    for have, want in zip(free, need, strict=True):
-        if want > 0:
-            best = min(best, max(0, have) // want)
-    # A task that needs nothing at all fits any number of times; cap it to stay an int.
-    return int(min(best, 1 << 30))
-
-
-def _fits(free: Sequence[int], need: Sequence[int]) -> bool:
-    return all(have >= want for have, want in zip(free, need, strict=True))
-
-
-def _or(items: Sequence[str]) -> str:
-    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " or " + items[-1]
-
-
 @dataclass
 class _Slice:
     """The alive hosts of one TPU slice, as found among the workers."""
@@ -205,8 +171,8 @@ class _Pool:
             if w.alive:
                 wid = w.worker_id
                 self.workers[wid] = w
-                self.capacity[wid] = _capacity(w)
-                self.free[wid] = _capacity(w)
+                self.capacity[wid] = capacity_of(w)
+                self.free[wid] = capacity_of(w)
                 self.preemptible[wid] = w.preemptible
                 gpu = w.device("gpu")
                 kinds = tuple(sorted(d.kind for d in w.devices))
@@ -214,7 +180,7 @@ class _Pool:
         for task in running:
             free = self.free.get(task.worker_id)
             if free is not None:
-                for dim, want in enumerate(_need(task.resources)):
+                for dim, want in enumerate(need_of(task.resources)):
                     free[dim] -= want
         self.slices = self._find_slices()
         self.reserved: dict[str, str] = {}  # worker id -> job id holding it
@@ -275,11 +241,11 @@ class _Pool:
         if r.regions is not None:
             ids = [i for i in ids if self.workers[i].region in r.regions]
             if not ids:
-                return ids, f"no {what} in region {_or(list(r.regions))} at all"
+                return ids, f"no {what} in region {one_of(list(r.regions))} at all"
         if not r.preemptible:
             ids = [i for i in ids if not self.preemptible[i]]
             if not ids:
-                where = f" in region {_or(list(r.regions))}" if r.regions is not None else ""
+                where = f" in region {one_of(list(r.regions))}" if r.regions is not None else ""
                 return ids, f"needs a non-preemptible {what}; none registered{where}"
         return ids, None
 
@@ -291,7 +257,7 @@ class _Pool:
             if not ok:
                 top = max(ids, key=lambda i: (self.capacity[i][dim], i))
                 largest = format_amount(dim, self.capacity[top][dim])
-                return ok, f"{prefix} {_fmt_need(dim, want)} (largest: {largest} on {top})"
+                return ok, f"{prefix} {need_text(dim, want)} (largest: {largest} on {top})"
             ids = ok
         return ids, None
 
@@ -301,16 +267,16 @@ class _Pool:
             return _Static("no workers are registered", [], [], 0)
         ids, why = self._constraint_filter(ids, r, "worker")
         if why is None and r.device_kind == "gpu":
-            ids = [i for i in ids if _gpu_matches(self.workers[i], r.device_type)]
+            ids = [i for i in ids if gpu_matches(self.workers[i], r.device_type)]
             if not ids:
                 gpu = "GPUs" if r.device_type == "auto" else f"{r.device_type} GPUs"
                 why = f"needs {gpu}; no suitable worker has any"
         if why is None:
-            ids, why = self._capacity_filter(ids, _need(r), "no worker has")
+            ids, why = self._capacity_filter(ids, need_of(r), "no worker has")
         if why is not None:
             return _Static(why, [], [], 0)
-        need = _need(r)
-        slots = sum(_slots(self.capacity[i], need) for i in ids)
+        need = need_of(r)
+        slots = sum(slots_for(self.capacity[i], need) for i in ids)
         # Prefer workers without accelerators the job does not use, and preemptible workers
         # for jobs that tolerate preemption: both keep scarce hosts for the jobs that need them.
         by_level: dict[tuple[bool, bool], set[_ClassKey]] = {}
@@ -334,7 +300,7 @@ class _Pool:
             return _Static(f"needs {label}; no complete one (slice {broken.name}: {broken.problem})", [], [], 0)
         ok: list[str] = []
         why: str | None = None
-        need = _need(r)
+        need = need_of(r)
         for s in sorted(complete, key=lambda s: s.name):
             hosts = list(s.hosts.values())
             survivors, why_c = self._constraint_filter(hosts, r, f"{r.device_type} slice")
@@ -361,7 +327,7 @@ class _Pool:
         return self._place_plain(job, static)
 
     def _place_plain(self, job: PendingJob, static: _Static) -> tuple[str, ...] | str:
-        need = _need(job.resources)
+        need = need_of(job.resources)
         # Best fit among the most preferred workers that fit (see _static_plain for the
         # preference): the fullest worker that still fits, so that large holes stay open for
         # large jobs; the index answers without scanning every worker.
@@ -391,10 +357,10 @@ class _Pool:
             top = max(avail, key=lambda i: (self.free[i][dim], i))
             if self.free[top][dim] < want:
                 largest = format_amount(dim, max(0, self.free[top][dim]))
-                return f"no worker has {_fmt_need(dim, want)} free (largest free: {largest} on {top}){suffix}"
-        if not any(_fits(self.free[i], need) for i in avail):
+                return f"no worker has {need_text(dim, want)} free (largest free: {largest} on {top}){suffix}"
+        if not any(fits(self.free[i], need) for i in avail):
             return f"no single worker has {job.resources.describe()} free at once{suffix}"
-        now = sum(_slots(self.free[i], need) for i in avail)
+        now = sum(slots_for(self.free[i], need) for i in avail)
         return f"gang of {job.replicas} replicas: only {now} fit now{suffix}"
 
     def _free_slices(self, static: _Static, need: Sequence[int]) -> list[_Slice]:
@@ -404,13 +370,13 @@ class _Pool:
             hosts = s.hosts.values()
             if any(h in self.reserved for h in hosts):
                 continue
-            if all(_fits(self.free[h], need) for h in hosts):
+            if all(fits(self.free[h], need) for h in hosts):
                 free.append(s)
         return free
 
     def _place_tpu(self, job: PendingJob, static: _Static) -> tuple[str, ...] | str:
         r = job.resources
-        need = _need(r)
+        need = need_of(r)
         free = self._free_slices(static, need)
         if len(free) < job.replicas:
             held = sum(1 for n in static.slices if any(h in self.reserved for h in self.slices[n].hosts.values()))
@@ -435,7 +401,7 @@ class _Pool:
 
     def reserve(self, job: PendingJob, static: _Static) -> None:
         """Hold the workers closest to fitting ``job`` (enough for its gang) for it alone."""
-        need = _need(job.resources)
+        need = need_of(job.resources)
 
         def deficit(wid: str) -> float:
             # Fraction of the worker that must drain before one task fits.
@@ -463,7 +429,7 @@ class _Pool:
                 break
             self.reserved[wid] = job.job_id
             self.index.discard(wid)
-            covered += _slots(self.capacity[wid], need)
+            covered += slots_for(self.capacity[wid], need)
 
     def _take(self, wid: str, need: Sequence[int]) -> None:
         free = self.free[wid]
@@ -476,11 +442,6 @@ class _Pool:
         for dim, want in enumerate(need):
             free[dim] += want
         self.index.move(wid, tuple(free))
-
-
-def _gpu_matches(w: WorkerInfo, gpu_type: str) -> bool:
-    dev = w.device("gpu")
-    return dev is not None and (gpu_type == "auto" or dev.type == gpu_type)
 
 
 NEVER_PREFIX = "can never be scheduled with the current workers: "
