@@ -147,9 +147,9 @@ class Queue(Protocol[T]):
         Every lease the queue still holds is done, even when others are not: then it
         raises, after the others are done, the error ``done`` would raise for the first
         lease not held (:class:`~fray.errors.LeaseExpired` for one that timed out), its
-        message naming every lease that was not done and why. Each check of ``done``
-        on the leases themselves (each a :class:`Lease` of this queue) is made before
-        any is done.
+        message naming every lease that was not done and why. Anything in ``leases``
+        that is not a :class:`Lease` of this queue is refused
+        (:class:`~fray.errors.LeaseError`) before any lease is done.
         """
         ...
 

@@ -57,8 +57,9 @@ def test_concurrent_pushes_share_one_commit_and_answer_only_once_committed(servi
     for pusher in pushers:
         pusher.join(60)
     assert not any(pusher.is_alive() for pusher in pushers)
-    # The first push's commit was already waiting for the disk; the 7 others share the next one.
-    assert queues.commits - before == 2
+    # The first push's commit (with whatever was queued when it began) was already waiting for the
+    # disk; all the others share the next one: 8 pushes, at most 2 transactions.
+    assert 1 <= queues.commits - before <= 2
     assert sorted(rows(db)) == sorted(f"payload-{n}".encode() for n in range(8))
     assert queues.counts(KEY, "alice") == [8, 0]
 
