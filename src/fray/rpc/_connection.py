@@ -5,7 +5,7 @@ thread reads responses (the *read role*), batches pipelined requests in an
 *outbox*, and decides what a broken connection means for each request: one that
 provably never left fails with :class:`NotSent` (safe to retry), one that was
 written fails with :class:`~fray.errors.ActorUnavailableError` ("may or may not
-have run").
+have run"). Its TCP socket is opened by :mod:`fray.rpc._dial`.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from typing import Any
 
 from fray.errors import ActorUnavailableError, ProtocolError, RpcTimeoutError
 from fray.rpc import _local, wire
+from fray.rpc._dial import dial_tcp
 
 __all__ = ["Callback", "Connection", "NotSent", "Pending", "remaining"]
 
@@ -31,11 +32,6 @@ _OUTBOX_LIMIT = 256 * 1024
 _OUTBOX_FRAMES = 16
 # How long the pump thread leaves a free read role to threads waiting on their futures.
 _PUMP_GRACE = 0.0005
-# Dead peers whose host vanished (no RST ever comes) are detected by TCP keepalive after
-# about IDLE + INTERVAL * COUNT seconds.
-_KEEPALIVE_IDLE = 10
-_KEEPALIVE_INTERVAL = 5
-_KEEPALIVE_COUNT = 3
 
 
 class NotSent(Exception):
@@ -87,21 +83,8 @@ class Connection:
     """
 
     def __init__(self, host: str, port: int, token: bytes | None, timeout: float | None) -> None:
-        address = f"{host}:{port}"
         connect_timeout = wire.HANDSHAKE_TIMEOUT if timeout is None else min(timeout, wire.HANDSHAKE_TIMEOUT)
-        sock = socket.create_connection((host, port), timeout=connect_timeout)
-        try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-            if hasattr(socket, "TCP_KEEPIDLE"):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, _KEEPALIVE_IDLE)
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, _KEEPALIVE_INTERVAL)
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, _KEEPALIVE_COUNT)
-            wire.tune_socket(sock)
-        except BaseException:
-            sock.close()
-            raise
-        self._setup(sock, address, token)
+        self._setup(dial_tcp(host, port, connect_timeout), f"{host}:{port}", token)
 
     @classmethod
     def local(cls, name: str, address: str, token: bytes | None, timeout: float | None) -> Connection:
