@@ -8,6 +8,9 @@
 Workers *pull*: a long-poll (:meth:`ControllerService.poll`) returns as soon as
 there is something for the worker to do, and reports travel on their own calls,
 so a task starts and ends within milliseconds without any periodic tick.
+
+The credentials it issues are kept by :mod:`fray.cluster._issuer`; the views and task
+environments it builds from its records, by :mod:`fray.cluster._job_view`.
 """
 
 from __future__ import annotations
@@ -20,10 +23,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from fray._tpu_env import tpu_host_env
 from fray.cluster import _codec as codec
 from fray.cluster._database import ReadOnlyMode
 from fray.cluster._issuer import DEFAULT_JOIN_TTL, CredentialIssuer
+from fray.cluster._job_view import job_view, tpu_device_env
 from fray.cluster._pending import PendingSet
 from fray.cluster._queues import QueueService
 from fray.cluster._specs import DEFAULT_MAX_SPECS, SpecCache
@@ -298,25 +301,7 @@ class ControllerService:
             spec=self._specs.get(task.job_id),
             credential=self._keys.job_credential(job.job_id, self.pin),
             actor_token=self.namespace_token(job.namespace),
-            device_env=self._device_env(job, task),
-        )
-
-    def _device_env(self, job: JobRecord, task: TaskRecord) -> dict[str, str]:
-        """For a TPU task: its slice, host index and (multislice) the coordinator, host 0 of slice 0."""
-        topology = job.resources.tpu
-        if topology is None or task.worker_id is None:
-            return {}
-        slice_name = self._store.get_worker(task.worker_id).info.tpu_name or task.worker_id
-        # The gang is placed as a unit, so host 0 of slice 0 has its worker by now.
-        first = next((t for t in self._store.get_tasks(task.job_id, task.attempt) if t.task_index == 0), None)
-        coordinator = self._store.get_worker(first.worker_id).address if first and first.worker_id else ""
-        return tpu_host_env(
-            slice_name,
-            task.host_index,
-            topology.hosts,
-            slice_id=task.replica_index,
-            num_slices=job.replicas,
-            coordinator_ip=coordinator.rsplit(":", 1)[0],  # a worker's address is HOST:PID
+            device_env=tpu_device_env(self._store, job, task),
         )
 
     # ----- credentials --------------------------------------------------------------------------
@@ -582,22 +567,7 @@ class ControllerService:
         failure = self._store.job_failure(job.job_id) if job.state == JobStatus.FAILED else None
         with self._lock:
             settled = not any(key.job_id == job.job_id for key in self._unconfirmed_kills)
-        return JobView(
-            job_id=job.job_id,
-            name=job.name,
-            namespace=job.namespace,
-            state=job.state,
-            attempt=job.attempt,
-            pending_reason=job.pending_reason,
-            error=job.error,
-            failure=failure,
-            settled=settled,
-            parent_id=job.parent_id,
-            user=job.user,
-            submitted_at=job.submitted_at,
-            finished_at=job.finished_at,
-            replicas=job.replicas,
-        )
+        return job_view(job, failure, settled)
 
     def job(self, job_id: str) -> JobView:
         """The job's current state; raises NotFound."""
