@@ -17,14 +17,13 @@ import subprocess
 import threading
 from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING
 
 from fray._lifecycle import Failure, exit_status
 from fray._local_job import Attempt, LocalJob
 from fray._logcapture import capture_to
 from fray._runtime import terminating_on
 from fray.actor_context import bind_actor
-from fray.client import _bind_client
+from fray.client import Client, _bind_client
 from fray.errors import ConfigError
 from fray.job import (
     BinaryEntrypoint,
@@ -36,9 +35,6 @@ from fray.job import (
     replica_env,
 )
 from fray.resources import CpuConfig, ResourceConfig, device_name
-
-if TYPE_CHECKING:
-    from fray.local import LocalClient
 
 __all__ = ["JobRunner", "local_device"]
 
@@ -133,10 +129,15 @@ def _binary_replica(
 
 
 class JobRunner:
-    """Runs a :class:`LocalClient`'s jobs: at most ``max_threads`` callable replicas at once (None: no bound)."""
+    """Runs a local client's jobs: at most ``max_threads`` callable replicas at once (None: no bound).
 
-    def __init__(self, client: LocalClient, max_threads: int | None) -> None:
+    ``client`` is what ``current_client()`` returns inside its jobs; ``namespace()``, called in
+    the submitter's context, the namespace its jobs run in.
+    """
+
+    def __init__(self, client: Client, namespace: Callable[[], str], max_threads: int | None) -> None:
         self._client = client
+        self._namespace = namespace
         self._max_threads = max_threads
         self._slots = threading.Condition()
         self._busy_threads = 0
@@ -152,7 +153,7 @@ class JobRunner:
         """The job's one retry loop: attempts until one succeeds, the budget runs out, or the job is stopped."""
         lifecycle = job.lifecycle
         try:
-            namespace = context.run(self._client._parent_namespace)
+            namespace = context.run(self._namespace)
             while True:
                 if not self._acquire_slots(job, request):
                     lifecycle.stop()

@@ -134,7 +134,7 @@ class LocalClient(ClientCore["LocalJobHandle", "LocalActorHandle"]):
         self._jobs: dict[str, LocalJob] = {}
         self._actors_by_job: dict[str, LocalActor] = {}
         self._actors_by_name: dict[str, LocalActor] = {}
-        self._runner = JobRunner(self, max_threads)
+        self._runner = JobRunner(self, self._parent_namespace, max_threads)
         self._queues: dict[str, LocalQueue[Any]] = {}
         _live_clients.add(self)
 
