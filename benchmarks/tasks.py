@@ -5,6 +5,8 @@ Run by hand (it starts its own local Ray, and with ``--cluster`` its own Fray cl
     python benchmarks/tasks.py              # ~3-5 minutes on 2 cores
     python benchmarks/tasks.py --quick      # smaller sizes, a smoke test
     python benchmarks/tasks.py --cluster    # also the Fray cluster's context and durable queue
+    python benchmarks/tasks.py --cluster --queues   # only the queue rows (a few minutes)
+    python benchmarks/tasks.py --cluster --queues --monarch   # and Monarch's actor-backed queue
 
 Rows (medians over ``--rounds`` alternating rounds; the ratio to raw Ray is what counts
 on a noisy machine):
@@ -13,23 +15,34 @@ on a noisy machine):
 * N trivial tasks submitted, then gathered with one ``get``: tasks/s;
 * ``put`` + ``get`` of 100 MB in the driver, and ``put`` + one task that reads it;
 * a queue item through ``push`` -> ``pop`` -> ``done``: items/s (3 calls each); Ray's peer
-  is ``ray.util.queue.Queue`` (an actor queue without leases: ``put`` + ``get``).
+  is ``ray.util.queue.Queue`` (an actor queue without leases: ``put`` + ``get``);
+* the same from 4 threads at once on one queue (the cluster's group commit shares
+  transactions between them);
+* items in batches of 100: ``push_many`` -> ``pop_many(100)`` -> ``done_many`` (3 calls per
+  100 items, each one transaction on the cluster); Ray's peer is ``put_nowait_batch`` +
+  ``get_nowait_batch``.
 
 Columns: raw Ray, and Fray's contexts: threads (``LocalJobContext``), processes
-(``ProcessJobContext(2)``), Fray-on-Ray (``RayJobContext``), the Fray cluster.
+(``ProcessJobContext(2)``), Fray-on-Ray (``RayJobContext``), the Fray cluster; with
+``--monarch``, Monarch's queue (the generic actor-backed one; queue rows only).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 MB100 = 100 * 1024 * 1024
+BATCH = 100  # items per push_many / pop_many / done_many
+THREADS = 4  # callers at once in the concurrent queue row
 
 
 def noop(value: int = 0) -> int:
@@ -78,6 +91,22 @@ class Side:
             lease = queue.pop(lease_timeout=60)
             queue.done(lease)
 
+    def queue_batches(self, count: int) -> None:
+        queue = self.queue
+        for start in range(0, count, BATCH):
+            queue.push_many(range(start, start + BATCH))
+            leases = queue.pop_many(BATCH, lease_timeout=60)
+            assert len(leases) == BATCH
+            queue.done_many(leases)
+
+    def queue_threads(self, count: int) -> None:
+        """``queue_items`` from THREADS threads at once, ``count`` items in all (each pop finds an item)."""
+        workers = [threading.Thread(target=self.queue_items, args=(count // THREADS,)) for _ in range(THREADS)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+
 
 class RawRay(Side):
     def __init__(self) -> None:
@@ -109,9 +138,16 @@ class RawRay(Side):
             self.queue.put(i)
             self.queue.get()
 
+    def queue_batches(self, count: int) -> None:
+        for start in range(0, count, BATCH):
+            self.queue.put_nowait_batch(list(range(start, start + BATCH)))
+            assert len(self.queue.get_nowait_batch(BATCH)) == BATCH
 
-def measure(sides: list[Side], rounds: int, sizes: dict[str, int]) -> list[tuple[str, str, list[float]]]:
-    """Every row for every side, rounds alternating between sides; medians."""
+
+def measure(
+    sides: list[Side], rounds: int, sizes: dict[str, int], queues_only: bool = False
+) -> list[tuple[str, str, list[float]]]:
+    """Every row for every side (only the queue rows with ``queues_only``), rounds alternating between sides; medians."""
     rows: list[tuple[str, str, Callable[[Side], float]]] = [
         (
             "trivial task round trip",
@@ -130,13 +166,26 @@ def measure(sides: list[Side], rounds: int, sizes: dict[str, int]) -> list[tuple
             "items/s",
             lambda s: sizes["queue"] / median_time(lambda: s.queue_items(sizes["queue"]), 1),
         ),
+        (
+            f"queue push→pop→done, {THREADS} threads",
+            "items/s",
+            lambda s: sizes["queue"] / median_time(lambda: s.queue_threads(sizes["queue"]), 1),
+        ),
+        (
+            f"queue batches of {BATCH}: push_many→pop_many→done_many",
+            "items/s",
+            lambda s: sizes["batches"] / median_time(lambda: s.queue_batches(sizes["batches"]), 1),
+        ),
     ]
     results = []
     for label, unit, run in rows:
+        if queues_only and not label.startswith("queue"):
+            continue
         samples: dict[str, list[float]] = {side.name: [] for side in sides}
         for _ in range(rounds):
             for side in sides:
-                if label.startswith("queue") and side.queue is None:
+                has_it = side.queue is not None if label.startswith("queue") else side.context is not None
+                if not has_it and not isinstance(side, RawRay):
                     continue
                 samples[side.name].append(run(side))
         results.append(
@@ -155,9 +204,15 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke test")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per measurement")
     parser.add_argument("--cluster", action="store_true", help="also measure the Fray cluster (starts one)")
+    parser.add_argument("--queues", action="store_true", help="only the queue rows")
+    parser.add_argument("--monarch", action="store_true", help="also Monarch's queue (an actor of a MonarchClient)")
     args = parser.parse_args()
-    sizes = {"sync": 100, "tasks": 2000, "queue": 300} if args.quick else {"sync": 300, "tasks": 10_000, "queue": 2000}
-    BLOB = b"\x01" * MB100
+    sizes = (
+        {"sync": 100, "tasks": 2000, "queue": 300, "batches": 2000}
+        if args.quick
+        else {"sync": 300, "tasks": 10_000, "queue": 2000, "batches": 20_000}
+    )
+    BLOB = b"" if args.queues else b"\x01" * MB100
 
     import fray
     import ray
@@ -175,6 +230,15 @@ def main() -> None:
         Side("Fray processes", processes),
         Side("Fray on Ray", ray_client._fray_job_context(), ray_client.create_queue("bench")),
     ]
+    monarch_client = None
+    if args.monarch:
+        # benchmarks/monarch.py would shadow the monarch package: import it without this folder on the path.
+        here = os.path.dirname(os.path.abspath(__file__))
+        sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.getcwd()) != here]
+        from fray.monarch import MonarchClient
+
+        monarch_client = MonarchClient()
+        sides.append(Side("Fray on Monarch", None, monarch_client.create_queue("bench")))
     cluster = None
     if args.cluster:
         from fray.cluster.client import ClusterClient
@@ -188,17 +252,23 @@ def main() -> None:
         sides.append(Side("Fray cluster", cluster_client._fray_job_context(), cluster_client.create_queue("bench")))
     try:
         for side in sides:  # warm up: worker processes, function exports, code paths
-            if side.context is not None or isinstance(side, RawRay):
+            if args.queues:
+                if side.queue is not None:
+                    side.queue_items(50)
+                    side.queue_batches(BATCH)
+            elif side.context is not None or isinstance(side, RawRay):
                 side.gather(200)
                 side.round_trip()
         print(f"sizes: {sizes}, rounds: {args.rounds}", flush=True)
-        results = measure(sides, args.rounds, sizes)
+        results = measure(sides, args.rounds, sizes, queues_only=args.queues)
     finally:
         processes.shutdown()
         threads.shutdown()
         ray_client.shutdown(wait=False)
         local_client.shutdown(wait=False)
         ray.shutdown()
+        if monarch_client is not None:
+            monarch_client.shutdown(wait=False)
         if cluster is not None:
             cluster.stop()
     names = [side.name for side in sides]
