@@ -279,6 +279,20 @@ def test_a_failing_replica_retries_the_whole_gang(store: ClusterStore, two_worke
     assert stored is not None and Failure.decode(stored).message == final.error
 
 
+def test_a_job_that_succeeds_on_a_retry_has_no_error(store: ClusterStore, two_workers: list[str]) -> None:
+    """Listings show a succeeded job without the failed attempt's error; that attempt's task keeps it."""
+    job = submit(store, replicas=1, max_retries_failure=1)
+    (a,) = start(store, job, two_workers[:1])
+    store.mark_task_exited(a, 3, 2.0, Failure.from_exit("train", 3, ["loss: nan"]).encode())
+    assert store.get_job(job.job_id).error, "a job waiting for its retry says why"
+    (a2,) = start(store, store.get_job(job.job_id), two_workers[:1], now=3.0)
+    assert store.mark_task_exited(a2, 0, 4.0).finished == {job.job_id: JobStatus.SUCCEEDED}
+    final = store.get_job(job.job_id)
+    assert (final.state, final.error) == (JobStatus.SUCCEEDED, "")
+    (failed,) = store.get_tasks(job.job_id, attempt=0)
+    assert failed.state == TaskState.FAILED and "exit code 3" in failed.error
+
+
 def test_failure_and_preemption_budgets_are_separate(store: ClusterStore, two_workers: list[str]) -> None:
     job = submit(store, max_retries_failure=0, max_retries_preemption=2)
     for attempt in range(2):

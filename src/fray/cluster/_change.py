@@ -143,9 +143,10 @@ class Change:
             if not task.state.finished:
                 self.end_task(job, task, TaskState.KILLED, error=error or f"job {state.value}")
         encoded = None if failure is None else sqlite3.Binary(failure.encode())
-        self.set_job_state(
-            job, state, finished_at=self.now, pending_reason="", error=error or job.error, failure=encoded
-        )
+        # A job that succeeded on a retry has no error: the failed attempt's stays in its task's record
+        # (the job's history), not on the job, where listings would show a succeeded job with an error.
+        kept = "" if state == JobStatus.SUCCEEDED else job.error
+        self.set_job_state(job, state, finished_at=self.now, pending_reason="", error=error or kept, failure=encoded)
         self._finished[job.job_id] = state
         children = self.cur.execute(
             "SELECT id FROM jobs WHERE parent_id = ? AND state IN ('pending', 'running') ORDER BY seq",
