@@ -170,6 +170,8 @@ class Autoscaler:
         self._published_status: dict[str, Any] = {"groups": [], "unmet": [], "unmet_count": 0}
         self._ticks = 0
         self._readied = False
+        # Published before the first tick too: a status read then lists every group (with no VMs yet).
+        self._publish(Routing(), self._clock())
 
     # ----- the tick -----------------------------------------------------------------------------
 

@@ -456,6 +456,10 @@ class SimulatedProvider:
                 time.sleep(0.02)  # another process's exit: there is nothing to block on
             if self._running(identity):
                 self._signal(identity, signal.SIGKILL)
+                # SIGKILL is not instant: return only once the worker is gone, as `delete_slice` promises.
+                killed = time.monotonic() + _STOP_GRACE
+                while time.monotonic() < killed and self._running(identity):
+                    time.sleep(0.02)
         for identity in running:
             child = self._children.pop(identity.pid, None)
             if child is not None:
