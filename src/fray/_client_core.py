@@ -51,12 +51,9 @@ class ClientCore(Generic[J, A]):
     ADOPTS: ClassVar[bool] = True
     """Whether :meth:`_live_job` can find a live job by name; if not, ``adopt_existing`` is refused."""
 
-    _closed: bool = False
-    _job_context: Any = None
-
     def __init__(self) -> None:
         self._closed = False
-        self._job_context = None
+        self._job_context: Any = None
         self._lock = threading.Lock()
 
     # ----- the protocol ---------------------------------------------------------------------------
@@ -141,14 +138,18 @@ class ClientCore(Generic[J, A]):
     def _check_open(self) -> None:
         check_terminated()
         if self._closed:
-            raise FrayError(f"this {type(self).__name__} is shut down; create a new one")
+            raise self._shut_down()
+
+    def _shut_down(self) -> FrayError:
+        """The error for work given to this client after :meth:`shutdown` (backends raise it under their locks too)."""
+        return FrayError(f"this {type(self).__name__} is shut down; create a new one")
 
     def _fray_job_context(self) -> Any:
         """This client's job context (``fray.get_job_context()`` inside its jobs), made on first use."""
         with self._lock:
             if self._job_context is None:
                 if self._closed:
-                    raise FrayError(f"this {type(self).__name__} is shut down; create a new one")
+                    raise self._shut_down()
                 self._job_context = self._make_job_context()
             return self._job_context
 

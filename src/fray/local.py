@@ -27,7 +27,7 @@ from fray._serialization import call_parts, check_picklable
 from fray.actor import check_actor_request
 from fray.actor_config import ActorConfig
 from fray.client import ClientSpec
-from fray.errors import ConfigError, FrayError, JobAlreadyExists
+from fray.errors import ConfigError, JobAlreadyExists
 from fray.job import (
     CallableEntrypoint,
     EnvironmentConfig,
@@ -218,7 +218,7 @@ class LocalClient(ClientCore["LocalJobHandle", "LocalActorHandle"]):
         )
         with self._lock:
             if self._closed:
-                raise FrayError("this LocalClient is shut down; create a new one")
+                raise self._shut_down()
             self._jobs[job_id] = job
         return job
 
@@ -278,7 +278,7 @@ class LocalClient(ClientCore["LocalJobHandle", "LocalActorHandle"]):
         """A queue with leases in this process (see :mod:`fray.queue`); ``exist_ok`` returns the existing one."""
         with self._lock:
             if self._closed:
-                raise FrayError("this LocalClient is shut down; create a new one")
+                raise self._shut_down()
             queue = self._queues.get(name)
             if queue is not None:
                 if not exist_ok:

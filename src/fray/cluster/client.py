@@ -271,7 +271,7 @@ class ClusterClient(ClientCore["ClusterJobHandle", "ClusterActorHandle"]):
 
     def _submit(self, spec: JobSpec, is_actor: bool, detached: bool = True) -> ClusterJobHandle:
         if self._closed:
-            raise FrayError("this ClusterClient is shut down; create a new one")
+            raise self._shut_down()
         view: JobView = self._controller.submit(spec, user=self.user, parent_id=self._parent, namespace=self.namespace)
         with self._lock:
             self._owned.append((view.job_id, is_actor, detached))
@@ -285,7 +285,7 @@ class ClusterClient(ClientCore["ClusterJobHandle", "ClusterActorHandle"]):
         """
         check_terminated()
         if self._closed:
-            raise FrayError("this ClusterClient is shut down; create a new one")
+            raise self._shut_down()
         for request in requests:
             if not isinstance(request, JobRequest):
                 raise ConfigError(f"submit_many() takes JobRequests, got {type(request).__name__}")

@@ -155,7 +155,7 @@ class IrisClient(ClientCore["IrisJobHandle", "IrisActorHandle"]):
         detached: bool = False,
     ) -> IrisJobHandle:
         if self._closed:
-            raise FrayError("this IrisClient is shut down; create a new one")
+            raise self._shut_down()
         place = placement(request.resources, request.replicas)
         env_cfg = request.environment or EnvironmentConfig()
         info = JobInfo(job_id="", name=request.name, replica_count=request.replicas)

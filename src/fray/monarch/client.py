@@ -29,7 +29,7 @@ from fray._serialization import call_parts, check_picklable
 from fray.actor import ActorGroup, check_actor_request, group_member_names
 from fray.actor_config import ActorConfig, check_actor_config_supported
 from fray.client import ClientSpec
-from fray.errors import ConfigError, FrayError, JobAlreadyExists
+from fray.errors import ConfigError, JobAlreadyExists
 from fray.job import CallableEntrypoint, EnvironmentConfig, JobInfo, JobRequest, current_job
 from fray.monarch import supervision
 from fray.monarch.actors import ActorRecord, HostMesh, MonarchActorHandle
@@ -177,7 +177,7 @@ class MonarchClient(ClientCore["MonarchJobHandle", "MonarchActorHandle"]):
         job = MonarchJob(job_id, request, self._namespace(), self.spec, workdir, echo=self._echo)
         with self._lock:
             if self._closed:
-                raise FrayError("this MonarchClient is shut down; create a new one")
+                raise self._shut_down()
             self._jobs.append(job)
         job.start()
         handle = MonarchJobHandle(job, job_id)
@@ -258,7 +258,7 @@ class MonarchClient(ClientCore["MonarchJobHandle", "MonarchActorHandle"]):
         ]
         with self._lock:
             if self._closed:
-                raise FrayError("this MonarchClient is shut down; create a new one")
+                raise self._shut_down()
             taken = [name for name in names if name in self._actors]
             if taken:
                 raise JobAlreadyExists(
