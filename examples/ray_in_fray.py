@@ -282,7 +282,9 @@ class _RayNode:
             self._pids[pid] = name
 
     def _record(self, pid_file: Path) -> None:
-        found = {pid: _process_name(pid) for pid in _descendants(self.proc.pid)}
+        # A process can end between the listing and the read of its name: keep the name it had.
+        names = {pid: _process_name(pid) for pid in _descendants(self.proc.pid)}
+        found = {pid: name for pid, name in names.items() if name is not None}
         with self._lock:
             # A fresh name wins: a child seen between fork and exec still has its parent's name.
             self._pids.update(found)
@@ -353,11 +355,11 @@ def _descendants(root: int) -> list[int]:
     return found
 
 
-def _process_name(pid: int) -> str:
+def _process_name(pid: int) -> str | None:
     try:
         return Path(f"/proc/{pid}/comm").read_text().strip()
     except OSError:
-        return "?"
+        return None  # it has ended
 
 
 def _free_port() -> int:

@@ -273,6 +273,9 @@ class Worker:
                 if refusal is not None:
                     self._give_up(refusal)
                     return
+                # A poll whose answer was lost (the controller died or restarted mid-call) may have
+                # carried assignments; only a registration gets them again, so register next.
+                self._registered = False
                 logger.warning("controller %s: %s; retrying in %.2fs", self.controller, _describe(exc), backoff)
                 self._stopping.wait(backoff)
                 backoff = min(backoff * 2, 2.0)
