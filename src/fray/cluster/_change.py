@@ -69,6 +69,15 @@ class Change:
             [(job.job_id, attempt, i, i // hosts, i % hosts, self.now) for i in range(job.task_count)],
         )
 
+    def start_task(self, task: TaskRecord) -> None:
+        """Move the ASSIGNED ``task`` to RUNNING: its worker started it, and billing starts now."""
+        check_task_transition(task.state, TaskState.RUNNING)
+        self.cur.execute(
+            "UPDATE tasks SET state = 'running', started_at = ?, charged_until = ? "
+            "WHERE job_id = ? AND attempt = ? AND task_index = ?",
+            (self.now, self.now, task.job_id, task.attempt, task.task_index),
+        )
+
     def _charge(self, job: JobRecord, key: TaskKey) -> None:
         """Bill a running task's usage since it was last billed, up to now."""
         row = self.cur.execute(
@@ -188,6 +197,10 @@ class Change:
         self.create_tasks(job, attempt)
         self._retried.append(job.job_id)
 
+    def lose_task(self, job: JobRecord, task: TaskRecord, reason: str) -> None:
+        """The task was preempted or vanished (``reason``): retry the gang under the preemption budget."""
+        self.gang_fail(job, task, TaskState.LOST, Failure.lost(f"task {task.task_index} lost: {reason}"))
+
     def preempt(self, job_id: str, replica: int | None) -> None:
         """``fray.testing.preempt``: the host of ``replica``'s task (any task if None) is lost while its worker lives.
 
@@ -201,9 +214,7 @@ class Change:
         if job.state != JobStatus.RUNNING or not tasks:
             raise FrayError(f"job {job_id!r} is {job.state.value} with no attempt running: nothing to preempt")
         task = tasks[0]
-        self.gang_fail(
-            job, task, TaskState.LOST, Failure.lost(f"task {task.task_index} lost: preempted (fray.testing.preempt)")
-        )
+        self.lose_task(job, task, "preempted (fray.testing.preempt)")
         if task.worker_id is not None:
             self._kill.append(KillOrder(task.key, task.worker_id))
 

@@ -17,13 +17,25 @@ from fray.job import JobStatus
 
 __all__ = [
     "accrue_credits",
+    "add_endpoint",
     "append_logs",
     "check_invariants",
     "ensure_user",
     "list_endpoints",
     "read_logs",
     "remove_endpoint",
+    "set_credit",
 ]
+
+
+def add_endpoint(cur: sqlite3.Cursor, namespace: str, name: str, address: str, task: TaskKey, now: float) -> None:
+    """Publish ``name`` -> ``address`` in ``namespace`` for ``task`` (replacing that task's earlier address)."""
+    cur.execute(
+        "INSERT INTO endpoints (namespace, name, job_id, task_index, attempt, address, registered_at) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (namespace, name, job_id, task_index) DO UPDATE SET "
+        "attempt = excluded.attempt, address = excluded.address, registered_at = excluded.registered_at",
+        (namespace, name, task.job_id, task.task_index, task.attempt, address, now),
+    )
 
 
 def list_endpoints(cur: sqlite3.Cursor, namespace: str, prefix: str = "") -> list[Endpoint]:
@@ -96,6 +108,12 @@ def read_logs(cur: sqlite3.Cursor, job_id: str, after_id: int, last: int | None)
 def ensure_user(cur: sqlite3.Cursor, user: str, now: float, initial_credit: float) -> None:
     """Give ``user`` a balance (``initial_credit``) if they have none yet."""
     cur.execute("INSERT OR IGNORE INTO users (name, balance, updated_at) VALUES (?, ?, ?)", (user, initial_credit, now))
+
+
+def set_credit(cur: sqlite3.Cursor, user: str, balance: float, now: float, initial_credit: float) -> None:
+    """Set ``user``'s balance (creating the user if new)."""
+    ensure_user(cur, user, now, initial_credit)
+    cur.execute("UPDATE users SET balance = ?, updated_at = ? WHERE name = ?", (balance, now, user))
 
 
 def accrue_credits(cur: sqlite3.Cursor, now: float, policy: CreditPolicy) -> dict[str, float]:

@@ -20,41 +20,30 @@ of an older attempt, or about tasks that already ended, are stale and ignored
 normal races between workers and the controller.
 
 The layout of the file is in :mod:`fray.cluster._schema`; endpoints, logs, credit and
-the consistency check are in :mod:`fray.cluster._tables`. Times are floats supplied
-by the caller (``now``), on the controller's wall clock.
+the consistency check are in :mod:`fray.cluster._tables`; the jobs' and workers' rows in
+:mod:`fray.cluster._job_rows` and :mod:`fray.cluster._worker_rows`. Times are floats
+supplied by the caller (``now``), on the controller's wall clock.
 """
 
 from __future__ import annotations
 
 import os
-import secrets
 import sqlite3
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import TypeVar
 
-from fray._lifecycle import Failure
-from fray.cluster import _tables
+from fray.cluster import _job_rows, _tables, _worker_rows
 from fray.cluster._change import STALE, Change
 from fray.cluster._database import Database
 from fray.cluster._schema import (
-    ACTIVE,
-    JOB_COLS,
-    RES_COLS,
-    TASK_COLS,
-    WORKER_COLS,
     create_or_migrate,
-    job_from,
     read_job,
     read_pending,
     read_scheduler_input,
     read_task,
     read_tasks,
-    resources_params,
-    task_from,
     with_reason,
-    worker_from,
-    write_worker,
 )
 from fray.cluster.capacity import TaskResources, WorkerInfo
 from fray.cluster.credentials import Issued
@@ -71,12 +60,10 @@ from fray.cluster.records import (
     TaskState,
     WorkerRecord,
     WorkerState,
-    check_task_transition,
-    check_worker_transition,
 )
 from fray.cluster.scheduler import PendingJob, SchedulingDecision
 from fray.errors import NotFound, StoreError
-from fray.job import JobStatus, validate_name
+from fray.job import JobStatus
 
 __all__ = ["ClusterStore"]
 
@@ -163,54 +150,21 @@ class ClusterStore:
         bytes (the pickled :class:`~fray.job.JobRequest`). ``label`` is a free tag (the
         controller puts an actor's name there, see :meth:`live_job_with_label`).
         """
-        validate_name(name)
-        if not user:
-            raise StoreError("a job needs a non-empty user")
-        if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
-            raise StoreError(f"replicas={replicas!r} must be a whole number >= 1")
         with self._db.txn() as cur:
-            if parent_id is not None:
-                parent = read_job(cur, parent_id)
-                if parent.state.finished:
-                    raise StoreError(
-                        f"cannot submit {name!r} as a child of job {parent_id!r}: it has already {parent.state.value}"
-                    )
-                base = f"{parent_id}/{name}"
-                namespace = namespace if namespace is not None else parent.namespace
-            else:
-                base = name
-            job_id = ""
-            for size in (2, 2, 2, 4, 4, 8):
-                candidate = f"{base}-{secrets.token_hex(size)}"
-                if cur.execute("SELECT 1 FROM jobs WHERE id = ?", (candidate,)).fetchone() is None:
-                    job_id = candidate
-                    break
-            if not job_id:  # pragma: no cover - needs six random collisions in a row
-                raise StoreError(f"could not find a free id for job {name!r}")
-            namespace = namespace if namespace is not None else job_id
-            _tables.ensure_user(cur, user, now, self.credit_policy.initial_credit)
-            cur.execute(
-                f"INSERT INTO jobs (id, parent_id, name, user_name, namespace, request, state, replicas, {RES_COLS}, "
-                "max_retries_failure, max_retries_preemption, submitted_at, label) "
-                "VALUES (?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    job_id,
-                    parent_id,
-                    name,
-                    user,
-                    namespace,
-                    sqlite3.Binary(request),
-                    replicas,
-                    *resources_params(resources),
-                    max_retries_failure,
-                    max_retries_preemption,
-                    now,
-                    label,
-                ),
+            return _job_rows.submit_job(
+                self._change(cur, now),
+                name=name,
+                user=user,
+                request=request,
+                resources=resources,
+                replicas=replicas,
+                max_retries_failure=max_retries_failure,
+                max_retries_preemption=max_retries_preemption,
+                parent_id=parent_id,
+                namespace=namespace,
+                label=label,
+                initial_credit=self.credit_policy.initial_credit,
             )
-            job = read_job(cur, job_id)
-            self._change(cur, now).create_tasks(job, 0)
-            return job
 
     def submit_request(
         self,
@@ -251,21 +205,13 @@ class ClusterStore:
 
     def job_states(self, job_ids: Sequence[str]) -> dict[str, str]:
         """The state of each of ``job_ids`` (a missing id is left out), in one read."""
-        states: dict[str, str] = {}
         with self._db.read() as cur:
-            for start in range(0, len(job_ids), 900):
-                chunk = job_ids[start : start + 900]
-                marks = ", ".join("?" * len(chunk))
-                states.update(cur.execute(f"SELECT id, state FROM jobs WHERE id IN ({marks})", chunk).fetchall())
-        return states
+            return _job_rows.job_states(cur, job_ids)
 
     def job_request(self, job_id: str) -> bytes:
         """The opaque request bytes given at submission."""
         with self._db.locked():
-            row = self._db.conn.execute("SELECT request FROM jobs WHERE id = ?", (job_id,)).fetchone()
-        if row is None:
-            raise NotFound(f"no job {job_id!r}")
-        return bytes(row[0])
+            return _job_rows.job_request(self._db.conn.cursor(), job_id)
 
     def list_jobs(
         self,
@@ -275,22 +221,8 @@ class ClusterStore:
         user: str | None = None,
     ) -> list[JobRecord]:
         """Jobs in submission order, optionally only those in ``states``, children of ``parent_id``, of ``user``."""
-        clauses: list[str] = []
-        params: list[object] = []
-        if states is not None:
-            values = [JobStatus(s).value for s in states]
-            clauses.append(f"state IN ({', '.join('?' * len(values))})" if values else "0")
-            params.extend(values)
-        if parent_id is not None:
-            clauses.append("parent_id = ?")
-            params.append(parent_id)
-        if user is not None:
-            clauses.append("user_name = ?")
-            params.append(user)
-        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
         with self._db.locked():
-            rows = self._db.conn.execute(f"SELECT {JOB_COLS} FROM jobs {where} ORDER BY seq", params).fetchall()
-        return [job_from(r) for r in rows]
+            return _job_rows.list_jobs(self._db.conn.cursor(), states, parent_id, user)
 
     def get_tasks(self, job_id: str, attempt: int | None = None) -> list[TaskRecord]:
         """The tasks of ``job_id`` in ``attempt`` (default: the current attempt), by task index.
@@ -377,43 +309,18 @@ class ClusterStore:
     def _change(self, cur: sqlite3.Cursor, now: float) -> Change:
         return Change(cur, now, self.credit_policy)
 
-    def _current(
-        self, cur: sqlite3.Cursor, key: TaskKey, worker_id: str | None = None
-    ) -> tuple[JobRecord, TaskRecord] | None:
-        """The job and task for a report, or None if the report is stale.
-
-        With ``worker_id``, a report about a task that is not (any more) on that worker is
-        stale too: a fenced worker's outcomes are never accepted.
-        """
-        try:
-            task = read_task(cur, key)
-        except NotFound:
-            return None  # never known here (e.g. a worker of another cluster state): nothing to record
-        job = read_job(cur, key.job_id)
-        if task.state.finished or task.attempt != job.attempt or job.state != JobStatus.RUNNING:
-            return None
-        if worker_id is not None and task.worker_id != worker_id:
-            return None
-        return job, task
-
     def mark_task_running(self, key: TaskKey, now: float, worker_id: str | None = None) -> bool:
         """The worker started ``key``. False if the report is stale (the task already ended or was retried).
 
         Repeating the report is harmless. Billing of the task's usage starts now.
         """
         with self._db.txn() as cur:
-            current = self._current(cur, key, worker_id)
+            current = _job_rows.current_task(cur, key, worker_id)
             if current is None:
                 return False
             _, task = current
-            if task.state == TaskState.RUNNING:
-                return True
-            check_task_transition(task.state, TaskState.RUNNING)
-            cur.execute(
-                "UPDATE tasks SET state = 'running', started_at = ?, charged_until = ? "
-                "WHERE job_id = ? AND attempt = ? AND task_index = ?",
-                (now, now, key.job_id, key.attempt, key.task_index),
-            )
+            if task.state != TaskState.RUNNING:
+                self._change(cur, now).start_task(task)
             return True
 
     def mark_task_exited(
@@ -429,7 +336,7 @@ class ClusterStore:
         """
         with self._db.txn() as cur:
             change = self._change(cur, now)
-            if not change.record_exit(self._current(cur, key, worker_id), exit_code, failure):
+            if not change.record_exit(_job_rows.current_task(cur, key, worker_id), exit_code, failure):
                 return STALE
             return change.effects()
 
@@ -438,7 +345,7 @@ class ClusterStore:
     ) -> Effects:
         """``act`` on the job and task a report is about, in one transaction; a stale report changes nothing."""
         with self._db.txn() as cur:
-            current = self._current(cur, key)
+            current = _job_rows.current_task(cur, key)
             if current is None:
                 return STALE
             change = self._change(cur, now)
@@ -448,34 +355,21 @@ class ClusterStore:
     def job_failure(self, job_id: str) -> bytes | None:
         """The final failure of a FAILED job (a :class:`~fray._lifecycle.Failure`, encoded); None otherwise."""
         with self._db.locked():
-            row = self._db.conn.execute("SELECT failure FROM jobs WHERE id = ?", (job_id,)).fetchone()
-        if row is None:
-            raise NotFound(f"no job {job_id!r}")
-        return None if row[0] is None else bytes(row[0])
+            return _job_rows.job_failure(self._db.conn.cursor(), job_id)
 
     def namespace_owner(self, namespace: str) -> str | None:
         """The user of the first job submitted in ``namespace`` (None if it has none): who owns the namespace."""
         with self._db.locked():
-            row = self._db.conn.execute(
-                "SELECT user_name FROM jobs WHERE namespace = ? ORDER BY seq LIMIT 1", (namespace,)
-            ).fetchone()
-        return None if row is None else str(row[0])
+            return _job_rows.namespace_owner(self._db.conn.cursor(), namespace)
 
     def live_job_with_label(self, namespace: str, label: str) -> str | None:
         """The id of an unfinished job in ``namespace`` whose label is ``label``, if there is one."""
         with self._db.locked():
-            row = self._db.conn.execute(
-                "SELECT id FROM jobs WHERE namespace = ? AND label = ? AND state IN ('pending', 'running') LIMIT 1",
-                (namespace, label),
-            ).fetchone()
-        return None if row is None else str(row[0])
+            return _job_rows.live_job_with_label(self._db.conn.cursor(), namespace, label)
 
     def mark_task_lost(self, key: TaskKey, now: float, reason: str = "preempted") -> Effects:
         """The task was preempted or vanished: retry the gang under the preemption budget."""
-        lost = Failure.lost(f"task {key.task_index} lost: {reason}")
-        return self._change_current_task(
-            key, now, lambda change, job, task: change.gang_fail(job, task, TaskState.LOST, lost)
-        )
+        return self._change_current_task(key, now, lambda change, job, task: change.lose_task(job, task, reason))
 
     def preempt(self, job_id: str, replica: int | None, now: float) -> Effects:
         """``fray.testing.preempt``: lose the job's running ``replica`` (its whole gang if None); see ``Change.preempt``."""
@@ -505,25 +399,17 @@ class ClusterStore:
         tasks it does not report are left alone: the controller should resend them.
         """
         with self._db.txn() as cur:
-            row = cur.execute("SELECT state, registered_at FROM workers WHERE id = ?", (info.worker_id,)).fetchone()
-            if row is not None:
-                check_worker_transition(WorkerState(row[0]), WorkerState.ALIVE)
-            write_worker(cur, info, address, now)
+            _worker_rows.register(cur, info, address, now)
             change = self._change(cur, now)
             for key, exit_code, failure in exited:
-                change.record_exit(self._current(cur, key, info.worker_id), exit_code, failure)
+                change.record_exit(_job_rows.current_task(cur, key, info.worker_id), exit_code, failure)
             change.reconcile(info.worker_id, set(running))
             return change.effects()
 
     def set_worker_health(self, worker_id: str, health: str) -> bool:
         """Record why ``worker_id`` cannot take tasks ("" once it can again); True if that changed anything."""
         with self._db.txn() as cur:
-            return (
-                cur.execute(
-                    "UPDATE workers SET health = ? WHERE id = ? AND health != ?", (health, worker_id, health)
-                ).rowcount
-                == 1
-            )
+            return _worker_rows.set_health(cur, worker_id, health)
 
     def worker_epoch(self, worker_id: str) -> int:
         """The worker's current epoch (its registration count); raises :class:`NotFound`."""
@@ -552,26 +438,12 @@ class ClusterStore:
         fenced: it speaks for an epoch that has ended).
         """
         with self._db.locked():
-            if epoch is None:
-                cur = self._db.conn.execute(
-                    "UPDATE workers SET last_heartbeat = ? WHERE id = ? AND state = 'alive'", (now, worker_id)
-                )
-            else:
-                cur = self._db.conn.execute(
-                    "UPDATE workers SET last_heartbeat = ? WHERE id = ? AND state = 'alive' AND epoch = ?",
-                    (now, worker_id, epoch),
-                )
-            return cur.rowcount == 1
+            return _worker_rows.heartbeat(self._db.conn.cursor(), worker_id, now, epoch)
 
     def expire_workers(self, now: float, timeout: float) -> Effects:
         """Declare lost every alive worker not heard from for more than ``timeout`` seconds; retry their gangs."""
         with self._db.txn() as cur:
-            stale = [
-                r[0]
-                for r in cur.execute(
-                    "SELECT id FROM workers WHERE state = 'alive' AND last_heartbeat < ? ORDER BY id", (now - timeout,)
-                ).fetchall()
-            ]
+            stale = _worker_rows.silent_workers(cur, now, timeout)
             if not stale:
                 return Effects()
             change = self._change(cur, now)
@@ -590,20 +462,8 @@ class ClusterStore:
         join) brings it back.
         """
         with self._db.txn() as cur:
-            row = cur.execute("SELECT state FROM workers WHERE id = ?", (worker_id,)).fetchone()
-            if row is None:
-                raise NotFound(f"no worker {worker_id!r}")
-            cur.execute(
-                "UPDATE credentials SET revoked_at = ? WHERE subject = ? AND revoked_at IS NULL",
-                (now, f"worker:{worker_id}"),
-            )
             change = self._change(cur, now)
-            state = WorkerState(row[0])
-            if state == WorkerState.ALIVE:
-                change.lose_worker(worker_id, "its credential was revoked")
-                state = WorkerState.LOST
-            check_worker_transition(state, WorkerState.REVOKED)
-            cur.execute("UPDATE workers SET state = 'revoked' WHERE id = ?", (worker_id,))
+            _worker_rows.revoke(cur, change, worker_id, now)
             return change.effects()
 
     # -- issued credentials (join tokens, workers' and users' own) --------------------------------
@@ -611,35 +471,17 @@ class ClusterStore:
     def add_issued(self, record: Issued) -> None:
         """Record an issued credential or join token."""
         with self._db.txn() as cur:
-            cur.execute(
-                "INSERT INTO credentials (id, subject, created_at, expires_at, revoked_at, via) VALUES (?, ?, ?, ?, ?, ?)",
-                (
-                    record.credential_id,
-                    record.subject,
-                    record.created_at,
-                    record.expires_at,
-                    record.revoked_at,
-                    record.via,
-                ),
-            )
+            _worker_rows.add_issued(cur, record)
 
     def issued(self) -> list[Issued]:
         """Every issued credential and join token, oldest first."""
         with self._db.locked():
-            rows = self._db.conn.execute(
-                "SELECT id, subject, created_at, expires_at, revoked_at, via FROM credentials ORDER BY created_at, id"
-            ).fetchall()
-        return [Issued(str(i), str(subject), float(c), e, r, str(via)) for i, subject, c, e, r, via in rows]
+            return _worker_rows.issued(self._db.conn.cursor())
 
     def revoke_issued(self, credential_id: str, now: float) -> bool:
         """Revoke one issued credential or join token; False if it was revoked already; NotFound if unknown."""
         with self._db.txn() as cur:
-            if cur.execute("SELECT 1 FROM credentials WHERE id = ?", (credential_id,)).fetchone() is None:
-                raise NotFound(f"no credential or token {credential_id!r}")
-            updated = cur.execute(
-                "UPDATE credentials SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL", (now, credential_id)
-            )
-            return updated.rowcount == 1
+            return _worker_rows.revoke_issued(cur, credential_id, now)
 
     def refresh_heartbeats(self, now: float) -> int:
         """Set every alive worker's last heartbeat to ``now``; return how many.
@@ -652,31 +494,18 @@ class ClusterStore:
 
     def list_workers(self, *, alive_only: bool = False) -> list[WorkerRecord]:
         """Registered workers by id."""
-        where = "WHERE state = 'alive'" if alive_only else ""
         with self._db.locked():
-            rows = self._db.conn.execute(f"SELECT {WORKER_COLS} FROM workers {where} ORDER BY id").fetchall()
-        return [worker_from(r) for r in rows]
+            return _worker_rows.list_workers(self._db.conn.cursor(), alive_only)
 
     def get_worker(self, worker_id: str) -> WorkerRecord:
         """The worker ``worker_id`` (alive or lost); raises :class:`NotFound`."""
         with self._db.locked():
-            row = self._db.conn.execute(
-                f"SELECT {WORKER_COLS} FROM workers WHERE id = ?",
-                (worker_id,),
-            ).fetchone()
-        if row is None:
-            raise NotFound(f"no worker {worker_id!r}")
-        return worker_from(row)
+            return _worker_rows.get_worker(self._db.conn.cursor(), worker_id)
 
     def tasks_on_worker(self, worker_id: str) -> list[TaskRecord]:
         """The tasks currently assigned to or running on ``worker_id``."""
         with self._db.locked():
-            rows = self._db.conn.execute(
-                f"SELECT {TASK_COLS} FROM tasks WHERE worker_id = ? AND state IN (?, ?) "
-                "ORDER BY job_id, attempt, task_index",
-                (worker_id, *ACTIVE),
-            ).fetchall()
-        return [task_from(r) for r in rows]
+            return _worker_rows.tasks_on_worker(self._db.conn.cursor(), worker_id)
 
     # -- endpoints -------------------------------------------------------------------------
 
@@ -688,15 +517,9 @@ class ClusterStore:
         already ended, so an endpoint never outlives its task.
         """
         with self._db.txn() as cur:
-            current = self._current(cur, task)
-            if current is None:
+            if _job_rows.current_task(cur, task) is None:
                 return False
-            cur.execute(
-                "INSERT INTO endpoints (namespace, name, job_id, task_index, attempt, address, registered_at) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (namespace, name, job_id, task_index) DO UPDATE SET "
-                "attempt = excluded.attempt, address = excluded.address, registered_at = excluded.registered_at",
-                (namespace, name, task.job_id, task.task_index, task.attempt, address, now),
-            )
+            _tables.add_endpoint(cur, namespace, name, address, task, now)
             return True
 
     def list_endpoints(self, namespace: str, prefix: str = "") -> list[Endpoint]:
@@ -736,8 +559,7 @@ class ClusterStore:
     def set_credit(self, user: str, balance: float, now: float) -> None:
         """Set ``user``'s balance (an operator's grant or correction)."""
         with self._db.txn() as cur:
-            _tables.ensure_user(cur, user, now, self.credit_policy.initial_credit)
-            cur.execute("UPDATE users SET balance = ?, updated_at = ? WHERE name = ?", (balance, now, user))
+            _tables.set_credit(cur, user, balance, now, self.credit_policy.initial_credit)
 
     def accrue_credits(self, now: float) -> dict[str, float]:
         """Bill running tasks up to ``now``, regenerate balances, and return the new balances.
