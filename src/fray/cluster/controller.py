@@ -10,7 +10,9 @@ there is something for the worker to do, and reports travel on their own calls,
 so a task starts and ends within milliseconds without any periodic tick.
 
 The credentials it issues are kept by :mod:`fray.cluster._issuer`; the views and task
-environments it builds from its records, by :mod:`fray.cluster._job_view`.
+environments it builds from its records, by :mod:`fray.cluster._job_view`; each worker's
+epoch, outbox and unconfirmed kills, by :mod:`fray.cluster._worker_sessions`; its
+scheduling thread is :mod:`fray.cluster._scheduling_loop`.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from fray.cluster import _codec as codec
@@ -29,8 +30,9 @@ from fray.cluster._issuer import DEFAULT_JOIN_TTL, CredentialIssuer
 from fray.cluster._job_view import job_view, tpu_device_env
 from fray.cluster._pending import PendingSet
 from fray.cluster._queues import QueueService
+from fray.cluster._scheduling_loop import LEASE_FRACTION, SchedulingLoop
 from fray.cluster._specs import DEFAULT_MAX_SPECS, SpecCache
-from fray.cluster._stall import StallWatch
+from fray.cluster._worker_sessions import WorkerSessions
 from fray.cluster.capacity import WorkerInfo
 from fray.cluster.credentials import Issued
 from fray.cluster.messages import (
@@ -65,24 +67,8 @@ logger = logging.getLogger(__name__)
 
 # Calls that may block (worker long-polls, client waits) each hold a server thread.
 _MAX_CONCURRENCY = 512
-# A worker's tasks may run this fraction of the worker timeout without the worker
-# renewing its lease: they are dead before the controller can declare the worker lost.
-_LEASE_FRACTION = 0.75
-# A scheduling pass waits this long after the event that wakes it, so a burst costs one pass.
-_DEBOUNCE_SECONDS = 0.002
-_DEBOUNCE_MAX = 0.05
-# A worker's heartbeat is written to the store at most this often (its epoch is checked in memory).
-_HEARTBEAT_WRITE_SECONDS = 0.5
 # How long wait_status holds a partial answer to gather more completions (see there).
 _WAIT_LINGER = 0.05
-
-
-@dataclass
-class _Outbox:
-    """Commands waiting for one worker's next poll."""
-
-    start: list[TaskAssignment] = field(default_factory=list)
-    kill: list[TaskKey] = field(default_factory=list)
 
 
 class ControllerService:
@@ -116,28 +102,28 @@ class ControllerService:
         # Notified whenever a job or endpoint changes, for clients' long-polls.
         self._changed = threading.Condition(self._lock)
         self._generation = 0  # counts notifications of _changed, so waiters miss none
-        self._outboxes: dict[str, _Outbox] = {}
-        self._outbox_ready = threading.Condition(self._lock)
-        # Kill orders sent but not yet confirmed by the worker: a terminated job is not
-        # "settled" (its processes may still run) until they are.
-        self._unconfirmed_kills: dict[TaskKey, str] = {}
+        # Each worker's epoch, outbox and unconfirmed kills, guarded by _lock too.
+        self._sessions = WorkerSessions(store, self._lock)
         self._specs = SpecCache(lambda job_id: codec.spec_from(unpack(store.job_request(job_id))), spec_cache_size)
         self._kick = threading.Event()
         self._stopping = threading.Event()
-        self._scheduler: threading.Thread | None = None
         # Endpoints of servers that are not Fray tasks (registered through the registry API).
         self._external = EndpointRegistry()
         # Whether the store can be written: when it cannot, the controller serves reads only.
         self._storage = ReadOnlyMode(store.path)
         # The queue in memory (SQLite stays the record): see fray.cluster._pending.
         self._queue = PendingSet(store)
-        # Each alive worker's current epoch and when its heartbeat was last written (see _heartbeat).
-        self._epochs: dict[str, int] = {}
-        self._heartbeat_written: dict[str, float] = {}
-        self._last_pass = 0.0  # seconds the last scheduling pass took (sets the debounce)
-        # A stall of the controller itself longer than this could make a worker's heartbeat look
-        # older than the timeout although the worker still holds its lease (see _schedule_loop).
-        self._stalls = StallWatch(threshold=worker_timeout * (1 - _LEASE_FRACTION))
+        self._loop = SchedulingLoop(
+            store,
+            self._storage,
+            worker_timeout=worker_timeout,
+            clock=clock,
+            kick=self._kick,
+            stopping=self._stopping,
+            apply=self._apply,
+            schedule=self.schedule_once,
+            storage_failed=self.storage_failed,
+        )
 
     # ----- queues (kept by fray.cluster._queues; the Controller sets ``queues``) -------------------
 
@@ -164,9 +150,7 @@ class ControllerService:
         """Start the scheduling loop (after a restart, workers get a full timeout to reconnect)."""
         self._queue.load()
         self._store.refresh_heartbeats(self._clock())
-        self._stalls.start()
-        self._scheduler = threading.Thread(target=self._schedule_loop, name="fray-scheduler", daemon=True)
-        self._scheduler.start()
+        self._loop.start()
 
     def stop(self) -> None:
         """Stop the scheduling loop and wake every waiter."""
@@ -174,59 +158,8 @@ class ControllerService:
         self._kick.set()
         with self._lock:
             self._notify_changed()
-            self._outbox_ready.notify_all()
-        if self._scheduler is not None:
-            self._scheduler.join(timeout=5)
-        self._stalls.stop()
-
-    # ----- scheduling ---------------------------------------------------------------------------
-
-    def _schedule_loop(self) -> None:
-        last_accrual = 0.0
-        while not self._stopping.is_set():
-            if self._kick.wait(timeout=min(1.0, self._worker_timeout / 4)):
-                # Let the events of a burst (submits, exits) gather into one pass: the dearer
-                # the last pass (a long queue), the longer, so a pass is never wasted on one event.
-                self._stopping.wait(min(_DEBOUNCE_MAX, max(_DEBOUNCE_SECONDS, 2 * self._last_pass)))
-            self._kick.clear()
-            if self._stopping.is_set():
-                return
-            try:
-                now = self._clock()
-                if self._storage.reason:
-                    self._try_writable(now)
-                    continue
-                self._forgive_stall()  # after ``now``: a stall in between is seen here
-                expired = self._store.expire_workers(now, self._worker_timeout)
-                for worker_id in expired.lost_workers:
-                    logger.warning("worker %s is lost: no heartbeat for more than %gs", worker_id, self._worker_timeout)
-                self._apply(expired)
-                if now - last_accrual >= 5.0:
-                    self._store.accrue_credits(now)
-                    last_accrual = now
-                started = time.perf_counter()
-                self.schedule_once(now)
-                self._last_pass = time.perf_counter() - started
-            except StorageError as exc:
-                self.storage_failed(exc)
-            except Exception:  # the loop must survive anything one pass hits
-                logger.exception("scheduling pass failed")
-
-    def _forgive_stall(self) -> None:
-        # The controller itself stood still (SIGSTOP, GC, swap, a VM pause) and heard nobody
-        # meanwhile: every worker gets a full timeout from the resume, as after a restart, so
-        # only those that stay silent after it are lost. A worker that was cut off from us
-        # meanwhile has stopped its own tasks (its lease) and reports them lost on its next call.
-        stalled = self._stalls.take()
-        if stalled:
-            refreshed = self._store.refresh_heartbeats(self._clock())
-            logger.warning(
-                "the controller stood still for %.1fs (more than %.1fs); %d alive workers get %gs from now to be heard",
-                stalled,
-                self._stalls.threshold,
-                refreshed,
-                self._worker_timeout,
-            )
+            self._sessions.wake()
+        self._loop.join()
 
     # ----- storage failures ---------------------------------------------------------------------
 
@@ -234,14 +167,6 @@ class ControllerService:
         """The store could not be written: serve reads only until a write succeeds again."""
         if self._storage.failed(error):
             logger.error("the controller is READ-ONLY until its storage can be written again: %s", error)
-
-    def _try_writable(self, now: float) -> None:
-        # Heartbeats could not be recorded meanwhile: give every worker a full timeout again
-        # (as after a restart), so no worker -- and none of its finished jobs -- is declared
-        # lost for the controller's own outage. That write is also the probe.
-        if self._storage.try_writable(lambda: self._store.refresh_heartbeats(now)):
-            logger.warning("the controller's storage is writable again; leaving read-only mode")
-            self._kick.set()
 
     def health(self) -> dict[str, object]:
         """Plain data for ``fray status``: read-only or not and why, the state file and its free space."""
@@ -278,10 +203,7 @@ class ControllerService:
         if assigned:
             assignments = [self._assignment(task) for task in assigned]
             with self._lock:
-                for task, assignment in zip(assigned, assignments, strict=True):
-                    assert task.worker_id is not None
-                    self._outboxes.setdefault(task.worker_id, _Outbox()).start.append(assignment)
-                self._outbox_ready.notify_all()
+                self._sessions.send_starts(assigned, assignments)
                 self._notify_changed()
         return assigned
 
@@ -345,7 +267,7 @@ class ControllerService:
         effects = self._store.revoke_worker(worker_id, self._clock())
         self._issuer.reload()
         with self._lock:
-            self._epochs.pop(worker_id, None)  # its polls and reports are refused from now on
+            self._sessions.end_epoch(worker_id)
         self._apply(effects)
         logger.warning("worker %s was revoked", worker_id)
         return self._store.get_worker(worker_id)
@@ -373,50 +295,13 @@ class ControllerService:
             return
         self._queue.track(effects)
         with self._lock:
-            for order in effects.kill:
-                outbox = self._outboxes.setdefault(order.worker_id, _Outbox())
-                unsent = [a for a in outbox.start if a.key == order.task]
-                if unsent:  # the worker never heard of it: withdraw the start instead of killing
-                    outbox.start.remove(unsent[0])
-                    continue
-                outbox.kill.append(order.task)
-                self._unconfirmed_kills[order.task] = order.worker_id
-            for worker_id in effects.lost_workers:
-                # Nothing can be confirmed by a worker that is gone, and its epoch is over.
-                self._epochs.pop(worker_id, None)
-                self._outboxes.pop(worker_id, None)
-                for key in [k for k, w in self._unconfirmed_kills.items() if w == worker_id]:
-                    del self._unconfirmed_kills[key]
-            if effects.kill:
-                self._outbox_ready.notify_all()
+            self._sessions.apply(effects)
             if effects.finished or effects.retried or effects.kill:
                 self._notify_changed()
         if effects.finished or effects.retried or effects.lost_workers or effects.kill:
             self._kick.set()
 
     # ----- workers ------------------------------------------------------------------------------
-
-    def _heartbeat(self, worker_id: str, epoch: int, now: float) -> bool:
-        """True if ``epoch`` is the worker's current one (it is alive); records the heartbeat.
-
-        Checked in memory; the store's heartbeat (a write) happens at most every
-        :data:`_HEARTBEAT_WRITE_SECONDS` per worker, which is all that expiring lost workers needs.
-        """
-        with self._lock:
-            current = self._epochs.get(worker_id)
-            written = self._heartbeat_written.get(worker_id, 0.0)
-        if current is not None and current != epoch:
-            return False
-        if current is not None and now - written < _HEARTBEAT_WRITE_SECONDS:
-            return True
-        alive = self._store.heartbeat(worker_id, now, epoch)
-        with self._lock:
-            if alive:
-                self._epochs[worker_id] = epoch
-                self._heartbeat_written[worker_id] = now
-            elif self._epochs.get(worker_id) == epoch:
-                del self._epochs[worker_id]
-        return alive
 
     def register_worker(
         self, info: WorkerInfo, address: str, running: list[TaskKey], exited: list[TaskExit] | None = None
@@ -433,8 +318,7 @@ class ControllerService:
         )
         epoch = self._store.worker_epoch(info.worker_id)
         with self._lock:
-            self._epochs[info.worker_id] = epoch
-            self._heartbeat_written[info.worker_id] = now
+            self._sessions.registered(info.worker_id, epoch, now)
         self._apply(effects)
         reported = set(running) | {e.key for e in exits}
         # Assignments made before a controller restart (or lost with a broken poll) are resent.
@@ -444,9 +328,8 @@ class ControllerService:
             if task.state == TaskState.ASSIGNED and task.key not in reported
         ]
         with self._lock:
-            outbox = self._outboxes.pop(info.worker_id, _Outbox())
-            for exit_ in exits:
-                self._unconfirmed_kills.pop(exit_.key, None)
+            outbox = self._sessions.take(info.worker_id)
+            self._sessions.confirmed(e.key for e in exits)
             if exits:
                 self._notify_changed()
         kill = [o.task for o in effects.kill if o.worker_id == info.worker_id] + outbox.kill
@@ -455,7 +338,7 @@ class ControllerService:
             start=tuple(start),
             kill=tuple(dict.fromkeys(kill)),
             epoch=epoch,
-            lease_seconds=self._worker_timeout * _LEASE_FRACTION,
+            lease_seconds=self._worker_timeout * LEASE_FRACTION,
         )
 
     def poll(self, worker_id: str, epoch: int, wait: float = 1.0) -> WorkerCommands:
@@ -464,19 +347,11 @@ class ControllerService:
         A worker whose ``epoch`` has ended (it was declared lost, or registered again) is
         told to register again.
         """
-        if not self._heartbeat(worker_id, epoch, self._clock()):
+        if not self._sessions.heartbeat(worker_id, epoch, self._clock()):
             return WorkerCommands(reregister=True)
         deadline = time.monotonic() + min(max(wait, 0.0), 30.0)
         with self._lock:
-            while True:
-                outbox = self._outboxes.get(worker_id)
-                if outbox is not None and (outbox.start or outbox.kill):
-                    del self._outboxes[worker_id]
-                    return WorkerCommands(start=tuple(outbox.start), kill=tuple(outbox.kill))
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or self._stopping.is_set():
-                    return WorkerCommands()
-                self._outbox_ready.wait(remaining)
+            return self._sessions.next_commands(worker_id, deadline, self._stopping)
 
     def report(self, worker_id: str, epoch: int, report: WorkerReport) -> bool:
         """Apply a worker's report in one transaction; False (nothing applied) tells it to register again.
@@ -490,7 +365,7 @@ class ControllerService:
         # Checked before the batch (never take the controller's lock while holding the store's). A
         # worker declared lost between the check and the batch is still fenced: its tasks are LOST
         # by then, and reports about them are stale.
-        if not self._heartbeat(worker_id, epoch, now):
+        if not self._sessions.heartbeat(worker_id, epoch, now):
             return False
         with self._store.batch():
             if self._store.set_worker_health(worker_id, report.health):
@@ -510,8 +385,7 @@ class ControllerService:
             self._apply(effect)
         if report.exited:
             with self._lock:
-                for exit_ in report.exited:
-                    self._unconfirmed_kills.pop(exit_.key, None)
+                self._sessions.confirmed(e.key for e in report.exited)
                 self._notify_changed()
         if report.started:
             with self._lock:
@@ -566,7 +440,7 @@ class ControllerService:
     def _view(self, job: JobRecord) -> JobView:
         failure = self._store.job_failure(job.job_id) if job.state == JobStatus.FAILED else None
         with self._lock:
-            settled = not any(key.job_id == job.job_id for key in self._unconfirmed_kills)
+            settled = self._sessions.settled(job.job_id)
         return job_view(job, failure, settled)
 
     def job(self, job_id: str) -> JobView:
@@ -607,7 +481,7 @@ class ControllerService:
             if missing:
                 raise NotFound(f"no job {missing[0]!r}")
             with self._lock:
-                unsettled = {key.job_id for key in self._unconfirmed_kills}
+                unsettled = self._sessions.unsettled_jobs()
             result = [(states[job_id], job_id not in unsettled) for job_id in job_ids]
             done = [JobStatus(state).finished and settled for state, settled in result]
             remaining = deadline - time.monotonic()
