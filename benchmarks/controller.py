@@ -5,7 +5,9 @@
     python benchmarks/controller.py --profile out   # also a py-spy profile of the controller (out.txt)
 
 Fray: a fresh controller and 2 workers on 127.0.0.1; ``--jobs`` trivial callable jobs
-submitted at once (``ClusterClient.submit_many``), then waited for. Reported: jobs/s from
+submitted at once, then waited for, in the two forms users write: ``submit_many`` and the
+plain loop ``[client.submit(r) for r in requests]`` (whose submits the client coalesces
+into ``submit_many`` calls behind the caller's back). Reported for each: jobs/s from
 the first submit to the last completion, the controller's CPU seconds per job, where all
 the CPU of a job goes (this script, the controller, the workers, their fork servers and
 the forked task processes: on a 2-core machine their sum bounds the rate at 2 s / sum),
@@ -39,12 +41,17 @@ def noop() -> None:
     pass
 
 
-def burst(client: ClusterClient, count: int, name: str) -> float:
+FORMS = ("submit_many", "submit loop")
+
+
+def burst(client: ClusterClient, count: int, name: str, form: str = "submit_many") -> tuple[float, float]:
+    """Seconds from the first submit to the last completion, and to the last submit's return."""
     requests = [JobRequest(name=f"{name}{i}", entrypoint=Entrypoint.from_callable(noop)) for i in range(count)]
     started = time.perf_counter()
-    handles = client.submit_many(requests)
+    handles = client.submit_many(requests) if form == "submit_many" else [client.submit(r) for r in requests]
+    submitted = time.perf_counter() - started
     wait_all(handles, timeout=1800)
-    return time.perf_counter() - started
+    return time.perf_counter() - started, submitted
 
 
 def fray_rows(jobs: int, rss_jobs: int, profile: str | None) -> dict[str, Any]:
@@ -58,23 +65,43 @@ def fray_rows(jobs: int, rss_jobs: int, profile: str | None) -> dict[str, Any]:
         client = ClusterClient(cluster.address, token=cluster.token)
         burst(client, 50, "warm")
         rss_before = controller.memory_info().rss
-        cpu_before = sum(controller.cpu_times()[:2])
-        roles_before = cpu_by_role(psutil.Process())
-        spy = None
-        if profile:
-            spy = subprocess.Popen(
-                ["py-spy", "record", "-o", f"{profile}.txt", "-f", "raw", "-p", str(controller.pid), "-r", "200"],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-        elapsed = burst(client, jobs, "b")
-        if spy is not None:
-            spy.send_signal(signal.SIGINT)
-            spy.wait(timeout=60)
-        cpu = sum(controller.cpu_times()[:2]) - cpu_before
-        roles = {
-            role: 1000 * (t - roles_before.get(role, 0.0)) / jobs for role, t in cpu_by_role(psutil.Process()).items()
-        }
+        forms: dict[str, dict[str, Any]] = {}
+        for form in FORMS:
+            cpu_before = sum(controller.cpu_times()[:2])
+            roles_before = cpu_by_role(psutil.Process())
+            spy = None
+            if profile:
+                spy = subprocess.Popen(
+                    [
+                        "py-spy",
+                        "record",
+                        "-o",
+                        f"{profile}-{form.replace(' ', '-')}.txt",
+                        "-f",
+                        "raw",
+                        "-p",
+                        str(controller.pid),
+                        "-r",
+                        "200",
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            elapsed, submitted = burst(client, jobs, f"b{len(forms)}-", form)
+            if spy is not None:
+                spy.send_signal(signal.SIGINT)
+                spy.wait(timeout=60)
+            cpu = sum(controller.cpu_times()[:2]) - cpu_before
+            roles = {
+                role: 1000 * (t - roles_before.get(role, 0.0)) / jobs
+                for role, t in cpu_by_role(psutil.Process()).items()
+            }
+            forms[form] = {
+                "rate": jobs / elapsed,
+                "submit_ms": 1000 * submitted / jobs,
+                "cpu_ms": 1000 * cpu / jobs,
+                "roles": roles,
+            }
         rss_burst = controller.memory_info().rss
         done = 0
         while done < rss_jobs:
@@ -83,12 +110,10 @@ def fray_rows(jobs: int, rss_jobs: int, profile: str | None) -> dict[str, Any]:
         rss_after = controller.memory_info().rss
         client.shutdown(wait=False)
     return {
-        "rate": jobs / elapsed,
-        "cpu_ms": 1000 * cpu / jobs,
+        "forms": forms,
         "rss_before": rss_before / 2**20,
         "rss_burst": rss_burst / 2**20,
         "rss_after": rss_after / 2**20,
-        "roles": roles,
     }
 
 
@@ -144,25 +169,31 @@ def main() -> None:
     table = Table(title=f"Controller under a backlog: {args.jobs} queued trivial callable jobs, 2 workers")
     for column in ("measure", "fray", "ray tasks", "fray / ray"):
         table.add_column(column)
-    table.add_row(
-        "jobs/s",
-        f"{fray['rate']:.0f}",
-        "-" if ray is None else f"{ray:.0f}",
-        "-" if ray is None else f"{fray['rate'] / ray:.2f}x",
-    )
-    table.add_row("controller CPU per job", f"{fray['cpu_ms']:.2f} ms", "", "")
+    for form, row in fray["forms"].items():
+        table.add_row(
+            f"jobs/s ({form})",
+            f"{row['rate']:.0f}",
+            "-" if ray is None else f"{ray:.0f}",
+            "-" if ray is None else f"{row['rate'] / ray:.2f}x",
+        )
+    for form, row in fray["forms"].items():
+        table.add_row(f"submit call, per job ({form})", f"{row['submit_ms']:.2f} ms", "", "")
+    for form, row in fray["forms"].items():
+        table.add_row(f"controller CPU per job ({form})", f"{row['cpu_ms']:.2f} ms", "", "")
     table.add_row(
         "controller RSS: warm / after burst", f"{fray['rss_before']:.0f} / {fray['rss_burst']:.0f} MiB", "", ""
     )
     table.add_row(f"controller RSS after {args.rss_jobs:,} more jobs", f"{fray['rss_after']:.0f} MiB", "", "")
     Console().print(table)
-    roles = fray["roles"]
-    total = sum(roles.values())
-    split = ", ".join(f"{role} {roles[role]:.2f}" for role in ROLES)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    print(
-        f"CPU per job by process (ms): {split}; sum {total:.2f} ms -> at most {cores / total * 1000:.0f} jobs/s on {cores} cores"
-    )
+    for form, row in fray["forms"].items():
+        roles = row["roles"]
+        total = sum(roles.values())
+        split = ", ".join(f"{role} {roles[role]:.2f}" for role in ROLES)
+        print(
+            f"CPU per job by process, {form} (ms): {split}; sum {total:.2f} ms "
+            f"-> at most {cores / total * 1000:.0f} jobs/s on {cores} cores"
+        )
 
 
 if __name__ == "__main__":

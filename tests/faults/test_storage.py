@@ -97,8 +97,10 @@ def test_a_full_disk_makes_the_controller_read_only_and_no_finished_job_is_lost(
 
         health = wait_until(lambda: control.health()["read_only"] and control.health(), what="read-only mode")
         assert str(db) in health["reason"] and "free" in health["reason"]
+        # (The client's submits after its first are coalesced: the refusal comes with the controller's answer.)
+        refused = client.submit(JobRequest(name="refused", entrypoint=Entrypoint.from_binary("true")))
         with pytest.raises(StorageError, match=r"controller\.db.*free"):
-            client.submit(JobRequest(name="refused", entrypoint=Entrypoint.from_binary("true")))
+            refused.wait(timeout=60)
         # Longer than the worker timeout: no worker is declared lost, no finished job goes back to pending.
         deadline = time.monotonic() + 3 * cluster.worker_timeout
         while time.monotonic() < deadline:

@@ -17,6 +17,7 @@ import os
 import time
 import uuid
 from collections.abc import Sequence
+from concurrent.futures import Future
 from typing import Any
 
 from fray._client_core import ClientCore
@@ -30,6 +31,7 @@ from fray.actor_config import ActorConfig
 from fray.client import ClientSpec
 from fray.cluster._actor_host import host_actor
 from fray.cluster._shipping import ship_environment
+from fray.cluster._submit_batch import SubmitBatcher, batches
 from fray.cluster.actor_handle import ClusterActorHandle, live_clients
 from fray.cluster.capacity import WorkerInfo
 from fray.cluster.context import ClusterJobContext
@@ -75,9 +77,10 @@ _POLL_SECONDS = 10.0
 class ClusterJobHandle:
     """A job on a Fray cluster. Picklable: it keeps the controller address and job id."""
 
-    def __init__(self, address: str, job_id: str, token: CredentialLike = None) -> None:
+    def __init__(self, address: str, job_id: str | Future[str], token: CredentialLike = None) -> None:
+        """``job_id`` is the id, or (for a submit still on its way to the controller) its future."""
         self._address = address
-        self._job_id = job_id
+        self._id = job_id
         self._token = resolve_credential(token)
         self._controller = connect_controller(address, self._token)
 
@@ -85,11 +88,26 @@ class ClusterJobHandle:
         return (ClusterJobHandle, (self._address, self._job_id))
 
     def __repr__(self) -> str:
-        return f"ClusterJobHandle({self._job_id!r} at {self._address})"
+        shown = (
+            self._id if isinstance(self._id, str) or not self._id.done() else self._id.exception() or self._id.result()
+        )
+        return f"ClusterJobHandle({'being submitted' if isinstance(shown, Future) else shown!r} at {self._address})"
+
+    @property
+    def _job_id(self) -> str:
+        # A coalesced submit (fray.cluster._submit_batch) is known by id once the controller
+        # answered; a submit it refused raises its error from every use of the handle.
+        if not isinstance(self._id, str):
+            self._id = self._id.result()
+        return self._id
 
     @property
     def job_id(self) -> str:
-        """The job's id: ``{name}-{hex}``, prefixed by the parent's id for child jobs."""
+        """The job's id: ``{name}-{hex}``, prefixed by the parent's id for child jobs.
+
+        Right after ``submit`` this waits for the controller's answer (one round trip);
+        if the controller refused the job, its error is raised here.
+        """
         return self._job_id
 
     def view(self) -> JobView:
@@ -182,24 +200,6 @@ def _summary(view: JobView) -> JobSummary:
     return JobSummary(view.job_id, status, view.pending_reason if status == JobStatus.PENDING else "")
 
 
-# One submit_many call carries at most this many jobs, or this many bytes of arguments.
-_BATCH_JOBS = 500
-_BATCH_BYTES = 32 << 20
-
-
-def _batches(specs: list[JobSpec]) -> list[list[JobSpec]]:
-    batches: list[list[JobSpec]] = [[]]
-    size = 0
-    for spec in specs:
-        weight = len(spec.payload or b"") + 1024
-        if batches[-1] and (len(batches[-1]) >= _BATCH_JOBS or size + weight > _BATCH_BYTES):
-            batches.append([])
-            size = 0
-        batches[-1].append(spec)
-        size += weight
-    return [batch for batch in batches if batch]
-
-
 def _worker_has(info: WorkerInfo, device: DeviceConfig) -> bool:
     """Whether a worker offers ``device`` at all (its capacity aside)."""
     if isinstance(device, GpuConfig):
@@ -254,6 +254,8 @@ class ClusterClient(ClientCore["ClusterJobHandle", "ClusterActorHandle"]):
             namespace or (os.environ.get("FRAY_NAMESPACE") if inside else None) or f"{self.user}-{uuid.uuid4().hex[:8]}"
         )
         self._owned: list[tuple[str, bool, bool]] = []  # (job id, is actor, detached)
+        self._batcher = SubmitBatcher(self._send_batch, self._own_batch)
+        self._submitted = False  # True once a submit was answered (see _start_job)
         live_clients.add(self)
 
     @classmethod
@@ -286,6 +288,7 @@ class ClusterClient(ClientCore["ClusterJobHandle", "ClusterActorHandle"]):
         check_terminated()
         if self._closed:
             raise self._shut_down()
+        self._batcher.flush()  # plain submits made before these are recorded before them
         for request in requests:
             if not isinstance(request, JobRequest):
                 raise ConfigError(f"submit_many() takes JobRequests, got {type(request).__name__}")
@@ -294,7 +297,7 @@ class ClusterClient(ClientCore["ClusterJobHandle", "ClusterActorHandle"]):
             for r in requests
         ]
         handles: list[ClusterJobHandle] = []
-        for batch in _batches(specs):
+        for batch in batches(specs):
             views = self._controller.submit_many(
                 batch, user=self.user, parent_id=self._parent, namespace=self.namespace
             )
@@ -306,13 +309,36 @@ class ClusterClient(ClientCore["ClusterJobHandle", "ClusterActorHandle"]):
         return handles
 
     def _start_job(self, request: JobRequest, detached: bool) -> ClusterJobHandle:
+        # Checked and shipped here, so a bad request is refused at once; recorded by the
+        # batcher with whatever else this client submits meanwhile (one round trip for all).
         spec = ship_environment(
             JobSpec.from_request(self._placed_request(request)), self.address, self._token, self._controller
         )
-        return self._submit(spec, is_actor=False, detached=detached)
+        if not self._submitted:
+            # The first submit waits for its answer: a wrong credential or an address with no
+            # controller is refused by the submit itself, not later by the handle.
+            handle = self._submit(spec, is_actor=False, detached=detached)
+            self._submitted = True
+            return handle
+        with self._lock:
+            if self._closed:
+                raise self._shut_down()
+            future = self._batcher.add(spec, detached)
+        return ClusterJobHandle(self.address, future, self._token)
+
+    def _send_batch(self, specs: list[JobSpec]) -> list[JobView]:
+        views: list[JobView] = self._controller.submit_many(
+            specs, user=self.user, parent_id=self._parent, namespace=self.namespace
+        )
+        return views
+
+    def _own_batch(self, views: list[JobView], detached: list[bool]) -> None:
+        with self._lock:
+            self._owned.extend((view.job_id, False, d) for view, d in zip(views, detached, strict=True))
 
     def _live_job(self, name: str) -> ClusterJobHandle | None:
         """The oldest PENDING or RUNNING job named ``name`` in this client's namespace, as the controller sees it."""
+        self._batcher.flush()  # this client's own submits so far count
         views = self._controller.list_jobs([JobStatus.PENDING.value, JobStatus.RUNNING.value])
         for view in views:
             if view.name == name and view.namespace == self.namespace:
@@ -385,6 +411,7 @@ class ClusterClient(ClientCore["ClusterJobHandle", "ClusterActorHandle"]):
 
     def _release_at_exit(self, *, timeout: float) -> None:
         """Best effort, bounded: end this client's actors and attached jobs; say which jobs keep running."""
+        self._batcher.flush(timeout)
         with self._lock:
             owned = list(self._owned)
         if not owned:
@@ -438,7 +465,9 @@ class ClusterClient(ClientCore["ClusterJobHandle", "ClusterActorHandle"]):
         Returns once the stopped actors' processes are gone (at most ``_ACTOR_STOP_SECONDS``),
         so that no call made afterwards reaches one.
         """
-        self._closed = True
+        with self._lock:
+            self._closed = True
+        self._batcher.flush()  # what was submitted before is recorded, and owned: waited for or stopped below
         with self._lock:
             context, self._job_context = self._job_context, None
         if context is not None:  # its executors serve until told: stop them before waiting for jobs
