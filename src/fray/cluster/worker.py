@@ -17,7 +17,8 @@ Three loops, none of which may die (each catches, logs and carries on after anyt
   the lapsed lease only to be killed at once.
 
 One thread per task reads its output (kept bounded by :mod:`fray.cluster._task_output`) and
-waits for it to exit. A task's environment is built by :mod:`fray.cluster._task_env`.
+waits for it to exit. A task's environment is built by :mod:`fray.cluster._task_env`; what
+the worker keeps about its tasks is in :mod:`fray.cluster._worker_tasks`.
 
 Retrying is for what may heal: a controller not up yet, or restarting. A first answer that
 cannot change by retrying -- the controller refuses the worker's credential, or the server is
@@ -54,7 +55,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +68,7 @@ from fray.cluster._launch import ForkedProcess, ForkServer, die_with_worker
 from fray.cluster._task_env import nul_problem, task_env
 from fray.cluster._task_output import LAST_OUTPUT_LINES, OutputCap
 from fray.cluster._worker_join import join_token, refusal_line, revoked, stored_credential
+from fray.cluster._worker_tasks import PendingReports, Process, TaskProcess
 from fray.cluster.capacity import Device, WorkerInfo
 from fray.cluster.controller_client import CredentialLike, controller_client, resolve_credential
 from fray.cluster.credentials import Credential, issued_id
@@ -78,8 +80,6 @@ __all__ = ["LAST_OUTPUT_LINES", "Worker"]
 
 logger = logging.getLogger(__name__)
 
-_Process = subprocess.Popen[bytes] | ForkedProcess
-
 # A report waits this long after its first event, so a burst of task events costs one report.
 _REPORT_GATHER_SECONDS = 0.003
 
@@ -89,33 +89,6 @@ def _total_memory() -> int:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):
         return 8 << 30
-
-
-@dataclass
-class _Task:
-    assignment: TaskAssignment
-    proc: _Process | None
-    failure_path: Path
-    killed: bool = False
-
-
-@dataclass
-class _Pending:
-    """Starts and log lines not yet delivered (exits live in the journal)."""
-
-    started: list[TaskKey] = field(default_factory=list)
-    logs: dict[TaskKey, list[str]] = field(default_factory=dict)
-
-    def take(self) -> tuple[list[TaskKey], list[tuple[TaskKey, list[str]]]]:
-        started, logs = list(self.started), list(self.logs.items())
-        self.started.clear()
-        self.logs.clear()
-        return started, logs
-
-    def put_back(self, started: list[TaskKey], logs: list[tuple[TaskKey, list[str]]]) -> None:
-        self.started[:0] = started
-        for key, lines in logs:
-            self.logs.setdefault(key, [])[:0] = lines
 
 
 class Worker:
@@ -187,8 +160,8 @@ class Worker:
         self._client = controller_client(controller, self._credential)
         self._lock = threading.Lock()
         self._session = threading.Lock()  # registrations and reports never overlap
-        self._tasks: dict[TaskKey, _Task] = {}
-        self._pending = _Pending()
+        self._tasks: dict[TaskKey, TaskProcess] = {}
+        self._pending = PendingReports()
         self._journal = OutcomeJournal(self.workdir / "outcomes")
         self._report_ready = threading.Event()
         self._stopping = threading.Event()
@@ -406,7 +379,7 @@ class Worker:
             write_private(payload, spec.payload)
             argv = [sys.executable, "-m", "fray.cluster._task", str(payload), str(failure_path)]
         assert argv is not None
-        task = _Task(assignment, None, failure_path)
+        task = TaskProcess(assignment, None, failure_path)
         with self._lock:
             self._tasks[key] = task
         try:  # pip_packages, workspace, docker_image: see fray.cluster._environments
@@ -427,7 +400,7 @@ class Worker:
             request.update(payload=str(payload), failure=str(failure_path))
         else:
             request["argv"] = argv
-        proc: _Process | None = self._fork(request)
+        proc: Process | None = self._fork(request)
         if proc is None:
             try:
                 proc = subprocess.Popen(
@@ -475,7 +448,7 @@ class Worker:
                 self._forkserver = None
             return None
 
-    def _started(self, task: _Task, proc: _Process) -> None:
+    def _started(self, task: TaskProcess, proc: Process) -> None:
         task.proc = proc
         with self._lock:
             self._pending.started.append(task.assignment.key)
@@ -483,7 +456,7 @@ class Worker:
         name = f"fray-task-{task.assignment.key}"
         threading.Thread(target=self._watch, args=(task,), name=name, daemon=True).start()
 
-    def _watch(self, task: _Task) -> None:
+    def _watch(self, task: TaskProcess) -> None:
         proc, key = task.proc, task.assignment.key
         assert proc is not None and proc.stdout is not None
         output = OutputCap()
@@ -507,19 +480,8 @@ class Worker:
                 "its tasks were killed so that they cannot run beside their replacements"
             ).encode()
         else:
-            failure = None if code == 0 or task.killed else self._failure(task, code, last)
+            failure = None if code == 0 or task.killed else task.failure(code, last)
         self._record_exit(TaskExit(key, code, failure))
-
-    @staticmethod
-    def _failure(task: _Task, code: int, last_output: list[str]) -> bytes:
-        """Why the task failed, encoded: what its Python code raised, else its exit and last output."""
-        try:
-            return task.failure_path.read_bytes()  # written by fray.cluster._task
-        except OSError:
-            pass
-        spec = task.assignment.spec
-        command = spec.argv[0] if spec.argv else task.assignment.job_name
-        return Failure.from_exit(command, code, last_output).encode()
 
     # ----- reports ------------------------------------------------------------------------------
 
