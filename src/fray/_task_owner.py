@@ -41,6 +41,7 @@ from multiprocessing.connection import Connection, Listener, wait
 from typing import Any
 
 from fray import _objects
+from fray._owner_messages import reply_message, run_message
 from fray._runtime import check_terminated
 from fray._serialization import call_parts, check_picklable
 from fray._task_records import (
@@ -279,25 +280,7 @@ class TaskOwner:
         worker.blocked -= 1
         if worker.blocked == 0:
             self._blocked -= 1
-        blobs: list[bytes] = []
-        if request.num_returns is not None:
-            ready = [i for i in request.ids if (o := self._objects.get(i)) is None or o.kind is not PENDING]
-            header: tuple[Any, ...] = ("reply", request.rid, "ready", ready)
-        elif timed_out:
-            header = ("reply", request.rid, "timeout", request.count)
-        else:
-            entries = []
-            for ref_id in request.ids:
-                obj = self._objects.get(ref_id)
-                if obj is None:
-                    entries.append((ref_id, "gone", 1))
-                    blobs.append(f"object {ref_id!r} is gone: its owner freed it".encode())
-                    continue
-                entries.append((ref_id, obj.kind or "lost", len(obj.frames)))
-                blobs.extend(obj.frames)
-                obj.holders.add(worker.wid)
-                worker.cached.add(ref_id)
-            header = ("reply", request.rid, "values", entries)
+        header, blobs = reply_message(request, self._objects, timed_out=timed_out)
         with contextlib.suppress(OSError):
             send(worker.conn, worker.lock, header, blobs)
 
@@ -421,23 +404,9 @@ class TaskOwner:
     def _run_on(self, worker: WorkerRecord, task: TaskRecord) -> None:
         worker.task = task
         self._busy += 1
-        blobs: list[bytes] = []
-        with_fn = task.fn_key not in worker.fn_keys
-        if with_fn:
-            blobs.append(task.fn_blob if task.fn_blob is not None else self._functions[task.fn_key])
-            if not task.fn_key.startswith(ONCE):
-                worker.fn_keys.add(task.fn_key)
-        blobs.append(task.args_blob)
-        objects = []
-        for dep_id in task.deps:
-            if dep_id not in worker.cached:
-                obj = self._objects[dep_id]
-                objects.append((dep_id, obj.kind, len(obj.frames)))
-                blobs.extend(obj.frames)
-                worker.cached.add(dep_id)
-                obj.holders.add(worker.wid)
+        header, blobs = run_message(worker, task, self._objects, self._functions)
         with contextlib.suppress(OSError):  # a dead worker is found by the I/O thread, which fails the task
-            send(worker.conn, worker.lock, ("run", task.task_id, task.name, task.fn_key, with_fn, objects), blobs)
+            send(worker.conn, worker.lock, header, blobs)
 
     def _fail_queue(self, kind: str, message: str) -> None:
         while self._ready:
