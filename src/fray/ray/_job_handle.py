@@ -1,0 +1,160 @@
+"""What every job handle of the Ray backend shares: :class:`RayJobHandle`.
+
+The job kinds are in :mod:`fray.ray.jobs` (callable jobs and the job hosting an actor),
+:mod:`fray.ray.binary` and :mod:`fray.ray.tpu`. A handle can only be used in the process
+that submitted its job: unpickling one there gives back the live handle.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+import weakref
+from collections.abc import Sequence
+
+from fray._lifecycle import JobLifecycle
+from fray._logcapture import LogBuffer
+from fray.errors import FrayError
+from fray.job import JobStatus, JobSummary, timeout_error
+from fray.ray._board import BOARD
+from fray.ray._pending import placement_reason
+
+__all__ = ["LIVE", "RayJobHandle"]
+
+#: Every job handle of this process by id, so that an unpickled handle is the live one.
+LIVE: weakref.WeakValueDictionary[str, RayJobHandle] = weakref.WeakValueDictionary()
+
+
+class RayJobHandle:
+    """Handle to a job submitted through a :class:`~fray.ray.RayClient`.
+
+    ``wait`` blocks without polling for callable jobs (it waits on Ray itself); binary
+    jobs are watched through Ray's job API, actor jobs through the actor's state.
+    """
+
+    def __init__(self, job_id: str, name: str, max_retries_failure: int = 0, max_retries_preemption: int = 0) -> None:
+        self._job_id = job_id
+        self._name = name
+        self._lifecycle = JobLifecycle(job_id, max_retries_failure, max_retries_preemption)
+        self._log = LogBuffer(echo=False)
+        # Reentrant: the lifecycle calls back (self._notify) from whichever thread ends the job.
+        self._lock = threading.RLock()
+        self._on_board = False  # tells the board when it moves on (see _join_board)
+        self._moved = 0  # the board's generation when it last did
+        self._stopping = False  # terminate() began: nothing of this job may start any more
+        self._lifecycle.add_done_callback(lambda _: self._notify())
+        LIVE[job_id] = self
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._job_id!r}, {self._lifecycle.status.value})"
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_restore_job_handle, (self._job_id,))
+
+    @property
+    def job_id(self) -> str:
+        """``{name}-{8 hex}``, prefixed by the parent job's id (and ``/``) for child jobs."""
+        return self._job_id
+
+    @property
+    def finished(self) -> bool:
+        """True once the job's status is final."""
+        return self._lifecycle.finished
+
+    def status(self) -> JobStatus:
+        """The job's current status."""
+        return self._lifecycle.status
+
+    def info(self) -> JobSummary:
+        """The job's status and, while it is PENDING, why: its request against Ray's nodes, or its retry."""
+        status = self.status()
+        reason = ""
+        if status == JobStatus.PENDING:
+            needs = self._needs()
+            if needs is not None:
+                with contextlib.suppress(Exception):  # Ray's state API unreachable: the retry reason, if any
+                    reason = placement_reason(*needs)
+            if not reason and self._lifecycle.pending_reason:
+                reason = self._lifecycle.pending_reason.splitlines()[0]
+        return JobSummary(self._job_id, status, reason)
+
+    def _needs(self) -> tuple[dict[str, float], int] | None:
+        """What one replica asks Ray for (a bundle), and how many replicas start together; None if unknown."""
+        return None
+
+    def wait(self, timeout: float | None = None, *, raise_on_failure: bool = True) -> JobStatus:
+        """Block until the job finishes; raise JobFailed if it failed and ``raise_on_failure``."""
+        if not self._lifecycle.wait_done(timeout):
+            raise timeout_error(self.info(), timeout)
+        return self._lifecycle.result(raise_on_failure=raise_on_failure)
+
+    def terminate(self) -> None:
+        """Stop every replica of the job (a no-op once it finished)."""
+        raise NotImplementedError
+
+    def _begin_stop(self) -> bool:
+        """Mark the job as stopping; False if it already finished (then there is nothing to stop)."""
+        with self._lock:
+            if self._lifecycle.finished:
+                return False
+            self._stopping = True
+            return True
+
+    def logs(self, max_lines: int | None = None) -> list[str]:
+        """The job's output lines so far, all attempts, stdout and stderr interleaved."""
+        lines = self._log.lines() + self._live_logs()
+        if max_lines is not None:
+            lines = lines[-max_lines:] if max_lines > 0 else []
+        return lines
+
+    def _live_logs(self) -> list[str]:
+        return []
+
+    # ----- waiting for many jobs at once ------------------------------------------------------
+
+    def _notify(self) -> None:
+        if self._on_board:
+            BOARD.moved(self)
+
+    def _join_board(self) -> None:
+        """From now on, tell the board whenever this job may have moved on."""
+        self._on_board = True
+
+    def _settle(self) -> JobStatus:
+        """Act on whatever Ray reported since the job last looked (cheap when nothing did)."""
+        return self._lifecycle.status
+
+    @classmethod
+    def _fray_wait_some(cls, jobs: Sequence[RayJobHandle], timeout: float | None) -> list[JobStatus]:
+        """Block until one of ``jobs`` finished or ``timeout`` passed; their statuses (for ``fray.wait_all``).
+
+        No polling: each job tells the board when it may have moved on (a replica
+        completed, an attempt started, the job finished), and only those jobs are
+        looked at again.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for job in jobs:
+            if not job._on_board:
+                job._join_board()
+        look, seen = list(jobs), -1  # at first every job: some moved before they joined
+        while True:
+            generation = BOARD.generation
+            if any([job._settle().finished for job in look if job._moved > seen]):  # a list: settle each
+                break
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                break
+            BOARD.wait(generation, remaining)
+            seen = generation
+        return [job._lifecycle.status for job in jobs]
+
+
+def _restore_job_handle(job_id: str) -> RayJobHandle:
+    job = LIVE.get(job_id)
+    if job is None:
+        raise FrayError(
+            f"job {job_id!r} was submitted by another process; a Ray job handle can only be used in the process "
+            "that submitted it (pass actor handles, or the data the job needs, instead)"
+        )
+    return job
