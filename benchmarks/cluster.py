@@ -139,6 +139,35 @@ def measure_client(client: Client, sizes: Sizes) -> dict[str, float]:
     return results
 
 
+SPLIT = (
+    ("submit -> assigned", "split_assign"),
+    ("assigned -> started", "split_start"),
+    ("started -> exited", "split_run"),
+    ("the client's own part", "split_client"),
+)
+
+
+def latency_split(client: ClusterClient) -> dict[str, float]:
+    """Where a trivial callable job's submit -> SUCCEEDED goes, from the controller's own timestamps (medians).
+
+    ``assigned`` is when the scheduling pass placed the task, ``started`` and ``exited`` when
+    the worker's reports arrived; the client's part is the rest of the measured latency (the
+    submit's and the wait's round trips).
+    """
+    parts: dict[str, list[float]] = {key: [] for _, key in SPLIT}
+    for view in client._controller.list_jobs(None):
+        if not view.name.startswith("noop-") or view.finished_at is None:
+            continue
+        task = client._controller.tasks(view.job_id)[0]
+        if task.assigned_at is None or task.started_at is None or task.finished_at is None:
+            continue
+        parts["split_assign"].append(task.assigned_at - view.submitted_at)
+        parts["split_start"].append(task.started_at - task.assigned_at)
+        parts["split_run"].append(task.finished_at - task.started_at)
+    medians = {key: statistics.median(values) for key, values in parts.items() if values}
+    return medians
+
+
 def bench_fray(sizes: Sizes) -> dict[str, float]:
     results: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as directory:
@@ -152,6 +181,7 @@ def bench_fray(sizes: Sizes) -> dict[str, float]:
             pids = [p.pid for p in [cluster.controller, *cluster.workers.values()] if p is not None]
             results["rss"] = tree_rss(pids)
             results.update(measure_client(client, sizes))
+            results.update(latency_split(client))
             client.shutdown(wait=False)
         finally:
             cluster.stop()
@@ -287,6 +317,13 @@ def main() -> None:
         except IrisUnavailable as exc:
             iris_missing = str(exc)
     print_table(sizes, fray_results, ray_results, iris_results, iris_missing if not iris_results else "")
+    if "split_run" in fray_results:
+        known = sum(fray_results[key] for _, key in SPLIT[:3])
+        fray_results["split_client"] = max(0.0, fray_results["job_callable"] - known)
+        print(
+            "Fray trivial callable job, where the time goes (medians): "
+            + ", ".join(f"{label} {fray_results[key] * 1000:.1f} ms" for label, key in SPLIT)
+        )
 
 
 def print_table(
