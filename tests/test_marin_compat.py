@@ -13,8 +13,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -241,30 +239,7 @@ def test_current_client_function_survives_submodule_import_in_a_fresh_process() 
 # ----- jobs ------------------------------------------------------------------------------------
 
 
-def _sleeper(event_path: str) -> None:
-    while not os.path.exists(event_path):
-        time.sleep(0.02)
-
-
-def test_adopt_existing_on_the_local_backend(tmp_path: Path) -> None:
-    from fray.client import JobAlreadyExists, JobStatus
-    from fray.local_backend import LocalClient
-    from fray.types import Entrypoint, JobRequest
-
-    done = tmp_path / "done"
-    request = JobRequest("adopt-me", Entrypoint.from_callable(_sleeper, args=(str(done),)))
-    with LocalClient(max_threads=8) as client:
-        first = client.submit(request)
-        assert client.submit(request, adopt_existing=True).job_id == first.job_id
-        assert client.submit(request, True).job_id == first.job_id
-        with pytest.raises(JobAlreadyExists) as caught:
-            client.submit(request, adopt_existing=False)
-        assert caught.value.handle is not None and caught.value.handle.job_id == first.job_id
-        done.touch()
-        assert first.wait(timeout=30) == JobStatus.SUCCEEDED
-        again = client.submit(request, adopt_existing=True)  # nothing live: submits anew
-        assert again.job_id != first.job_id
-        assert again.wait(timeout=30) == JobStatus.SUCCEEDED
+# adopt_existing is specified on every backend in tests/conformance/test_adopt.py.
 
 
 def test_marin_settings_fray_cannot_honour_are_refused_by_name() -> None:
@@ -280,21 +255,6 @@ def test_marin_settings_fray_cannot_honour_are_refused_by_name() -> None:
             client.submit(JobRequest("t", Entrypoint.from_binary("true"), resources=ResourceConfig(target_cluster="c")))
         with pytest.raises(ConfigError, match="priority"):
             client.create_actor(_Counter, name="c", actor_config=ActorConfig(priority=1))
-
-
-def test_adopt_existing_on_the_cluster(cluster_client: Any, tmp_path: Path) -> None:
-    from fray.client import JobAlreadyExists
-    from fray.types import Entrypoint, JobRequest
-
-    request = JobRequest(f"adopt-{os.getpid()}", Entrypoint.from_binary("sleep", ["30"]))
-    first = cluster_client.submit(request, detached=False)
-    try:
-        assert cluster_client.submit(request, adopt_existing=True).job_id == first.job_id
-        with pytest.raises(JobAlreadyExists) as caught:
-            cluster_client.submit(request, adopt_existing=False)
-        assert caught.value.handle.job_id == first.job_id
-    finally:
-        first.terminate()
 
 
 def test_local_job_handle_from_a_future() -> None:

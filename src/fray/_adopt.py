@@ -5,8 +5,10 @@ name is adopted (its handle is returned and nothing is submitted); with ``False`
 job raises :class:`~fray.errors.JobAlreadyExists` carrying its ``handle``. Fray's default,
 ``None``, submits regardless: Fray's job ids are unique, names need not be.
 
-Each backend passes ``find``, its lookup of a live (PENDING or RUNNING) job by name among
-the jobs it can see, or None when it has none (then ``adopt_existing`` is refused). The
+Each backend passes ``find``, its lookup of a live (PENDING or RUNNING) job named as the
+request among the jobs it can see, or None when it has none (then ``adopt_existing`` is
+refused). It gets the whole request: a backend that cannot read a found job's details back
+(Iris) takes them from the request, which names the same job. The
 lookup and the submit that follows are two steps: two submits racing with the same name
 may both submit.
 """
@@ -36,7 +38,7 @@ def is_named(job_id: str, name: str) -> bool:
 
 
 def adopt_or_check(
-    backend: str, request: JobRequest, adopt_existing: bool | None, find: Callable[[str], H | None] | None
+    backend: str, request: JobRequest, adopt_existing: bool | None, find: Callable[[JobRequest], H | None] | None
 ) -> H | None:
     """The live job ``submit`` should return instead of submitting, or None to go on and submit.
 
@@ -59,7 +61,7 @@ def adopt_or_check(
             f"job {request.name!r}: the {backend} backend cannot look up a live job by name, so "
             f"submit(adopt_existing={adopt_existing}) is refused there; submit without adopt_existing"
         )
-    live = find(request.name)
+    live = find(request)
     if live is None or adopt_existing:
         return live
     raise JobAlreadyExists(

@@ -11,7 +11,7 @@ implements only what differs, the hooks:
 ============================  ===============================================================
 ``_start_job(request, detached)``   start a checked job; its handle
 ``_create_actor(..., group)``       start one actor (a member of ``group`` when given); its handle and job
-``_live_job(name)``                 a live job of that name this client can see (``adopt_existing``)
+``_live_job(request)``              a live job of the request's name this client can see (``adopt_existing``)
 ``_open_queue(name, exist_ok)``     a queue with leases, or ``ConfigError`` naming the alternatives
 ``_make_job_context()``             the job context (``fray.get_job_context()``), made once
 ``shutdown(wait)``                  stop what the client owns
@@ -170,7 +170,7 @@ class ClientCore(Generic[J, A]):
     ) -> tuple[A, JobHandle]:
         raise NotImplementedError
 
-    def _live_job(self, name: str) -> J | None:
+    def _live_job(self, request: JobRequest) -> J | None:
         return None
 
     def _open_queue(self, name: str, exist_ok: bool) -> Queue[Any]:

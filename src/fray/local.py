@@ -191,8 +191,9 @@ class LocalClient(ClientCore["LocalJobHandle", "LocalActorHandle"]):
             raise
         return LocalJobHandle(job)
 
-    def _live_job(self, name: str) -> LocalJobHandle | None:
-        """A PENDING or RUNNING job (not an actor) named ``name`` of this client, under the same parent job."""
+    def _live_job(self, request: JobRequest) -> LocalJobHandle | None:
+        """A PENDING or RUNNING job (not an actor) named as ``request`` of this client, under the same parent job."""
+        name = request.name
         parent = _current_job.get()
         prefix = f"{parent.job_id}/" if parent is not None else ""
         with self._lock:

@@ -336,12 +336,12 @@ class ClusterClient(ClientCore["ClusterJobHandle", "ClusterActorHandle"]):
         with self._lock:
             self._owned.extend((view.job_id, False, d) for view, d in zip(views, detached, strict=True))
 
-    def _live_job(self, name: str) -> ClusterJobHandle | None:
-        """The oldest PENDING or RUNNING job named ``name`` in this client's namespace, as the controller sees it."""
+    def _live_job(self, request: JobRequest) -> ClusterJobHandle | None:
+        """The oldest PENDING or RUNNING job named as ``request`` in this client's namespace, as the controller sees it."""
         self._batcher.flush()  # this client's own submits so far count
         views = self._controller.list_jobs([JobStatus.PENDING.value, JobStatus.RUNNING.value])
         for view in views:
-            if view.name == name and view.namespace == self.namespace:
+            if view.name == request.name and view.namespace == self.namespace:
                 return ClusterJobHandle(self.address, view.job_id, self._token)
         return None
 

@@ -86,8 +86,6 @@ class IrisClient(ClientCore["IrisJobHandle", "IrisActorHandle"]):
     """
 
     BACKEND = "Iris"
-    # Iris itself refuses a second live job of a name (JobAlreadyExists); adopting one is not done yet.
-    ADOPTS = False
 
     def __init__(self, address: str | None = None, *, workspace: str | None = None) -> None:
         super().__init__()
@@ -134,11 +132,9 @@ class IrisClient(ClientCore["IrisJobHandle", "IrisActorHandle"]):
         if isinstance(entry, CallableEntrypoint):
             payload = _pickled(f"job {request.name!r}", entry.callable, entry.args, dict(entry.kwargs))
             entrypoint = IrisEntrypoint.from_callable(_task.run_callable, payload)
-            label = getattr(entry.callable, "__qualname__", None) or repr(entry.callable)
         else:
             entrypoint = IrisEntrypoint.from_command(*_task.binary_command(entry.argv))
-            label = entry.command
-        handle = self._launch(request, entrypoint, label, binary=not isinstance(entry, CallableEntrypoint))
+        handle = self._launch(request, entrypoint, _label(request), binary=not isinstance(entry, CallableEntrypoint))
         if not self._in_task:  # inside a task Iris ends its children with it, and its log is no place for advice
             notice = ExitNotice(f"the Iris cluster at {self.address}")
             _AT_EXIT.track(handle, notice, detached=detached, outlives_driver=True)
@@ -192,20 +188,30 @@ class IrisClient(ClientCore["IrisJobHandle", "IrisActorHandle"]):
             raise ConfigError(f"Iris refused job {request.name!r}: {exc}") from exc
         job_id = job.job_id.to_wire()
         forget_terminated(job_id)
-        meta = JobMeta(
-            name=request.name,
-            label=label,
-            binary=binary,
-            replicas=request.replicas,
-            hosts_per_replica=place.hosts_per_replica,
-            max_retries_failure=request.max_retries_failure,
-            max_retries_preemption=request.max_retries_preemption,
-        )
-        handle = IrisJobHandle(job_id, meta, self.address, self._iris)
+        handle = IrisJobHandle(job_id, _meta(request, label, binary), self.address, self._iris)
         with self._lock:
             if not detached:  # a detached actor outlives this client: nothing here stops it
                 self._owned.append((handle, ports is not None))
         return handle
+
+    def _live_job(self, request: JobRequest) -> IrisJobHandle | None:
+        """The live Iris job a submit of ``request`` from here would clash with, if any.
+
+        Iris names are unique among live jobs: a top-level job named ``x`` is
+        ``/{user}/x`` (Iris's own rule for the user), one submitted inside a task is a child
+        of the task's job. What the handle must know of the job (its command, replicas,
+        budgets) is taken from ``request``, which names the same job.
+        """
+        from iris.cluster.client.job_info import get_job_info, resolve_job_user
+        from iris.cluster.types import JobName
+
+        info = get_job_info() if self._in_task else None
+        wanted = info.job_id.child(request.name) if info is not None else JobName.root(resolve_job_user(), request.name)
+        wire = wanted.to_wire()
+        if wire not in {name.to_wire() for name in self._iris.active_job_names_for_prefix(wire)}:
+            return None
+        binary = not isinstance(request.entrypoint, CallableEntrypoint)
+        return IrisJobHandle(wire, _meta(request, _label(request), binary), self.address, self._iris)
 
     # ----- actors -------------------------------------------------------------------------------------
 
@@ -264,6 +270,26 @@ class IrisClient(ClientCore["IrisJobHandle", "IrisActorHandle"]):
                 else:
                     job.terminate()
         _live_clients.discard(self)
+
+
+def _label(request: JobRequest) -> str:
+    """What the job runs, for its failure's wording: the command, or the callable's qualified name."""
+    entry = request.entrypoint
+    if isinstance(entry, CallableEntrypoint):
+        return getattr(entry.callable, "__qualname__", None) or repr(entry.callable)
+    return entry.command
+
+
+def _meta(request: JobRequest, label: str, binary: bool) -> JobMeta:
+    return JobMeta(
+        name=request.name,
+        label=label,
+        binary=binary,
+        replicas=request.replicas,
+        hosts_per_replica=placement(request.resources, request.replicas).hosts_per_replica,
+        max_retries_failure=request.max_retries_failure,
+        max_retries_preemption=request.max_retries_preemption,
+    )
 
 
 def _pickled(what: str, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], label: str = "the callable") -> bytes:

@@ -184,8 +184,9 @@ class MonarchClient(ClientCore["MonarchJobHandle", "MonarchActorHandle"]):
         _AT_EXIT.track(handle, _NOTICE, detached=detached, outlives_driver=False)
         return handle
 
-    def _live_job(self, name: str) -> MonarchJobHandle | None:
-        """A PENDING or RUNNING job named ``name`` that this client submitted."""
+    def _live_job(self, request: JobRequest) -> MonarchJobHandle | None:
+        """A PENDING or RUNNING job named as ``request`` that this client submitted."""
+        name = request.name
         with self._lock:
             jobs = list(self._jobs)
         for job in jobs:

@@ -150,8 +150,9 @@ class RayClient(ClientCore["RayJobHandle", "RayActorHandle"]):
         track(job, detached=detached, outlives_driver=isinstance(job, BinaryJob))
         return job
 
-    def _live_job(self, name: str) -> RayJobHandle | None:
-        """A PENDING or RUNNING job named ``name`` that this client submitted (and whose handle is still held)."""
+    def _live_job(self, request: JobRequest) -> RayJobHandle | None:
+        """A PENDING or RUNNING job named as ``request`` that this client submitted (and whose handle is still held)."""
+        name = request.name
         with self._lock:
             jobs = [j for j in self._jobs.values() if not isinstance(j, ActorJob)]
         for job in jobs:
