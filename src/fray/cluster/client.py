@@ -10,7 +10,6 @@ from __future__ import annotations
 import atexit
 import concurrent.futures
 import contextlib
-import dataclasses
 import functools
 import getpass
 import os
@@ -30,6 +29,7 @@ from fray.actor import check_actor_request
 from fray.actor_config import ActorConfig
 from fray.client import ClientSpec
 from fray.cluster._actor_host import host_actor
+from fray.cluster._placement import placed, placed_request
 from fray.cluster._shipping import ship_environment
 from fray.cluster._submit_batch import SubmitBatcher, batches
 from fray.cluster.actor_handle import ClusterActorHandle, live_clients
@@ -44,7 +44,7 @@ from fray.errors import (
     FrayError,
 )
 from fray.job import Entrypoint, EnvironmentConfig, JobRequest, JobStatus, JobSummary, timeout_error
-from fray.resources import DeviceConfig, GpuConfig, ResourceConfig, TpuConfig, device_name
+from fray.resources import ResourceConfig
 from fray.rpc.namespace import resolve_namespace
 
 __all__ = ["ClusterActorHandle", "ClusterClient", "ClusterJobHandle"]
@@ -200,17 +200,6 @@ def _summary(view: JobView) -> JobSummary:
     return JobSummary(view.job_id, status, view.pending_reason if status == JobStatus.PENDING else "")
 
 
-def _worker_has(info: WorkerInfo, device: DeviceConfig) -> bool:
-    """Whether a worker offers ``device`` at all (its capacity aside)."""
-    if isinstance(device, GpuConfig):
-        gpu = info.device("gpu")
-        return gpu is not None and (device.type == "auto" or gpu.type == device.type) and gpu.count >= device.count
-    if isinstance(device, TpuConfig):
-        tpu = info.device("tpu")
-        return tpu is not None and tpu.type == device.type
-    return True
-
-
 @atexit.register
 def _release_at_exit() -> None:
     # The driver-exit rule (fray._driver_exit): a script's actors and its detached=False jobs
@@ -293,7 +282,12 @@ class ClusterClient(ClientCore["ClusterJobHandle", "ClusterActorHandle"]):
             if not isinstance(request, JobRequest):
                 raise ConfigError(f"submit_many() takes JobRequests, got {type(request).__name__}")
         specs = [
-            ship_environment(JobSpec.from_request(self._placed_request(r)), self.address, self._token, self._controller)
+            ship_environment(
+                JobSpec.from_request(placed_request(r, self._alive_workers)),
+                self.address,
+                self._token,
+                self._controller,
+            )
             for r in requests
         ]
         handles: list[ClusterJobHandle] = []
@@ -312,7 +306,10 @@ class ClusterClient(ClientCore["ClusterJobHandle", "ClusterActorHandle"]):
         # Checked and shipped here, so a bad request is refused at once; recorded by the
         # batcher with whatever else this client submits meanwhile (one round trip for all).
         spec = ship_environment(
-            JobSpec.from_request(self._placed_request(request)), self.address, self._token, self._controller
+            JobSpec.from_request(placed_request(request, self._alive_workers)),
+            self.address,
+            self._token,
+            self._controller,
         )
         if not self._submitted:
             # The first submit waits for its answer: a wrong credential or an address with no
@@ -345,15 +342,6 @@ class ClusterClient(ClientCore["ClusterJobHandle", "ClusterActorHandle"]):
                 return ClusterJobHandle(self.address, view.job_id, self._token)
         return None
 
-    def _placed_request(self, request: JobRequest) -> JobRequest:
-        """``request`` for one device among its alternatives; its replicas learn which from ``FRAY_DEVICE``."""
-        resources, env = self._placed(request.resources)
-        environment = request.environment or EnvironmentConfig()
-        env_vars = {**env, **environment.env_vars}
-        return dataclasses.replace(
-            request, resources=resources, environment=dataclasses.replace(environment, env_vars=env_vars)
-        )
-
     def _create_actor(
         self,
         actor_class: type,
@@ -365,7 +353,7 @@ class ClusterClient(ClientCore["ClusterJobHandle", "ClusterActorHandle"]):
         group: tuple[str, int] | None,
     ) -> tuple[ClusterActorHandle, ClusterJobHandle]:
         reserved, config = check_actor_request(actor_class, name, resources, args, kwargs, actor_config)
-        reserved, env = self._placed(reserved)
+        reserved, env = placed(reserved, self._alive_workers)
         make_handle = functools.partial(
             ClusterActorHandle,
             self.address,
@@ -392,22 +380,8 @@ class ClusterClient(ClientCore["ClusterJobHandle", "ClusterActorHandle"]):
         handle._watch()
         return handle, job
 
-    def _placed(self, resources: ResourceConfig) -> tuple[ResourceConfig, dict[str, str]]:
-        """``resources`` for one device (the first alternative some worker has), and the env saying which."""
-        if resources.zone is not None:
-            raise ConfigError(
-                f"ResourceConfig(zone={resources.zone!r}) cannot be honoured by the Fray cluster yet (its scheduler "
-                "places by region); drop zone and use regions, or use the Ray backend"
-            )
-        chosen = resources.device
-        if resources.device_alternatives:
-            workers = [w for w in self._controller.list_workers() if w.state == "alive"]
-            chosen = next(
-                (d for d in resources.device_choices if any(_worker_has(w.info, d) for w in workers)),
-                resources.device_choices[0],
-            )
-            resources = resources.with_device(chosen)
-        return resources, {"FRAY_DEVICE": device_name(chosen)}
+    def _alive_workers(self) -> list[WorkerInfo]:
+        return [w.info for w in self._controller.list_workers() if w.state == "alive"]
 
     def _release_at_exit(self, *, timeout: float) -> None:
         """Best effort, bounded: end this client's actors and attached jobs; say which jobs keep running."""
