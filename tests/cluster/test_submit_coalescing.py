@@ -198,3 +198,22 @@ def test_a_call_lost_in_transit_is_not_sent_again_and_every_job_of_it_says_so():
     assert batcher.flush(30)
     assert sum(len(call) for call in controller.calls) == 2  # never resent: a job must not run twice
     assert owned == []
+
+
+def submit_children_and_return(count: int) -> None:
+    """A job that submits child jobs and returns at once, never touching their handles."""
+    import fray
+
+    client = fray.current_client()
+    for i in range(count):
+        client.submit(JobRequest(name=f"child-{i:02d}", entrypoint=Entrypoint.from_binary("true")))
+
+
+def test_a_job_that_submits_children_and_returns_at_once_has_every_child_recorded(cluster_client):
+    # A callable task is a fork that ends with os._exit: its queued submits are sent before that.
+    parent = cluster_client.submit(
+        JobRequest(name="parent", entrypoint=Entrypoint.from_callable(submit_children_and_return, args=(12,)))
+    )
+    assert parent.wait(timeout=120) == JobStatus.SUCCEEDED
+    children = [v for v in cluster_client._controller.list_jobs(None) if v.parent_id == parent.job_id]
+    assert sorted(v.name for v in children) == [f"child-{i:02d}" for i in range(12)]

@@ -55,8 +55,17 @@ def main(argv: list[str]) -> int:
         _write(failure_path, failure)
         return 1
     finally:
+        _send_queued_submits()
         sys.stdout.flush()
     return 0
+
+
+def _send_queued_submits() -> None:
+    # A callable task is a fork that ends with os._exit: no interpreter shutdown waits for
+    # the submits its ClusterClients still have on their way (fray.cluster._submit_batch).
+    client = sys.modules.get("fray.cluster.client")
+    if client is not None:
+        client.send_queued_submits()
 
 
 if __name__ == "__main__":

@@ -200,6 +200,12 @@ def _summary(view: JobView) -> JobSummary:
     return JobSummary(view.job_id, status, view.pending_reason if status == JobStatus.PENDING else "")
 
 
+def send_queued_submits() -> None:
+    """Wait until every ClusterClient of this process has sent the submits it queued (see ``_submit_batch``)."""
+    for client in list(live_clients):
+        client._batcher.flush()
+
+
 @atexit.register
 def _release_at_exit() -> None:
     # The driver-exit rule (fray._driver_exit): a script's actors and its detached=False jobs
