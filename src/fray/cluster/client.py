@@ -298,11 +298,8 @@ class ClusterClient(ClientCore["ClusterJobHandle", "ClusterActorHandle"]):
         ]
         handles: list[ClusterJobHandle] = []
         for batch in batches(specs):
-            views = self._controller.submit_many(
-                batch, user=self.user, parent_id=self._parent, namespace=self.namespace
-            )
-            with self._lock:
-                self._owned.extend((view.job_id, False, detached) for view in views)
+            views = self._send_batch(batch)
+            self._own_batch(views, [detached] * len(views))
             handles.extend(ClusterJobHandle(self.address, view.job_id, self._token) for view in views)
         for handle in handles:
             watch_pending(handle, self)
