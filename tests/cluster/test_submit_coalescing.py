@@ -217,3 +217,19 @@ def test_a_job_that_submits_children_and_returns_at_once_has_every_child_recorde
     assert parent.wait(timeout=120) == JobStatus.SUCCEEDED
     children = [v for v in cluster_client._controller.list_jobs(None) if v.parent_id == parent.job_id]
     assert sorted(v.name for v in children) == [f"child-{i:02d}" for i in range(12)]
+
+
+def test_submit_many_after_plain_submits_records_them_in_order_and_owns_its_jobs(cluster_client):
+    first = cluster_client.submit(JobRequest(name="before-0", entrypoint=Entrypoint.from_binary("true")))
+    queued = cluster_client.submit(JobRequest(name="before-1", entrypoint=Entrypoint.from_binary("true")))
+    many = cluster_client.submit_many(
+        [JobRequest(name=f"many-{i}", entrypoint=Entrypoint.from_binary("sleep", ["300"])) for i in range(3)],
+        detached=False,
+    )
+    ids = [h.job_id for h in (first, queued, *many)]
+    order = [v.job_id for v in cluster_client._controller.list_jobs(None) if v.job_id in ids]
+    assert order == ids  # the plain submits queued before submit_many are recorded before its jobs
+    assert [h.job_id.rsplit("-", 1)[0] for h in many] == ["many-0", "many-1", "many-2"]
+    cluster_client.shutdown(wait=False)  # the client owns them: detached=False jobs are stopped
+    for handle in many:
+        assert handle.wait(timeout=60, raise_on_failure=False) == JobStatus.STOPPED
