@@ -1,7 +1,8 @@
 """The worker's durable record of task outcomes the controller has not acknowledged yet.
 
-A task's exit is written here (one small file per task attempt, fsynced, renamed into
-place) before anything is sent, and removed only once the controller has recorded it.
+A task's exit is kept here in memory at once (every report and registration sends what
+is here) and written to disk (one small file per task attempt, fsynced, renamed into place)
+while its report is on its way; it is removed only once the controller has recorded it.
 Whatever happens in between -- a controller outage of any length, a report lost with a
 broken connection, a re-registration, the worker process itself restarting -- the
 outcome is sent again until it is acknowledged, and the controller, which reconciles
@@ -43,14 +44,29 @@ class OutcomeJournal:
             self._exits[exit_.key] = exit_
 
     def record(self, exit_: TaskExit) -> None:
-        """Keep ``exit_`` until it is acknowledged (a write error is logged: it stays in memory)."""
+        """Keep ``exit_`` until it is acknowledged; :meth:`persist` puts it on disk."""
         with self._lock:
             self._exits[exit_.key] = exit_
+
+    def persist(self, exit_: TaskExit) -> None:
+        """Write the recorded ``exit_`` to disk, fsynced (a write error is logged: it stays in memory).
+
+        It may be sent, and even acknowledged, meanwhile: a report need not wait for the
+        disk, since an outcome the controller has recorded needs no file, and one it has not
+        is sent again from memory. An outcome acknowledged while it was being written loses
+        its file again here, so no stale file is left behind.
+        """
         path = self._path(exit_.key)
         try:
             write_private(path, _encode(exit_), durable=True)
         except OSError as exc:
             logger.error("cannot write task outcome %s to %s (%s); it is kept in memory only", exit_.key, path, exc)
+            return
+        with self._lock:
+            acknowledged = exit_.key not in self._exits
+        if acknowledged:  # acknowledge() ran before the file existed
+            with contextlib.suppress(OSError):
+                path.unlink()
 
     def pending(self) -> list[TaskExit]:
         """Every outcome not acknowledged yet, oldest task first."""

@@ -36,7 +36,8 @@ workers have joined. The token, the kept credential and the lines a worker gives
 :mod:`fray.cluster._worker_join`.
 
 Exactly-once completion: a task's exit goes into the durable :class:`OutcomeJournal`
-first, and leaves it only when the controller has recorded it -- through a report, or
+first (in memory at once, to disk while its report is on its way), and leaves it only
+when the controller has recorded it -- through a report, or
 through a registration, which always carries every unacknowledged outcome along with
 the tasks still running. Registrations and reports never overlap (one session lock), and
 each names the worker's *epoch*: the controller refuses the reports of an epoch it has
@@ -80,7 +81,7 @@ __all__ = ["LAST_OUTPUT_LINES", "Worker"]
 
 logger = logging.getLogger(__name__)
 
-# A report waits this long after its first event, so a burst of task events costs one report.
+# A report of log lines alone waits this long after the first, so a task's burst of lines costs one report.
 _REPORT_GATHER_SECONDS = 0.003
 
 
@@ -163,7 +164,8 @@ class Worker:
         self._tasks: dict[TaskKey, TaskProcess] = {}
         self._pending = PendingReports()
         self._journal = OutcomeJournal(self.workdir / "outcomes")
-        self._report_ready = threading.Event()
+        self._report_ready = threading.Event()  # something waits to be reported
+        self._report_urgent = threading.Event()  # a start or an exit does: report it at once
         self._stopping = threading.Event()
         self._registered = False
         self._epoch = 0
@@ -452,6 +454,7 @@ class Worker:
         task.proc = proc
         with self._lock:
             self._pending.started.append(task.assignment.key)
+        self._report_urgent.set()
         self._report_ready.set()
         name = f"fray-task-{task.assignment.key}"
         threading.Thread(target=self._watch, args=(task,), name=name, daemon=True).start()
@@ -496,7 +499,11 @@ class Worker:
         with self._lock:
             self._tasks.pop(exit_.key, None)
             self._journal.record(exit_)
+        self._report_urgent.set()
         self._report_ready.set()
+        # The fsync (~1 ms) overlaps the report: an outcome the controller has recorded needs
+        # no file, and one it has not is sent again from memory (see OutcomeJournal.persist).
+        self._journal.persist(exit_)
 
     def _report_loop(self) -> None:
         backoff = 0.05
@@ -504,8 +511,11 @@ class Worker:
             # Several heartbeats per lease: one delayed answer must not let the lease lapse.
             beat = min(self._heartbeat, self._lease_seconds / 4) if self._lease_seconds else self._heartbeat
             if self._report_ready.wait(beat):
-                # Gather what else happens in the next moment (a burst of exits) into this report.
-                self._stopping.wait(_REPORT_GATHER_SECONDS)
+                # Log lines wait a moment for more (a chatty task costs one report per moment, not one
+                # per line); a start or an exit ends the wait. The starts and exits of a burst gather
+                # while a report is on its way: the next report carries them all.
+                self._report_urgent.wait(_REPORT_GATHER_SECONDS)
+            self._report_urgent.clear()
             self._report_ready.clear()
             if not self._registered:
                 continue  # the command loop registers, with everything a report would carry
