@@ -366,7 +366,6 @@ class Worker:
     def _launch(self, assignment: TaskAssignment) -> None:
         key, spec = assignment.key, assignment.spec
         task_dir = self.workdir / "tasks" / f"{key.job_id.replace('/', '__')}-{key.task_index}-{key.attempt}"
-        private_dir(task_dir)
         failure_path = task_dir / "failure.pkl"
         env = task_env(assignment, self.worker_id, self.controller)
         argv = list(spec.argv) if spec.argv is not None else None
@@ -378,8 +377,10 @@ class Worker:
         fresh_interpreter = any(k.startswith("PYTHON") and k != "PYTHONUNBUFFERED" for k in spec.environment.env_vars)
         if spec.argv is None:
             assert spec.payload is not None
-            write_private(payload, spec.payload)
+            write_private(payload, spec.payload)  # makes the task's private directory too
             argv = [sys.executable, "-m", "fray.cluster._task", str(payload), str(failure_path)]
+        else:
+            private_dir(task_dir)
         assert argv is not None
         task = TaskProcess(assignment, None, failure_path)
         with self._lock:
