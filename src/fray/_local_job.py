@@ -311,10 +311,15 @@ class LocalJobHandle:
             raise timeout_error(self.info(), timeout) from None
 
     def terminate(self) -> None:
-        """Stop the job; see :class:`~fray.local.LocalClient` for how threads are stopped.
+        """Stop the job: a callable job's threads by raising :class:`~fray.errors.JobTerminated` in each.
 
-        Returns once the job is STOPPED, or after a grace of a few seconds if a replica
-        thread is still inside a long C call (the status turns STOPPED when it exits).
+        The exception is raised with ``PyThreadState_SetAsyncExc``: it lands at the thread's
+        next Python instruction, and again at every Fray call the job makes. A thread
+        blocked inside one C call (``time.sleep(600)``, a socket read, a lock) stops only
+        when that call returns. The job reads STOPPED once every one of its threads has
+        exited; this waits up to :data:`STOP_GRACE` seconds for that, then returns (the
+        status turns STOPPED the moment the last thread exits). Binary jobs' process groups
+        get SIGTERM, then SIGKILL.
         """
         self._job.terminate()
 

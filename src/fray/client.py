@@ -132,6 +132,14 @@ class ClientSpec:
         """An error about this spec that lists the valid forms."""
         return ConfigError(f"client spec {self.text!r}: {problem}; valid forms: {', '.join(VALID_SPECS)}")
 
+    def only(self, backend: str, *names: str) -> dict[str, str]:
+        """The options, once any that ``backend`` does not take (not among ``names``) was refused by name."""
+        unknown = set(self.options) - set(names)
+        if unknown:
+            takes = ", ".join(f"{name}=..." for name in names) or "no options"
+            raise self.invalid(f"unknown option(s) {sorted(unknown)} for {backend} (it takes {takes})")
+        return self.options
+
 
 # scheme -> (module, class); the class has a ``from_spec(ClientSpec)`` constructor.
 # Imported lazily so that optional engines cost nothing unless used.

@@ -10,22 +10,18 @@ from __future__ import annotations
 
 import atexit
 import contextvars
-import importlib.metadata
-import re
 import threading
-import uuid
 import weakref
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, cast
 
-from fray._client_core import ClientCore
+from fray._client_core import ActorStart, ClientCore, check_count, check_installed, short_id
 from fray._driver_exit import report_leftovers
 from fray._local_actor import LocalActor, LocalActorHandle
 from fray._local_context import LocalJobContext
 from fray._local_job import LocalJob, LocalJobHandle, stop_deadline, wait_for_stop
 from fray._local_runner import JobRunner, local_device
 from fray._serialization import call_parts, check_picklable
-from fray.actor import check_actor_request
-from fray.actor_config import ActorConfig
 from fray.client import ClientSpec
 from fray.errors import ConfigError, JobAlreadyExists
 from fray.job import (
@@ -36,35 +32,8 @@ from fray.job import (
     _current_job,
 )
 from fray.queue import LocalQueue, queue_exists
-from fray.resources import ResourceConfig
 
 __all__ = ["LocalActorHandle", "LocalClient", "LocalJobHandle"]
-
-
-def _short_id() -> str:
-    return uuid.uuid4().hex[:8]
-
-
-_REQ_NAME_RE = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
-
-
-def _check_packages(name: str, packages: tuple[str, ...]) -> None:
-    # Callable jobs run in this interpreter, so packages cannot be installed per job;
-    # a missing one is reported at submit rather than as an ImportError mid-run.
-    missing = []
-    for requirement in packages:
-        match = _REQ_NAME_RE.match(requirement)
-        if match is None:
-            raise ConfigError(f"job {name!r}: pip package {requirement!r} is not a requirement string")
-        try:
-            importlib.metadata.distribution(match.group(1))
-        except importlib.metadata.PackageNotFoundError:
-            missing.append(requirement)
-    if missing:
-        raise ConfigError(
-            f"job {name!r} needs pip packages {missing} that are not installed; the local backend runs jobs in "
-            f"this Python environment, so install them first: pip install {' '.join(missing)}"
-        )
 
 
 def _never_started(job: LocalJob) -> None:
@@ -91,16 +60,8 @@ class LocalClient(ClientCore["LocalJobHandle", "LocalActorHandle"]):
     its return value -- with :class:`~fray.errors.SerializationError`, so that code that
     passes here does not fail later on a cluster; Fray's conformance suite turns it on.
 
-    ``terminate()`` stops a callable job's threads by raising :class:`~fray.errors.JobTerminated`
-    in each of them (``PyThreadState_SetAsyncExc``): it lands at the thread's next Python
-    instruction, and again at every Fray call the job makes. A thread blocked inside one
-    C call (``time.sleep(600)``, a socket read, a lock) stops only when that call returns.
-    The job reads STOPPED once every one of its threads has exited; ``terminate()`` waits
-    up to :data:`~fray._local_job.STOP_GRACE` seconds for that, then returns (the status
-    turns STOPPED the moment the last thread exits). Binary jobs' process groups get
-    SIGTERM, then SIGKILL. A terminated actor's calls fail with ``ActorDiedError`` at
-    once, and its thread is stopped the same way (``async def`` methods at their next
-    ``await``).
+    How ``terminate()`` stops threads is on :meth:`fray._local_job.LocalJobHandle.terminate`;
+    a terminated actor's calls fail with ``ActorDiedError`` at once.
 
     Jobs run inside this process, so they end with it whatever ``detached`` says (the
     driver-exit rule, :mod:`fray._driver_exit`); at exit, Fray names the ones that were
@@ -120,14 +81,10 @@ class LocalClient(ClientCore["LocalJobHandle", "LocalActorHandle"]):
         echo_logs: bool = True,
         check_pickling: bool = False,
     ) -> None:
-        if max_threads is not None and (
-            isinstance(max_threads, bool) or not isinstance(max_threads, int) or max_threads < 1
-        ):
-            raise ConfigError(f"LocalClient(max_threads={max_threads!r}) must be a whole number >= 1 or None")
+        self.max_threads = check_count(max_threads, "LocalClient(max_threads=")
         super().__init__()
-        self.client_id = _short_id()
+        self.client_id = short_id()
         self.namespace = namespace or f"local-{self.client_id}"
-        self.max_threads = max_threads
         #: Refuse what another backend could not pickle (off: values are passed as they are).
         self.check_pickling = bool(check_pickling)
         self._echo = echo_logs
@@ -143,18 +100,13 @@ class LocalClient(ClientCore["LocalJobHandle", "LocalActorHandle"]):
         """Build from ``local``, ``local?threads=N`` and/or ``local?pickle=1`` (``check_pickling``)."""
         if spec.address is not None:
             raise spec.invalid("the local backend takes no address")
-        unknown = set(spec.options) - {"threads", "pickle"}
-        if unknown:
-            raise spec.invalid(f"unknown option(s) {sorted(unknown)} for local")
-        pickle = spec.options.get("pickle", "0")
+        options = spec.only("local", "threads", "pickle")
+        pickle, threads = options.get("pickle", "0"), options.get("threads", "")
         if pickle not in ("0", "1"):
             raise spec.invalid(f"pickle={pickle!r} must be 1 (check that everything pickles) or 0")
-        threads = spec.options.get("threads")
-        if threads is None:
-            return cls(check_pickling=pickle == "1")
-        if not threads.isdigit() or int(threads) < 1:
+        if threads and (not threads.isdigit() or int(threads) < 1):
             raise spec.invalid(f"threads={threads!r} must be a whole number >= 1")
-        return cls(max_threads=int(threads), check_pickling=pickle == "1")
+        return cls(max_threads=int(threads) if threads else None, check_pickling=pickle == "1")
 
     def __repr__(self) -> str:
         pickling = ", check_pickling=True" if self.check_pickling else ""
@@ -168,7 +120,7 @@ class LocalClient(ClientCore["LocalJobHandle", "LocalActorHandle"]):
         if isinstance(entry, CallableEntrypoint):
             if self.check_pickling:
                 check_picklable(f"job {request.name!r}", call_parts(entry.callable, entry.args, entry.kwargs))
-            _check_packages(request.name, tuple(environment.pip_packages))
+            check_installed(request.name, environment.pip_packages, self.BACKEND)
             if self.max_threads is not None and request.replicas > self.max_threads:
                 raise ConfigError(
                     f"job {request.name!r} asks for {request.replicas} replicas, which start all together, but this "
@@ -191,23 +143,8 @@ class LocalClient(ClientCore["LocalJobHandle", "LocalActorHandle"]):
             raise
         return LocalJobHandle(job)
 
-    def _live_job(self, request: JobRequest) -> LocalJobHandle | None:
-        """A PENDING or RUNNING job (not an actor) named as ``request`` of this client, under the same parent job."""
-        name = request.name
-        parent = _current_job.get()
-        prefix = f"{parent.job_id}/" if parent is not None else ""
-        with self._lock:
-            jobs = [job for job in self._jobs.values() if job.job_id not in self._actors_by_job]
-        for job in jobs:
-            child = job.job_id[len(prefix) :] if job.job_id.startswith(prefix) else ""
-            if job.name == name and child and "/" not in child and not job.lifecycle.finished:
-                return LocalJobHandle(job)
-        return None
-
     def _new_job(self, name: str, max_retries_failure: int = 0, max_retries_preemption: int = 0) -> LocalJob:
-        parent = _current_job.get()
-        local_id = f"{name}-{_short_id()}"
-        job_id = f"{parent.job_id}/{local_id}" if parent is not None else local_id
+        job_id = self._child_job_id(name)
         job = LocalJob(
             self.client_id,
             job_id,
@@ -229,17 +166,8 @@ class LocalClient(ClientCore["LocalJobHandle", "LocalActorHandle"]):
 
     # ----- actors -----------------------------------------------------------------------------
 
-    def _create_actor(
-        self,
-        actor_class: type,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        name: str,
-        resources: ResourceConfig | None,
-        actor_config: ActorConfig | None,
-        group: tuple[str, int] | None,
-    ) -> tuple[LocalActorHandle, LocalJobHandle]:
-        reserved, config = check_actor_request(actor_class, name, resources, args, kwargs, actor_config)
+    def _create_actor(self, start: ActorStart) -> tuple[LocalActorHandle, LocalJobHandle]:
+        name = start.name
         with self._lock:
             if name in self._actors_by_name:
                 raise JobAlreadyExists(
@@ -248,9 +176,16 @@ class LocalClient(ClientCore["LocalJobHandle", "LocalActorHandle"]):
                 )
         job = self._new_job(name)
         try:
-            info = JobInfo(job.job_id, name, 0, 1, self._parent_namespace(), 0, local_device(reserved))
+            info = JobInfo(job.job_id, name, 0, 1, self._parent_namespace(), 0, local_device(start.resources))
             actor = LocalActor(
-                self, job, actor_class, info, self._forget_actor, config, group, check_pickling=self.check_pickling
+                self,
+                job,
+                start.actor_class,
+                info,
+                self._forget_actor,
+                start.config,
+                start.group,
+                check_pickling=self.check_pickling,
             )
             with self._lock:
                 if name in self._actors_by_name:  # lost a race with another creator
@@ -258,11 +193,11 @@ class LocalClient(ClientCore["LocalJobHandle", "LocalActorHandle"]):
                     raise JobAlreadyExists(f"an actor named {name!r} is already running in this client")
                 self._actors_by_name[name] = actor
                 self._actors_by_job[job.job_id] = actor
-            actor.start(args, kwargs, contextvars.copy_context())
+            actor.start(start.args, start.kwargs, contextvars.copy_context())
         except BaseException:
             _never_started(job)
             raise
-        return LocalActorHandle(actor, actor_class, name, self.client_id), LocalJobHandle(job)
+        return LocalActorHandle(actor, start.actor_class, name, self.client_id), LocalJobHandle(job)
 
     def _forget_actor(self, actor: LocalActor) -> None:
         with self._lock:
@@ -290,28 +225,23 @@ class LocalClient(ClientCore["LocalJobHandle", "LocalActorHandle"]):
 
     # ----- lifecycle --------------------------------------------------------------------------
 
-    def shutdown(self, wait: bool = True) -> None:
-        """Stop accepting work; with ``wait``, let running jobs finish first; then stop everything."""
+    def _owned_work(self) -> tuple[list[LocalJobHandle], list[LocalJobHandle]]:
         with self._lock:
-            self._closed = True
-            jobs = list(self._jobs.values())
-            actors = dict(self._actors_by_job)
-            job_context, self._job_context = self._job_context, None
-        plain = [job for job in jobs if job.job_id not in actors]
+            jobs, actors = list(self._jobs.values()), dict(self._actors_by_job)
         # Detached actors outlive the client (not the process: nothing of this backend can).
-        hosts = [job for job in jobs if job.job_id in actors and not actors[job.job_id].config.detached]
+        hosts = [LocalJobHandle(j) for j in jobs if j.job_id in actors and not actors[j.job_id].config.detached]
+        return [LocalJobHandle(job) for job in jobs if job.job_id not in actors], hosts
+
+    def _end(self, handles: Sequence[LocalJobHandle], wait: bool) -> None:
+        jobs = [cast(LocalJob, handle._job) for handle in handles]
         if wait:
-            for job in plain:
+            for job in jobs:
                 job.lifecycle.wait_done()
-        # Jobs first, actors after: running jobs may still be calling the actors.
-        deadline = stop_deadline()
-        for group in (plain, hosts):
-            for job in group:
-                if not job.lifecycle.finished:
-                    job.request_stop()
-            wait_for_stop(group, deadline)
-        if job_context is not None:
-            job_context.shutdown()
+        # Stopped together, under one deadline: one slow thread does not delay the others' stop.
+        for job in jobs:
+            if not job.lifecycle.finished:
+                job.request_stop()
+        wait_for_stop(jobs, stop_deadline())
 
 
 _live_clients: weakref.WeakSet[LocalClient] = weakref.WeakSet()

@@ -19,14 +19,12 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from fray._client_core import ClientCore
+from fray._client_core import ActorStart, ClientCore
 from fray._driver_exit import report_leftovers
 from fray._lifecycle import Failure
 from fray._pending_notice import watch as watch_pending
 from fray._remote import job_failed
 from fray._runtime import check_terminated
-from fray.actor import check_actor_request
-from fray.actor_config import ActorConfig
 from fray.client import ClientSpec
 from fray.cluster._actor_host import host_actor
 from fray.cluster._placement import placed, placed_request
@@ -44,7 +42,6 @@ from fray.errors import (
     FrayError,
 )
 from fray.job import Entrypoint, EnvironmentConfig, JobRequest, JobStatus, JobSummary, timeout_error
-from fray.resources import ResourceConfig
 from fray.rpc.namespace import resolve_namespace
 
 __all__ = ["ClusterActorHandle", "ClusterClient", "ClusterJobHandle"]
@@ -66,8 +63,8 @@ def _settled_status(view: JobView) -> JobStatus:
     return view.state
 
 
-# How long shutdown() waits for the processes of the actors it stopped to be gone.
-_ACTOR_STOP_SECONDS = 10.0
+# How long shutdown() waits for the processes of the jobs and actors it stopped to be gone.
+_STOP_SECONDS = 10.0
 
 # A long-poll never blocks longer than this, so a waiter without a timeout still hears of
 # a controller that went away (and wait_all can re-check its own deadline).
@@ -211,7 +208,7 @@ def _release_at_exit() -> None:
     # The driver-exit rule (fray._driver_exit): a script's actors and its detached=False jobs
     # end with it; its other jobs keep running, and it says which and how to stop them.
     for client in list(live_clients):
-        client._release_at_exit(timeout=2.0)
+        _end_at_exit(client, timeout=2.0)
 
 
 class ClusterClient(ClientCore["ClusterJobHandle", "ClusterActorHandle"]):
@@ -233,6 +230,7 @@ class ClusterClient(ClientCore["ClusterJobHandle", "ClusterActorHandle"]):
     """
 
     BACKEND = "Fray cluster"
+    CONTEXT_FIRST = True  # its executors are jobs of this client that serve until told
 
     def __init__(
         self, address: str, *, token: CredentialLike = None, namespace: str | None = None, user: str | None = None
@@ -258,10 +256,8 @@ class ClusterClient(ClientCore["ClusterJobHandle", "ClusterActorHandle"]):
         """Build from ``fray://host:port[?namespace=NAME&user=NAME]``."""
         if spec.address is None:
             raise spec.invalid("fray:// needs the controller's HOST:PORT")
-        unknown = set(spec.options) - {"namespace", "user"}
-        if unknown:
-            raise spec.invalid(f"unknown option(s) {sorted(unknown)} for fray://")
-        return cls(spec.address, namespace=spec.options.get("namespace"), user=spec.options.get("user"))
+        options = spec.only("fray://", "namespace", "user")
+        return cls(spec.address, namespace=options.get("namespace"), user=options.get("user"))
 
     def __repr__(self) -> str:
         return f"ClusterClient({self.address!r}, namespace={self.namespace!r})"
@@ -287,15 +283,7 @@ class ClusterClient(ClientCore["ClusterJobHandle", "ClusterActorHandle"]):
         for request in requests:
             if not isinstance(request, JobRequest):
                 raise ConfigError(f"submit_many() takes JobRequests, got {type(request).__name__}")
-        specs = [
-            ship_environment(
-                JobSpec.from_request(placed_request(r, self._alive_workers)),
-                self.address,
-                self._token,
-                self._controller,
-            )
-            for r in requests
-        ]
+        specs = [self._spec(request) for request in requests]
         handles: list[ClusterJobHandle] = []
         for batch in batches(specs):
             views = self._send_batch(batch)
@@ -308,12 +296,7 @@ class ClusterClient(ClientCore["ClusterJobHandle", "ClusterActorHandle"]):
     def _start_job(self, request: JobRequest, detached: bool) -> ClusterJobHandle:
         # Checked and shipped here, so a bad request is refused at once; recorded by the
         # batcher with whatever else this client submits meanwhile (one round trip for all).
-        spec = ship_environment(
-            JobSpec.from_request(placed_request(request, self._alive_workers)),
-            self.address,
-            self._token,
-            self._controller,
-        )
+        spec = self._spec(request)
         if not self._submitted:
             # The first submit waits for its answer: a wrong credential or an address with no
             # controller is refused by the submit itself, not later by the handle.
@@ -325,6 +308,10 @@ class ClusterClient(ClientCore["ClusterJobHandle", "ClusterActorHandle"]):
                 raise self._shut_down()
             future = self._batcher.add(spec, detached)
         return ClusterJobHandle(self.address, future, self._token)
+
+    def _spec(self, request: JobRequest) -> JobSpec:
+        placed_spec = JobSpec.from_request(placed_request(request, self._alive_workers))
+        return ship_environment(placed_spec, self.address, self._token, self._controller)
 
     def _send_batch(self, specs: list[JobSpec]) -> list[JobView]:
         views: list[JobView] = self._controller.submit_many(
@@ -345,39 +332,31 @@ class ClusterClient(ClientCore["ClusterJobHandle", "ClusterActorHandle"]):
                 return ClusterJobHandle(self.address, view.job_id, self._token)
         return None
 
-    def _create_actor(
-        self,
-        actor_class: type,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        name: str,
-        resources: ResourceConfig | None,
-        actor_config: ActorConfig | None,
-        group: tuple[str, int] | None,
-    ) -> tuple[ClusterActorHandle, ClusterJobHandle]:
-        reserved, config = check_actor_request(actor_class, name, resources, args, kwargs, actor_config)
-        reserved, env = placed(reserved, self._alive_workers)
+    def _create_actor(self, start: ActorStart) -> tuple[ClusterActorHandle, ClusterJobHandle]:
+        name, config = start.name, start.config
+        reserved, env = placed(start.resources, self._alive_workers)
         make_handle = functools.partial(
             ClusterActorHandle,
             self.address,
             self.namespace,
             name,
-            cls=actor_class,
+            cls=start.actor_class,
             max_task_retries=config.max_task_retries,
         )
         options: dict[str, Any] = {"max_concurrency": config.max_concurrency, "handle": make_handle}
-        if group is not None:
-            options.update(group=group[0], index=group[1])
+        if start.group is not None:
+            options.update(group=start.group[0], index=start.group[1])
+        hosted = (start.actor_class, start.args, start.kwargs, name, options)
         request = JobRequest(
             name=name,
-            entrypoint=Entrypoint.from_callable(host_actor, args=(actor_class, args, kwargs, name, options)),
+            entrypoint=Entrypoint.from_callable(host_actor, args=hosted),
             resources=reserved,
             environment=EnvironmentConfig(env_vars=env),
             # A restart is a retry of the actor's job after its process was lost; a constructor
             # that raises, or an actor that fails itself, is final.
             max_retries_preemption=config.max_restarts,
         )
-        spec = JobSpec.from_request(request, actor_name=name, command=f"actor {actor_class.__qualname__}")
+        spec = JobSpec.from_request(request, actor_name=name, command=f"actor {start.actor_class.__qualname__}")
         job = self._submit(spec, is_actor=True, detached=config.detached)
         handle = make_handle(job_id=job.job_id, token=self._token)
         handle._watch()
@@ -385,38 +364,6 @@ class ClusterClient(ClientCore["ClusterJobHandle", "ClusterActorHandle"]):
 
     def _alive_workers(self) -> list[WorkerInfo]:
         return [w.info for w in self._controller.list_workers() if w.state == "alive"]
-
-    def _release_at_exit(self, *, timeout: float) -> None:
-        """Best effort, bounded: end this client's actors and attached jobs; say which jobs keep running."""
-        self._batcher.flush(timeout)
-        with self._lock:
-            owned = list(self._owned)
-        if not owned:
-            return
-        rpc = self._controller.bounded(timeout)
-        stopped, kept = [], []
-        try:
-            jobs = [job_id for job_id, is_actor, _ in owned if not is_actor]
-            live = {v.job_id for v in rpc.wait(jobs, 0.0) if not v.state.finished} if jobs else set()
-            for job_id, is_actor, detached in owned:
-                if not detached:  # attached jobs, and actors unless created detached
-                    with contextlib.suppress(FrayError, OSError):
-                        rpc.terminate(job_id, "its script exited")
-                    if not is_actor and job_id in live:
-                        stopped.append(job_id)
-                elif job_id in live:
-                    kept.append(job_id)
-        except (FrayError, OSError):
-            return  # the controller is gone: there is nothing left to stop or to report
-        if self._parent is not None:
-            return  # inside a job: its children end with it, and its log is no place for CLI advice
-        report_leftovers(
-            f"the Fray cluster at {self.address}",
-            kept=kept,
-            stopped=stopped,
-            list_hint=f"list them: fray job list --namespace {self.namespace}",
-            stop_hint=f"stop them: fray job stop --namespace {self.namespace}",
-        )
 
     # ----- the job level -------------------------------------------------------------------------
 
@@ -436,36 +383,52 @@ class ClusterClient(ClientCore["ClusterJobHandle", "ClusterActorHandle"]):
         self._controller.queue("create", key, exist_ok, uuid.uuid4().hex, self.user)
         return ClusterQueue(self.address, key, name, self._token)
 
-    def shutdown(self, wait: bool = True) -> None:
-        """Stop this client's actors (and, unless ``wait``, its running jobs); refuse new work.
-
-        Returns once the stopped actors' processes are gone (at most ``_ACTOR_STOP_SECONDS``),
-        so that no call made afterwards reaches one.
-        """
-        with self._lock:
-            self._closed = True
-        self._batcher.flush()  # what was submitted before is recorded, and owned: waited for or stopped below
-        with self._lock:
-            context, self._job_context = self._job_context, None
-        if context is not None:  # its executors serve until told: stop them before waiting for jobs
-            context.shutdown()
+    def _owned_work(self) -> tuple[list[ClusterJobHandle], list[ClusterJobHandle]]:
+        self._batcher.flush()  # what was submitted before is recorded, and owned: waited for or stopped
         with self._lock:
             owned = list(self._owned)
-        stopped: list[ClusterJobHandle] = []
+        handle = functools.partial(ClusterJobHandle, self.address, token=self._token)
+        jobs = [handle(job_id) for job_id, is_actor, _ in owned if not is_actor]
+        # A detached actor outlives this client (ActorConfig(lifetime="detached")).
+        return jobs, [handle(job_id) for job_id, is_actor, detached in owned if is_actor and not detached]
+
+    def _end(self, handles: Sequence[ClusterJobHandle], wait: bool) -> None:
+        super()._end(handles, wait)
+        if not wait:  # returns once the stopped processes are gone, so that no later call reaches one
+            deadline = time.monotonic() + _STOP_SECONDS
+            for handle in handles:
+                with contextlib.suppress(FrayError, TimeoutError):
+                    handle.wait(max(0.0, deadline - time.monotonic()), raise_on_failure=False)
+
+
+def _end_at_exit(client: ClusterClient, timeout: float) -> None:
+    """Best effort, bounded: end this client's actors and attached jobs; say which jobs keep running."""
+    client._batcher.flush(timeout)
+    with client._lock:
+        owned = list(client._owned)
+    if not owned:
+        return
+    rpc = client._controller.bounded(timeout)
+    stopped, kept = [], []
+    try:
+        jobs = [job_id for job_id, is_actor, _ in owned if not is_actor]
+        live = {v.job_id for v in rpc.wait(jobs, 0.0) if not v.state.finished} if jobs else set()
         for job_id, is_actor, detached in owned:
-            if is_actor and detached:
-                continue  # it outlives this client (ActorConfig(lifetime="detached"))
-            handle = ClusterJobHandle(self.address, job_id, self._token)
-            try:
-                if wait and not is_actor:
-                    handle.wait(raise_on_failure=False)
-                else:
-                    handle.terminate()
-                    if is_actor:
-                        stopped.append(handle)
-            except FrayError:
-                pass  # a controller that went away has nothing left to stop for us
-        deadline = time.monotonic() + _ACTOR_STOP_SECONDS
-        for handle in stopped:
-            with contextlib.suppress(FrayError, TimeoutError):
-                handle.wait(max(0.0, deadline - time.monotonic()), raise_on_failure=False)
+            if not detached:  # attached jobs, and actors unless created detached
+                with contextlib.suppress(FrayError, OSError):
+                    rpc.terminate(job_id, "its script exited")
+                if not is_actor and job_id in live:
+                    stopped.append(job_id)
+            elif job_id in live:
+                kept.append(job_id)
+    except (FrayError, OSError):
+        return  # the controller is gone: there is nothing left to stop or to report
+    if client._parent is not None:
+        return  # inside a job: its children end with it, and its log is no place for CLI advice
+    report_leftovers(
+        f"the Fray cluster at {client.address}",
+        kept=kept,
+        stopped=stopped,
+        list_hint=f"list them: fray job list --namespace {client.namespace}",
+        stop_hint=f"stop them: fray job stop --namespace {client.namespace}",
+    )

@@ -9,36 +9,27 @@ only translates: ``fray.iris.mapping`` holds the field-by-field table.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from connectrpc.code import Code
-from connectrpc.errors import ConnectError
-from iris.client import JobAlreadyExists as IrisJobAlreadyExists
 from iris.cluster.types import Entrypoint as IrisEntrypoint
 
-from fray._client_core import ClientCore
+from fray._client_core import ActorStart, ClientCore
 from fray._codepickle import dumps
 from fray._driver_exit import ExitNotice, JobsAtExit
 from fray._local_context import LocalJobContext
 from fray._serialization import call_parts, check_picklable
-from fray.actor import check_actor_request
-from fray.actor_config import ActorConfig, check_actor_config_supported
-from fray.errors import ConfigError, FrayError, JobAlreadyExists, SerializationError
+from fray.errors import ConfigError, SerializationError
 from fray.iris import _connect, _task
+from fray.iris._submit import IN_TASK_SPEC, submit
 from fray.iris.actor import IrisActorHandle, host_actor
-from fray.iris.job import IrisJobHandle, JobMeta, forget_terminated
-from fray.iris.mapping import environment_spec, placement
+from fray.iris.job import IrisJobHandle, JobMeta
+from fray.iris.mapping import placement
 from fray.job import (
     CallableEntrypoint,
-    EnvironmentConfig,
-    JobInfo,
     JobRequest,
-    replica_env,
 )
-from fray.resources import ResourceConfig
 
 if TYPE_CHECKING:
     from iris.client import IrisClient as IrisLib
@@ -47,17 +38,8 @@ if TYPE_CHECKING:
 
 __all__ = ["IN_TASK_SPEC", "IrisClient"]
 
-#: The spec jobs get in ``FRAY_CLIENT_SPEC``: "the Iris cluster this task runs in", found
-#: from the task's Iris context (the controller address seen from inside the cluster may
-#: differ from the one the submitter used).
-IN_TASK_SPEC = "iris"
-
 _live_clients: weakref.WeakSet[IrisClient] = weakref.WeakSet()
 _AT_EXIT = JobsAtExit()
-
-
-# The ActorConfig fields this backend honours: Iris runs every actor as one job, never restarted by Fray.
-_ACTOR_CONFIG = frozenset({"max_concurrency", "lifetime"})
 
 
 @atexit.register
@@ -86,6 +68,7 @@ class IrisClient(ClientCore["IrisJobHandle", "IrisActorHandle"]):
     """
 
     BACKEND = "Iris"
+    ACTOR_CONFIG = frozenset({"max_concurrency", "lifetime"})  # one Iris job per actor, never restarted by Fray
 
     def __init__(self, address: str | None = None, *, workspace: str | None = None) -> None:
         super().__init__()
@@ -110,12 +93,10 @@ class IrisClient(ClientCore["IrisJobHandle", "IrisActorHandle"]):
     @classmethod
     def from_spec(cls, spec: ClientSpec) -> IrisClient:
         """Build from ``iris://HOST:PORT[?workspace=PATH]``, or ``iris`` inside an Iris task."""
-        unknown = set(spec.options) - {"workspace"}
-        if unknown:
-            raise spec.invalid(f"unknown option(s) {sorted(unknown)} for iris://")
+        workspace = spec.only("iris://", "workspace").get("workspace") or None
         if spec.address is None and not _connect.in_task():
             raise spec.invalid("'iris' names the Iris cluster of the task it runs in; outside one use iris://HOST:PORT")
-        return cls(spec.address, workspace=spec.options.get("workspace") or None)
+        return cls(spec.address, workspace=workspace)
 
     def __repr__(self) -> str:
         return f"IrisClient({self.address!r})"
@@ -135,64 +116,20 @@ class IrisClient(ClientCore["IrisJobHandle", "IrisActorHandle"]):
         else:
             entrypoint = IrisEntrypoint.from_command(*_task.binary_command(entry.argv))
         handle = self._launch(request, entrypoint, _label(request), binary=not isinstance(entry, CallableEntrypoint))
+        self._own(handle, actor=False)
         if not self._in_task:  # inside a task Iris ends its children with it, and its log is no place for advice
             notice = ExitNotice(f"the Iris cluster at {self.address}")
             _AT_EXIT.track(handle, notice, detached=detached, outlives_driver=True)
         return handle
 
     def _launch(
-        self,
-        request: JobRequest,
-        entrypoint: IrisEntrypoint,
-        label: str,
-        *,
-        binary: bool,
-        ports: list[str] | None = None,
-        detached: bool = False,
+        self, request: JobRequest, entrypoint: IrisEntrypoint, label: str, *, binary: bool, actor: bool = False
     ) -> IrisJobHandle:
         if self._closed:
             raise self._shut_down()
-        place = placement(request.resources, request.replicas)
-        env_cfg = request.environment or EnvironmentConfig()
-        info = JobInfo(job_id="", name=request.name, replica_count=request.replicas)
-        env = replica_env(info, IN_TASK_SPEC, env_cfg.env_vars)
-        env[_task.HOSTS_ENV] = str(place.hosts_per_replica)
-        environment, image = environment_spec(env_cfg, env, workspace=self.workspace, in_task=self._in_task)
-        try:
-            job = self._iris.submit(
-                entrypoint,
-                request.name,
-                place.resources,
-                environment=environment,
-                ports=ports,
-                # None, not []: inside a task an empty list would drop the parent's constraints.
-                constraints=place.constraints or None,
-                coscheduling=place.coscheduling,
-                replicas=place.replicas,
-                max_retries_failure=request.max_retries_failure,
-                max_retries_preemption=request.max_retries_preemption,
-                # Fray's failure budget is per job; Iris's job-wide allowance of failed attempts matches it.
-                max_task_failures=request.max_retries_failure,
-                task_image=image,
-            )
-        except IrisJobAlreadyExists as exc:
-            raise JobAlreadyExists(
-                f"{request.name!r}: an Iris job with this name is still live here ({exc}); "
-                "Iris names are unique among live jobs: pick another name or terminate it first"
-            ) from exc
-        except ConnectError as exc:
-            if exc.code in (Code.INVALID_ARGUMENT, Code.FAILED_PRECONDITION, Code.OUT_OF_RANGE):
-                raise ConfigError(f"Iris refused job {request.name!r}: {exc.message}") from exc
-            raise FrayError(f"Iris did not accept job {request.name!r}: {exc.code.name}: {exc.message}") from exc
-        except ValueError as exc:
-            raise ConfigError(f"Iris refused job {request.name!r}: {exc}") from exc
-        job_id = job.job_id.to_wire()
-        forget_terminated(job_id)
-        handle = IrisJobHandle(job_id, _meta(request, label, binary), self.address, self._iris)
-        with self._lock:
-            if not detached:  # a detached actor outlives this client: nothing here stops it
-                self._owned.append((handle, ports is not None))
-        return handle
+        ports = ["actor"] if actor else None
+        job_id = submit(self._iris, request, entrypoint, ports=ports, workspace=self.workspace, in_task=self._in_task)
+        return IrisJobHandle(job_id, _meta(request, label, binary), self.address, self._iris)
 
     def _live_job(self, request: JobRequest) -> IrisJobHandle | None:
         """The live Iris job a submit of ``request`` from here would clash with, if any.
@@ -215,32 +152,19 @@ class IrisClient(ClientCore["IrisJobHandle", "IrisActorHandle"]):
 
     # ----- actors -------------------------------------------------------------------------------------
 
-    def _create_actor(
-        self,
-        actor_class: type,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        name: str,
-        resources: ResourceConfig | None,
-        actor_config: ActorConfig | None,
-        group: tuple[str, int] | None,
-    ) -> tuple[IrisActorHandle, IrisJobHandle]:
-        reserved, config = check_actor_request(actor_class, name, resources, args, kwargs, actor_config)
-        check_actor_config_supported("Iris", config, _ACTOR_CONFIG)
-        payload = _pickled(f"actor {name!r}", actor_class, args, kwargs, "the class")
+    def _create_actor(self, start: ActorStart) -> tuple[IrisActorHandle, IrisJobHandle]:
+        name, config = start.name, start.config
+        payload = _pickled(f"actor {name!r}", start.actor_class, start.args, start.kwargs, "the class")
         options: dict[str, Any] = {"max_concurrency": config.max_concurrency, "address": self.address}
-        if group is not None:
-            options.update(group=group[0], index=group[1])
-        request = JobRequest(
-            name=name,
-            entrypoint=CallableEntrypoint(host_actor, (payload, name, options)),
-            resources=reserved,
-        )
+        if start.group is not None:
+            options.update(group=start.group[0], index=start.group[1])
+        request = JobRequest(name, CallableEntrypoint(host_actor, (payload, name, options)), start.resources)
         entrypoint = IrisEntrypoint.from_callable(host_actor, payload, name, options)
-        job = self._launch(
-            request, entrypoint, actor_class.__qualname__, binary=False, ports=["actor"], detached=config.detached
-        )
-        return IrisActorHandle(name, job, actor_class, self.address, self._iris, config.max_concurrency), job
+        job = self._launch(request, entrypoint, start.actor_class.__qualname__, binary=False, actor=True)
+        if not config.detached:  # a detached actor outlives this client: nothing here stops it
+            self._own(job, actor=True)
+        handle = IrisActorHandle(name, job, start.actor_class, self.address, self._iris, config.max_concurrency)
+        return handle, job
 
     # ----- the job level ------------------------------------------------------------------------------
 
@@ -250,25 +174,20 @@ class IrisClient(ClientCore["IrisJobHandle", "IrisActorHandle"]):
 
     # ----- shutdown -----------------------------------------------------------------------------------
 
+    def _own(self, job: IrisJobHandle, *, actor: bool) -> None:
+        with self._lock:
+            self._owned.append((job, actor))
+
     def _terminate_owned(self, *, actors_only: bool) -> None:
         """Best effort: terminate this client's actors (and its jobs unless ``actors_only``)."""
-        with self._lock:
-            owned = [job for job, is_actor in self._owned if is_actor or not actors_only]
-        for job in owned:
-            with contextlib.suppress(Exception):  # a controller that went away has nothing left to stop
-                job.terminate()
+        jobs, actors = self._owned_work()
+        self._end(actors if actors_only else [*jobs, *actors], False)
 
-    def shutdown(self, wait: bool = True) -> None:
-        """Stop this client's actors (and, unless ``wait``, its running jobs); refuse new work."""
-        self._closed = True
+    def _owned_work(self) -> tuple[list[IrisJobHandle], list[IrisJobHandle]]:
         with self._lock:
-            owned = list(self._owned)
-        for job, is_actor in owned:
-            with contextlib.suppress(Exception):
-                if wait and not is_actor:
-                    job.wait(raise_on_failure=False)
-                else:
-                    job.terminate()
+            return [job for job, actor in self._owned if not actor], [job for job, actor in self._owned if actor]
+
+    def _release(self) -> None:
         _live_clients.discard(self)
 
 

@@ -21,16 +21,11 @@ from fray.ray._connection import prepare_token_auth
 from fray.ray.resources import head_node_resource, ray_options
 from fray.resources import ResourceConfig
 
-__all__ = ["Launcher", "Watched", "short_id", "unique_suffix", "user_env"]
+__all__ = ["Launcher", "Watched", "unique_suffix", "user_env"]
 
 # Ids need uniqueness, not secrecy: a PRNG seeded once from the OS. os.urandom (and so
 # uuid4) can cost a fifth of a millisecond per call on some VMs, a tenth of a task's cost.
 _ids = random.Random()
-
-
-def short_id() -> str:
-    """Eight hex digits: the suffix that makes a job id unique within a client."""
-    return f"{_ids.getrandbits(32):08x}"
 
 
 def unique_suffix() -> str:

@@ -24,27 +24,23 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
-from fray._adopt import is_named
-from fray._client_core import ClientCore
-from fray.actor import check_actor_request
-from fray.actor_config import ActorConfig
+from fray._client_core import ActorStart, ClientCore
 from fray.client import ClientSpec
-from fray.errors import ConfigError, FrayError, JobAlreadyExists
-from fray.job import CallableEntrypoint, JobInfo, JobRequest, current_job, replica_env, validate_name
-from fray.ray._actor_host import GROUP_ENV, INDEX_ENV
+from fray.errors import ConfigError, FrayError
+from fray.job import CallableEntrypoint, JobRequest, validate_name
+from fray.ray._actor_start import start_actor
 from fray.ray._connection import CONNECTION
 from fray.ray._driver_exit import track
-from fray.ray._launch import Launcher, short_id
+from fray.ray._launch import Launcher
 from fray.ray._shipping import Shipping
-from fray.ray._values import shield_call
 from fray.ray.actors import RayActorHandle, disown, own
 from fray.ray.binary import BinaryJob
 from fray.ray.context import RayJobContext, context_for
 from fray.ray.jobs import ActorJob, CallableJob, RayJobHandle
 from fray.ray.queue import RayQueue, create_queue
-from fray.ray.resources import choose_device, ray_options
+from fray.ray.resources import choose_device
 from fray.ray.tpu import TpuJob
-from fray.resources import ResourceConfig, TpuConfig, device_name
+from fray.resources import ResourceConfig, TpuConfig
 
 __all__ = ["RayClient"]
 
@@ -107,10 +103,7 @@ class RayClient(ClientCore["RayJobHandle", "RayActorHandle"]):
     @classmethod
     def from_spec(cls, spec: ClientSpec) -> RayClient:
         """Build from ``ray``, ``ray?namespace=NAME`` or ``ray://HOST:PORT[?namespace=NAME]``."""
-        unknown = set(spec.options) - {"namespace"}
-        if unknown:
-            raise spec.invalid(f"unknown option(s) {sorted(unknown)} for ray (it takes namespace=NAME)")
-        namespace = spec.options.get("namespace") or None
+        namespace = spec.only("ray", "namespace").get("namespace") or None
         if namespace is not None:
             try:
                 validate_name(namespace, "Ray namespace")
@@ -131,41 +124,21 @@ class RayClient(ClientCore["RayJobHandle", "RayActorHandle"]):
     def __repr__(self) -> str:
         return f"RayClient(address={self.address!r}, namespace={self.namespace!r})"
 
-    # ----- helpers ----------------------------------------------------------------------------
-
-    def _new_job_id(self, name: str) -> str:
-        parent = current_job()
-        local_id = f"{name}-{short_id()}"
-        return f"{parent.job_id}/{local_id}" if parent is not None else local_id
+    # ----- jobs -------------------------------------------------------------------------------
 
     def _register(self, job: RayJobHandle) -> None:
         with self._lock:
             self._check_open()
             self._jobs[job.job_id] = job
 
-    # ----- jobs -------------------------------------------------------------------------------
-
     def _start_job(self, request: JobRequest, detached: bool) -> RayJobHandle:
         job = self._submit(request)
         track(job, detached=detached, outlives_driver=isinstance(job, BinaryJob))
         return job
 
-    def _live_job(self, request: JobRequest) -> RayJobHandle | None:
-        """A PENDING or RUNNING job named as ``request`` that this client submitted (and whose handle is still held)."""
-        name = request.name
-        with self._lock:
-            jobs = [j for j in self._jobs.values() if not isinstance(j, ActorJob)]
-        for job in jobs:
-            if is_named(job.job_id, name) and not job.status().finished:
-                return job
-        return None
-
     def _submit(self, request: JobRequest) -> RayJobHandle:
-        self._check_open()
-        if not isinstance(request, JobRequest):
-            raise ConfigError(f"submit() takes a JobRequest, got {type(request).__name__}")
         request = dataclasses.replace(request, resources=self._placed(request.resources))
-        job_id = self._new_job_id(request.name)
+        job_id = self._child_job_id(request.name)
         if isinstance(request.resources.device, TpuConfig) or isinstance(request.entrypoint, CallableEntrypoint):
             kind = TpuJob if isinstance(request.resources.device, TpuConfig) else CallableJob
             job = kind(self._launcher, job_id, request, self._shipping.entry(request))
@@ -192,52 +165,15 @@ class RayClient(ClientCore["RayJobHandle", "RayActorHandle"]):
 
     # ----- actors -----------------------------------------------------------------------------
 
-    def _create_actor(
-        self,
-        actor_class: type,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        name: str,
-        resources: ResourceConfig | None,
-        actor_config: ActorConfig | None,
-        group: tuple[str, int] | None,
-    ) -> tuple[RayActorHandle, ActorJob]:
-        reserved, config = check_actor_request(actor_class, name, resources, args, kwargs, actor_config)
-        reserved = self._placed(reserved)
-        if isinstance(reserved.device, TpuConfig):
-            raise ConfigError(f"actor {name!r}: actors cannot take a TpuConfig on Ray; submit a TPU job instead")
-        job_id = self._new_job_id(name)
-        device = device_name(reserved.device)
-        env = replica_env(JobInfo(job_id, name, 0, 1, self.namespace, 0, device), self.spec)
-        if group is not None:
-            env.update({GROUP_ENV: group[0], INDEX_ENV: str(group[1])})
-        options = ray_options(reserved, pin_resource=self._launcher.pin_resource())
-        options.update(
-            name=name,
-            namespace=self.namespace,
-            max_concurrency=config.max_concurrency,
-            max_restarts=config.max_restarts,
-            max_task_retries=config.max_task_retries,
-        )
-        if config.detached:
-            options["lifetime"] = "detached"
-        try:
-            args, kwargs = shield_call(args, kwargs)
-            ray_handle = self._shipping.actor_class(actor_class).options(**options).remote(env, *args, **kwargs)
-        except ValueError as exc:
-            if "already" in str(exc) or "taken" in str(exc):
-                raise JobAlreadyExists(
-                    f"an actor named {name!r} is already alive in Ray namespace {self.namespace!r}; shut it down "
-                    "first or pick another name"
-                ) from None
-            raise
-        handle = RayActorHandle(name, self.namespace, actor_class, ray_handle, job_id=job_id)
+    def _create_actor(self, start: ActorStart) -> tuple[RayActorHandle, ActorJob]:
+        job_id = self._child_job_id(start.name)
+        handle = start_actor(start, self._placed(start.resources), job_id, self._launcher, self._shipping, self.spec)
         job = ActorJob(
             job_id,
             handle,
             on_terminate=self._forget_actor,
-            max_restarts=config.max_restarts,
-            detached=config.detached,
+            max_restarts=start.config.max_restarts,
+            detached=start.config.detached,
         )
         with self._lock:
             self._jobs[job_id] = job
@@ -270,26 +206,15 @@ class RayClient(ClientCore["RayJobHandle", "RayActorHandle"]):
 
     # ----- lifecycle --------------------------------------------------------------------------
 
-    def shutdown(self, wait: bool = True) -> None:
-        """Stop accepting work; with ``wait`` let running jobs finish; then kill this client's actors.
-
-        Disconnects from Ray when this was the last RayClient and Fray made the connection.
-        """
+    def _owned_work(self) -> tuple[list[RayJobHandle], list[ActorJob]]:
         with self._lock:
-            if self._closed:
-                return
-            self._closed = True
             jobs = [j for j in self._jobs.values() if not isinstance(j, ActorJob)]
-            actors = [job for job in self._actor_jobs.values() if not job.detached]
+            return jobs, [job for job in self._actor_jobs.values() if not job.detached]
+
+    def _release(self) -> None:
+        """Kill the queues this client made; disconnect from Ray when this was the last RayClient and Fray connected."""
+        with self._lock:
             queues, self._queues = self._queues, []
-        # Jobs first, actors after: running jobs may still be calling the actors.
-        for job in jobs:
-            if wait:
-                job.wait(raise_on_failure=False)
-            else:
-                job.terminate()
-        for actor in actors:
-            actor.terminate()
         for queue in queues:
             with contextlib.suppress(Exception):  # attached to a queue someone else already ended
                 queue._kill()
