@@ -327,7 +327,7 @@ out = {"fields": {}, "methods": {}}
 for name in ("ResourceConfig", "EnvironmentConfig", "JobRequest", "ActorConfig"):
     out["fields"][name] = [f.name for f in dataclasses.fields(getattr(t, name))]
 for cls, names in ((t.ResourceConfig, ("with_cpu", "with_gpu", "with_tpu", "scale", "chip_count", "device_flops",
-                   "total_flops")), (c.Client, ("submit",)), (lb.LocalJobHandle, ("wait", "terminate", "logs"))):
+                   "total_flops")), (c.Client, ("submit", "host_actor")), (lb.LocalJobHandle, ("wait", "terminate", "logs"))):
     for name in names:
         out["methods"][f"{cls.__name__}.{name}"] = list(inspect.signature(getattr(cls, name)).parameters)
 out["methods"]["LocalJobHandle.__init__"] = list(inspect.signature(lb.LocalJobHandle).parameters)
@@ -349,10 +349,6 @@ NAMED_MODULES = ["fray.types", "fray.client", "fray.current_client", "fray.local
 # marin-fray's public names Fray does not offer; each is listed in docs/marin.md with its reason.
 KNOWN_NAME_GAPS = {
     "fray.types": {"TpuHostResources"},
-    "fray.client": {"HostedActor"},
-    "fray.local_backend": {"HostedActor"},
-    "fray.actor": {"HostedActor"},
-    "fray.cluster": {"DeviceKind", "GpuType", "TpuType"},
 }
 
 

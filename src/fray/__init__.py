@@ -6,7 +6,7 @@ each concept lives.
 
 from fray._local_context import LocalJobContext
 from fray._process_context import ProcessJobContext
-from fray.actor import ActorFuture, ActorGroup, ActorHandle, ActorMethod
+from fray.actor import ActorFuture, ActorGroup, ActorHandle, ActorMethod, HostedActor
 from fray.actor_config import ActorConfig
 from fray.actor_context import ActorContext, current_actor
 from fray.client import Client, client_from_spec, current_client, set_current_client
@@ -92,6 +92,7 @@ __all__ = [
     "EnvironmentConfig",
     "FrayError",
     "GpuConfig",
+    "HostedActor",
     "IllegalTransition",
     "JobAlreadyExists",
     "JobContext",

@@ -39,7 +39,7 @@ from typing import Any, ClassVar, Generic, Self, TypeVar
 from fray._adopt import adopt_or_check, is_named
 from fray._pending_notice import watch as watch_pending
 from fray._runtime import check_terminated
-from fray.actor import ActorGroup, ActorHandle, check_actor_request, group_member_names
+from fray.actor import ActorGroup, ActorHandle, HostedActor, check_actor_request, group_member_names
 from fray.actor_config import ActorConfig, check_actor_config_supported
 from fray.errors import ConfigError, FrayError
 from fray.job import JobHandle, JobRequest, current_job
@@ -189,6 +189,24 @@ class ClientCore(Generic[J, A]):
         ]
         members = self._create_actors(starts)
         return ActorGroup([handle for handle, _ in members], [job for _, job in members], name)
+
+    def host_actor(
+        self, actor_class: type, *args: Any, name: str, actor_config: ActorConfig | None = None, **kwargs: Any
+    ) -> HostedActor:
+        """Create the actor ``name`` for the caller to stop with ``HostedActor.shutdown()`` (marin's API).
+
+        It is an actor of this client like any other (on the local backend, in this process;
+        elsewhere, in its own job), so it also ends with the client.
+        """
+        self._check_open()
+        start = self._actor_start(actor_class, args, kwargs, name, None, actor_config)
+        handle, job = self._create_actor(start)
+
+        def stop() -> None:
+            job.terminate()
+            job.wait(timeout=60, raise_on_failure=False)
+
+        return HostedActor(handle, stop)
 
     def create_queue(self, name: str, *, exist_ok: bool = False) -> Queue[Any]:
         """A named queue with leases (:mod:`fray.queue`); ``exist_ok`` attaches to an existing one."""

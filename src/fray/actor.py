@@ -12,7 +12,8 @@ import concurrent.futures
 import inspect
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol, runtime_checkable
 
@@ -33,6 +34,7 @@ __all__ = [
     "ActorHandle",
     "ActorMethod",
     "ActorUnavailableError",
+    "HostedActor",
     "RemoteMethod",
     "actor_resources",
     "check_actor_method",
@@ -133,6 +135,19 @@ def check_actor_method(cls: type, name: str) -> None:
         raise AttributeError(
             f"actor class {cls.__name__!r} has no remote method {name!r} ({reason}); methods: {methods}"
         )
+
+
+@dataclass(frozen=True)
+class HostedActor:
+    """An actor its creator hosts and stops (marin's ``Client.host_actor``): its handle, and how to stop it."""
+
+    handle: ActorHandle
+    stop: Callable[[], None] | None = None
+
+    def shutdown(self) -> None:
+        """Stop the actor and wait (up to a minute) for it to end; its calls then raise ``ActorDiedError``."""
+        if self.stop is not None:
+            self.stop()
 
 
 def check_actor_request(

@@ -14,7 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 from urllib.parse import parse_qsl, urlsplit
 
 from fray._runtime import check_terminated
-from fray.actor import ActorGroup, ActorHandle
+from fray.actor import ActorGroup, ActorHandle, HostedActor
 from fray.actor_config import ActorConfig
 from fray.errors import ConfigError, JobAlreadyExists, JobFailed
 from fray.job import EnvironmentConfig as EnvironmentConfig  # marin's fray.client offers it too
@@ -25,6 +25,7 @@ from fray.resources import ResourceConfig
 __all__ = [
     "Client",
     "ClientSpec",
+    "HostedActor",
     "JobAlreadyExists",
     "JobFailed",
     "JobHandle",
@@ -85,6 +86,12 @@ class Client(Protocol):
         **kwargs: Any,
     ) -> ActorGroup:
         """Create ``count`` actors named ``{name}-0`` ... ``{name}-{count-1}``, each its own job."""
+        ...
+
+    def host_actor(
+        self, actor_class: type, *args: Any, name: str, actor_config: ActorConfig | None = None, **kwargs: Any
+    ) -> HostedActor:
+        """Create the actor ``name`` for the caller to stop with ``HostedActor.shutdown()`` (marin's API)."""
         ...
 
     def create_queue(self, name: str, *, exist_ok: bool = False) -> Queue[Any]:

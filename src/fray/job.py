@@ -250,9 +250,11 @@ class JobRequest:
     ``replicas`` left at None takes ``resources.replicas`` (1 unless set, e.g. by
     ``ResourceConfig.with_tpu(..., slice_count=4)``); it is always a whole number once
     the request is built. ``resources.image``, when set, becomes the environment's
-    ``docker_image``. ``processes_per_task``, ``max_task_failures``, ``priority`` and
-    ``timeout`` are marin's fields: Fray's backends refuse a value other than the
-    default by name at submit (see ``docs/marin.md``).
+    ``docker_image``. ``max_task_failures`` is marin's name for the failure budget: it
+    raises ``max_retries_failure`` to its value (a job tolerates that many failed
+    attempts). ``processes_per_task``, ``priority`` and ``timeout`` are marin's fields
+    that Fray's backends refuse away from the default, by name, at submit (see
+    ``docs/marin.md``).
     """
 
     name: str
@@ -273,7 +275,6 @@ class JobRequest:
             f"JobRequest({name}={getattr(self, name)!r})"
             for name, default in (
                 ("processes_per_task", 1),
-                ("max_task_failures", 0),
                 ("priority", 0),
                 ("timeout", None),
             )
@@ -318,6 +319,8 @@ class JobRequest:
             least = 1 if name in ("replicas", "processes_per_task") else 0
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ConfigError(f"JobRequest({name}={value!r}) must be a whole number >= {least}")
+        # One failure budget: marin's max_task_failures counts failed attempts, as max_retries_failure does.
+        object.__setattr__(self, "max_retries_failure", max(self.max_retries_failure, self.max_task_failures))
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from fray._local_actor import LocalActorHandle
 from fray._local_job import LocalJobHandle
-from fray.actor import ActorContext, ActorFuture, ActorGroup, ActorHandle, RemoteMethod
+from fray.actor import ActorContext, ActorFuture, ActorGroup, ActorHandle, HostedActor, RemoteMethod
 from fray.actor_config import ActorConfig
 from fray.errors import ActorUnavailableError
 from fray.job import BinaryEntrypoint, CallableEntrypoint, EnvironmentConfig, JobRequest, JobStatus
@@ -34,6 +34,7 @@ __all__ = [
     "BinaryEntrypoint",
     "CallableEntrypoint",
     "EnvironmentConfig",
+    "HostedActor",
     "JobRequest",
     "JobStatus",
     "LocalActorGroup",

@@ -7,6 +7,8 @@ fray.ResourceConfig``); marin's extra fields and methods live on those types. Se
 
 from __future__ import annotations
 
+from typing import Literal, TypeAlias
+
 from fray.actor_config import ActorConfig
 from fray.job import (
     BinaryEntrypoint,
@@ -32,6 +34,13 @@ from fray.resources import (
 )
 from fray.resources import TpuTopology as TpuTopologyInfo
 
+#: marin's annotation for a device kind.
+DeviceKind: TypeAlias = Literal["cpu", "gpu", "tpu"]
+#: marin's annotation for a GPU type: a name such as ``"H100"`` (Fray checks it against ``fray.GPU_TYPES``).
+GpuType: TypeAlias = str
+#: marin's annotation for a TPU type: a slice name such as ``"v5p-8"`` (checked against ``fray.TPU_TOPOLOGIES``).
+TpuType: TypeAlias = str
+
 __all__ = [
     "ANY_REGION",
     "TPU_HBM_BYTES_PER_CHIP",
@@ -40,14 +49,17 @@ __all__ = [
     "CallableEntrypoint",
     "CpuConfig",
     "DeviceConfig",
+    "DeviceKind",
     "Entrypoint",
     "EnvironmentConfig",
     "GpuConfig",
+    "GpuType",
     "JobRequest",
     "JobStatus",
     "ResourceConfig",
     "TpuConfig",
     "TpuTopologyInfo",
+    "TpuType",
     "create_environment",
     "get_tpu_topology",
     "tpu_family",

@@ -210,3 +210,14 @@ def test_wait_ready_rejects_impossible_counts(client, uid):
     group = client.create_actor_group(Counter, name=f"cnt-{uid}", count=1)
     with pytest.raises(ValueError):
         group.wait_ready(count=2)
+
+
+def test_host_actor_serves_until_its_shutdown(client, uid):
+    # marin's Client.host_actor: an actor the caller hosts and stops; the same on every backend.
+    hosted = client.host_actor(Counter, 5, name=f"hosted-{uid}")
+    assert hosted.handle.add(2) == 7
+    assert hosted.handle.add.remote(1).result(timeout=60) == 8
+    hosted.shutdown()
+    with pytest.raises(ActorDiedError):
+        hosted.handle.add(1)
+    hosted.shutdown()  # a second shutdown does nothing

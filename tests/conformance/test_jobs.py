@@ -181,6 +181,20 @@ def test_retries_rerun_a_failing_job_until_it_succeeds(client, uid):
     assert recorder.get() == [0, 1, 2]
 
 
+def test_marins_max_task_failures_is_the_failure_budget(client, uid):
+    # marin's JobRequest(max_task_failures=N): N failures tolerated, the same budget as max_retries_failure.
+    recorder = client.create_actor(Recorder, name=f"rec-{uid}")
+    job = client.submit(
+        JobRequest(
+            name=f"task-failures-{uid}",
+            entrypoint=Entrypoint.from_callable(fail_until_attempt, args=(recorder, 2)),
+            max_task_failures=2,
+        )
+    )
+    assert job.wait(timeout=60) == JobStatus.SUCCEEDED
+    assert recorder.get() == [0, 1, 2]
+
+
 def test_retry_budget_is_respected(client, uid):
     recorder = client.create_actor(Recorder, name=f"rec-{uid}")
     job = client.submit(
