@@ -71,8 +71,12 @@ def test_the_pending_set_lives_in_memory_follows_retries_and_survives_a_restart(
             JobRequest(name="waiting", entrypoint=Entrypoint.from_binary("true"), resources=ResourceConfig(cpu=4))
         )
         first, second = service.submit_many([flaky, waiting], user="alice")
-        epoch = service.register_worker(WorkerInfo("w-1", 1000, 32 << 30, 100 << 30), "10.0.0.1:1", []).epoch
-        assigned = wait_until(lambda: _told_to_start(service, "w-1", epoch), what="a placement")
+        registered = service.register_worker(WorkerInfo("w-1", 1000, 32 << 30, 100 << 30), "10.0.0.1:1", [])
+        epoch = registered.epoch
+        # A pass that placed it while the worker registered has it sent with the registration's answer.
+        assigned = list(registered.start) or wait_until(
+            lambda: _told_to_start(service, "w-1", epoch), what="a placement"
+        )
         assert [t.key.job_id for t in assigned] == [first.job_id]
         assert service._queue.job_ids() == {second.job_id}
         reason = wait_until(lambda: store.get_job(second.job_id).pending_reason, what="a stored reason")

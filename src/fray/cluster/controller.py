@@ -106,6 +106,12 @@ class ControllerService:
         self._sessions = WorkerSessions(store, self._lock)
         self._specs = SpecCache(lambda job_id: codec.spec_from(unpack(store.job_request(job_id))), spec_cache_size)
         self._kick = threading.Event()
+        # Held by a pass from recording its placements until they are in the outboxes, and by a
+        # registration from reading its worker's assigned tasks until it has emptied its outbox: a
+        # placement is then either in what the registration reads (and its start, if queued
+        # already, is dropped with the outbox) or queued after it (and the next poll takes it);
+        # never lost between the two, never sent twice.
+        self._placing = threading.Lock()
         self._stopping = threading.Event()
         # Endpoints of servers that are not Fray tasks (registered through the registry API).
         self._external = EndpointRegistry()
@@ -199,12 +205,13 @@ class ControllerService:
         decision = schedule(pending, workers, snapshot.running, snapshot.credits, now=now)
         if self.pending_notes is not None:
             decision = self.pending_notes(decision)
-        assigned = self._queue.record(decision, lambda changed: self._store.apply_decision(decision, now, changed))
-        if assigned:
-            assignments = [self._assignment(task) for task in assigned]
-            with self._lock:
-                self._sessions.send_starts(assigned, assignments)
-                self._notify_changed()
+        with self._placing:
+            assigned = self._queue.record(decision, lambda changed: self._store.apply_decision(decision, now, changed))
+            if assigned:
+                assignments = [self._assignment(task) for task in assigned]
+                with self._lock:
+                    self._sessions.send_starts(assigned, assignments)
+                    self._notify_changed()
         return assigned
 
     def job_spec(self, job_id: str) -> JobSpec:
@@ -321,17 +328,18 @@ class ControllerService:
             self._sessions.registered(info.worker_id, epoch, now)
         self._apply(effects)
         reported = set(running) | {e.key for e in exits}
-        # Assignments made before a controller restart (or lost with a broken poll) are resent.
-        start = [
-            self._assignment(task)
-            for task in self._store.tasks_on_worker(info.worker_id)
-            if task.state == TaskState.ASSIGNED and task.key not in reported
-        ]
-        with self._lock:
-            outbox = self._sessions.take(info.worker_id)
-            self._sessions.confirmed(e.key for e in exits)
-            if exits:
-                self._notify_changed()
+        with self._placing:
+            # Assignments made before a controller restart (or lost with a broken poll) are resent.
+            start = [
+                self._assignment(task)
+                for task in self._store.tasks_on_worker(info.worker_id)
+                if task.state == TaskState.ASSIGNED and task.key not in reported
+            ]
+            with self._lock:
+                outbox = self._sessions.take(info.worker_id)
+                self._sessions.confirmed(e.key for e in exits)
+                if exits:
+                    self._notify_changed()
         kill = [o.task for o in effects.kill if o.worker_id == info.worker_id] + outbox.kill
         self._kick.set()
         return WorkerCommands(
