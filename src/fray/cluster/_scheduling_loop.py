@@ -1,8 +1,8 @@
 """The controller's scheduling thread: expire silent workers, accrue credit, run scheduling passes.
 
 :class:`~fray.cluster.controller.ControllerService` runs one :class:`SchedulingLoop`. A pass
-runs soon after something kicks the loop (a submit, an exit, a worker joining) and at least
-every quarter of the worker timeout otherwise. While the store cannot be written, the loop
+runs soon after something kicks the loop (a submit, an exit, a worker joining) -- at once
+when the cluster was idle -- and at least every quarter of the worker timeout otherwise. While the store cannot be written, the loop
 only probes whether it can be again (see :class:`~fray.cluster._database.ReadOnlyMode`).
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sized
 
 from fray.cluster._database import ReadOnlyMode
 from fray.cluster._stall import StallWatch
@@ -30,6 +30,10 @@ LEASE_FRACTION = 0.75
 # A scheduling pass waits this long after the event that wakes it, so a burst costs one pass.
 _DEBOUNCE_SECONDS = 0.002
 _DEBOUNCE_MAX = 0.05
+# ... unless the cluster was idle: the last pass placed nothing and took less than this (no queue to
+# speak of). Then the pass runs at once, so that a lone submit is not kept waiting; a burst's later
+# events gather while it runs.
+_IDLE_PASS_SECONDS = 0.001
 
 
 class SchedulingLoop:
@@ -49,7 +53,7 @@ class SchedulingLoop:
         kick: threading.Event,
         stopping: threading.Event,
         apply: Callable[[Effects], None],
-        schedule: Callable[[float], object],
+        schedule: Callable[[float], Sized],
         storage_failed: Callable[[StorageError], None],
     ) -> None:
         self._store = store
@@ -63,6 +67,7 @@ class SchedulingLoop:
         self._storage_failed = storage_failed
         self._thread: threading.Thread | None = None
         self._last_pass = 0.0  # seconds the last scheduling pass took (sets the debounce)
+        self._idle = True  # the last pass placed nothing, cheaply: the next event runs one at once
         # A stall of the controller itself longer than this could make a worker's heartbeat look
         # older than the timeout although the worker still holds its lease (see _run).
         self._stalls = StallWatch(threshold=worker_timeout * (1 - LEASE_FRACTION))
@@ -82,7 +87,7 @@ class SchedulingLoop:
     def _run(self) -> None:
         last_accrual = 0.0
         while not self._stopping.is_set():
-            if self._kick.wait(timeout=min(1.0, self._worker_timeout / 4)):
+            if self._kick.wait(timeout=min(1.0, self._worker_timeout / 4)) and not self._idle:
                 # Let the events of a burst (submits, exits) gather into one pass: the dearer
                 # the last pass (a long queue), the longer, so a pass is never wasted on one event.
                 self._stopping.wait(min(_DEBOUNCE_MAX, max(_DEBOUNCE_SECONDS, 2 * self._last_pass)))
@@ -103,8 +108,9 @@ class SchedulingLoop:
                     self._store.accrue_credits(now)
                     last_accrual = now
                 started = time.perf_counter()
-                self._schedule(now)
+                assigned = self._schedule(now)
                 self._last_pass = time.perf_counter() - started
+                self._idle = not assigned and self._last_pass < _IDLE_PASS_SECONDS
             except StorageError as exc:
                 self._storage_failed(exc)
             except Exception:  # the loop must survive anything one pass hits
