@@ -132,7 +132,7 @@ def cpu_by_role(driver: psutil.Process) -> dict[str, float]:
             argv, cpu = proc.cmdline(), proc.cpu_times()
         except psutil.Error:
             continue  # ended meanwhile
-        if "fray.cluster._forkserver" in argv:
+        if "fray.cluster.taskproc._forkserver" in argv:
             times["fork servers"] += cpu.user + cpu.system
             times["tasks"] += cpu.children_user + cpu.children_system
         elif "fray.cli" in argv and "controller" in argv:

@@ -49,7 +49,7 @@ from pathlib import Path
 
 import pytest
 
-from fray._process import pid_alive
+from fray.process._process import pid_alive
 
 __all__ = ["Host", "Hosts", "NamespacesUnavailable", "hosts", "simulated_hosts"]
 

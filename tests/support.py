@@ -10,7 +10,7 @@ from typing import Protocol, TypeVar
 
 import pytest
 
-from fray._process import pid_alive
+from fray.process._process import pid_alive
 
 T = TypeVar("T")
 

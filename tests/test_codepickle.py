@@ -10,7 +10,7 @@ from pathlib import Path
 
 import cloudpickle
 
-from fray._codepickle import dumps
+from fray.core._codepickle import dumps
 
 MODULE = textwrap.dedent(
     """

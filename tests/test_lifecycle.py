@@ -8,8 +8,8 @@ import threading
 import pytest
 
 from fray import JobFailed, JobStatus, RemoteError
-from fray._lifecycle import TRANSITIONS, Failure, FailureKind, JobLifecycle, RetryBudget, check_transition
-from fray._remote import RemoteFailure, job_failed, remote_error, user_traceback
+from fray.core._lifecycle import TRANSITIONS, Failure, FailureKind, JobLifecycle, RetryBudget, check_transition
+from fray.core._remote import RemoteFailure, job_failed, remote_error, user_traceback
 from fray.errors import IllegalTransition
 
 
@@ -121,7 +121,7 @@ def test_unpicklable_exception_arrives_as_remote_error_naming_it():
 
 
 def test_user_traceback_drops_fray_frames_above_user_code():
-    from fray._eventloop import ActorLoop
+    from fray.core._eventloop import ActorLoop
 
     class Thing:
         async def method(self) -> None:

@@ -27,7 +27,7 @@ from fray import (
     JobTerminated,
     SerializationError,
 )
-from fray._runtime import StoppableRun, ThreadStopped
+from fray.core._runtime import StoppableRun, ThreadStopped
 from fray.local import LocalClient, LocalJobHandle
 from support import alive, wait_until
 
@@ -136,7 +136,7 @@ def test_terminate_stops_a_pure_python_loop_before_it_returns(local_client):
 
 
 def test_a_thread_in_a_long_c_call_stops_when_the_call_returns(local_client, monkeypatch):
-    monkeypatch.setattr("fray._local_job.STOP_GRACE", 0.2)
+    monkeypatch.setattr("fray.local._local_job.STOP_GRACE", 0.2)
     spinner = Spinner()
     handle = local_client.submit(job("blocked", spinner.block_in_c))
     assert spinner.entered.wait(10)

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from fray import ConfigError, Entrypoint, JobRequest, JobStatus
-from fray._pending_notice import ENV_VAR, notice_seconds
 from fray.cluster.client import ClusterClient
 from fray.cluster.launcher import LocalCluster
+from fray.core._pending_notice import ENV_VAR, notice_seconds
 from fray.local import LocalClient
 
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import cloudpickle
 
 from fray import Entrypoint
-from fray._lifecycle import FailureKind
-from fray._logcapture import LogBuffer
-from fray._procjob import TAIL_LINES, ReplicaProcess, callable_argv
+from fray.core._lifecycle import FailureKind
+from fray.core._logcapture import LogBuffer
 from fray.job import JobInfo
+from fray.process._procjob import TAIL_LINES, ReplicaProcess, callable_argv
 from support import alive, wait_until
 
 
@@ -92,8 +92,8 @@ def test_a_replica_killed_before_it_starts_never_runs(tmp_path: Path):
 _EXITING_CLIENT = """
 import os, sys, threading, time
 from pathlib import Path
-from fray._logcapture import LogBuffer
-from fray._procjob import ReplicaProcess
+from fray.core._logcapture import LogBuffer
+from fray.process._procjob import ReplicaProcess
 pidfile = Path(sys.argv[1])
 from fray.job import JobInfo
 replica = ReplicaProcess(

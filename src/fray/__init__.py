@@ -4,8 +4,6 @@ The whole public surface is re-exported here; see ``docs/architecture.md`` for w
 each concept lives.
 """
 
-from fray._local_context import LocalJobContext
-from fray._process_context import ProcessJobContext
 from fray.actor import ActorFuture, ActorGroup, ActorHandle, ActorMethod, HostedActor
 from fray.actor_config import ActorConfig
 from fray.actor_context import ActorContext, current_actor
@@ -51,6 +49,8 @@ from fray.job import (
     current_job,
     wait_all,
 )
+from fray.joblevel._local_context import LocalJobContext
+from fray.joblevel._process_context import ProcessJobContext
 from fray.pool import WorkerPool
 from fray.queue import Lease, Queue, QueueCounts
 from fray.resources import (

@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol, runtime_checkable
 
-from fray._progress import watch_ready
-from fray._remote import actor_died
-from fray._runtime import check_terminated
-from fray._serialization import call_parts, check_picklable
 from fray.actor_config import ActorConfig, check_actor_config
 from fray.actor_context import ActorContext, current_actor
+from fray.core._progress import watch_ready
+from fray.core._remote import actor_died
+from fray.core._runtime import check_terminated
+from fray.core._serialization import call_parts, check_picklable
 from fray.errors import ActorDiedError, ActorUnavailableError, ConfigError, JobFailed, RemoteError
 from fray.job import JobHandle, JobStatus, validate_name
 from fray.resources import ResourceConfig
@@ -204,8 +204,8 @@ def constructor_error(exc: BaseException | None) -> BaseException | None:
     """The user's exception (in Fray's dual form) if ``exc`` says an actor's constructor raised, else None.
 
     Every backend fails a dead actor's readiness with :class:`ActorDiedError` whose
-    ``__cause__`` is the constructor's exception as :func:`~fray._remote.remote_error`
-    or :func:`~fray._remote.job_failed` builds it; other deaths have no such cause.
+    ``__cause__`` is the constructor's exception as :func:`~fray.core._remote.remote_error`
+    or :func:`~fray.core._remote.job_failed` builds it; other deaths have no such cause.
     """
     seen = 0
     while exc is not None and seen < 8:

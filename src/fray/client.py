@@ -13,9 +13,9 @@ from types import TracebackType
 from typing import Any, Protocol, runtime_checkable
 from urllib.parse import parse_qsl, urlsplit
 
-from fray._runtime import check_terminated
 from fray.actor import ActorGroup, ActorHandle, HostedActor
 from fray.actor_config import ActorConfig
+from fray.core._runtime import check_terminated
 from fray.errors import ConfigError, JobAlreadyExists, JobFailed
 from fray.job import EnvironmentConfig as EnvironmentConfig  # marin's fray.client offers it too
 from fray.job import JobHandle, JobRequest, JobStatus, wait_all
@@ -49,11 +49,11 @@ class Client(Protocol):
         ``adopt_existing`` (marin's): ``True`` returns the handle of a live job of the same
         name instead of submitting, ``False`` raises :class:`~fray.errors.JobAlreadyExists`
         (with ``.handle``) if there is one, ``None`` (default) submits regardless. See
-        :mod:`fray._adopt`.
+        :mod:`fray.core._adopt`.
 
         ``detached`` (default) lets the job outlive the script where the backend runs it
         outside the script; ``detached=False`` stops it when the script exits or the
-        client shuts down. See :mod:`fray._driver_exit` for the rule on every backend.
+        client shuts down. See :mod:`fray.core._driver_exit` for the rule on every backend.
         """
         ...
 

@@ -11,8 +11,8 @@ context of the backend the code runs on (inside a ``fray://`` job the cluster's,
 a Ray job Ray's, inside a task the context that runs the task), else a local threaded
 one. Implementations (see ``docs/job-level.md``):
 
-* :class:`~fray._local_context.LocalJobContext` -- threads of this process;
-* :class:`~fray._process_context.ProcessJobContext` -- worker processes on this machine;
+* :class:`~fray.joblevel._local_context.LocalJobContext` -- threads of this process;
+* :class:`~fray.joblevel._process_context.ProcessJobContext` -- worker processes on this machine;
 * ``fray.ray.RayJobContext`` -- Ray tasks and Ray's object store;
 * ``fray.cluster.context.ClusterJobContext`` -- tasks on a Fray cluster's workers.
 
@@ -22,7 +22,7 @@ What every implementation provides, and this module's helpers implement once:
   level of ``args``/``kwargs`` and one level inside a list, tuple or dict argument
   (``f([ref1, ref2])`` receives values; ``f([[ref]])`` receives the inner ref itself);
 * a task that raised re-raises at ``get`` in the one error form
-  (:func:`fray._remote.remote_error`: a :class:`~fray.errors.RemoteError` that is also
+  (:func:`fray.core._remote.remote_error`: a :class:`~fray.errors.RemoteError` that is also
   of the user's class); a task whose worker died raises :class:`~fray.errors.TaskLostError`;
 * bad input raises a typed error saying how to fix it.
 """
@@ -38,8 +38,8 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
-from fray._runtime import check_terminated
 from fray.client import current_client
+from fray.core._runtime import check_terminated
 from fray.errors import ConfigError
 from fray.resources import ResourceConfig
 

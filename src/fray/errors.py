@@ -6,7 +6,7 @@ derive from the matching built-in (``ValueError``, ``TypeError``, ``KeyError``,
 ``TimeoutError``) so that generic code that validates input keeps working.
 
 An exception raised by user code in another job, task or actor call reaches the
-caller in one form on every backend (built by :mod:`fray._remote`): an instance of
+caller in one form on every backend (built by :mod:`fray.core._remote`): an instance of
 :class:`JobFailed` (for ``job.wait()``) or :class:`RemoteError` (for an actor call)
 that is *also* an instance of the user's own exception class, so both
 ``except ValueError:`` and ``except fray.JobFailed:`` work. Its ``traceback_text``
@@ -84,7 +84,7 @@ class _Remote(FrayError):
         return str(getattr(self, "_text", "") or (self.args[0] if self.args else ""))
 
     def __reduce__(self) -> tuple[object, ...]:
-        # The plain form, with the cause pickled as it is. Instances built by fray._remote
+        # The plain form, with the cause pickled as it is. Instances built by fray.core._remote
         # (those that are also the user's class) are pickled by the reducer it registers
         # with copyreg, which pickle consults before this method.
         if isinstance(self, JobFailed):

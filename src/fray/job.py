@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol, overload, runtime_checkable
 
-from fray._progress import progress_bar
+from fray.core._progress import progress_bar
 from fray.errors import ConfigError, JobFailed
 from fray.resources import ResourceConfig
 
@@ -477,7 +477,7 @@ def current_job() -> JobInfo | None:
     ``FRAY_REPLICA_INDEX``, ``FRAY_REPLICA_COUNT``, ``FRAY_NAMESPACE`` and
     ``FRAY_ATTEMPT`` environment variables.
     """
-    from fray._runtime import check_terminated
+    from fray.core._runtime import check_terminated
 
     check_terminated()
     info = _current_job.get()

@@ -10,13 +10,13 @@ and the request and actor values.
 
 from __future__ import annotations
 
-from fray._local_actor import LocalActorHandle
-from fray._local_job import LocalJobHandle
 from fray.actor import ActorContext, ActorFuture, ActorGroup, ActorHandle, HostedActor, RemoteMethod
 from fray.actor_config import ActorConfig
 from fray.errors import ActorUnavailableError
 from fray.job import BinaryEntrypoint, CallableEntrypoint, EnvironmentConfig, JobRequest, JobStatus
 from fray.local import LocalClient
+from fray.local._local_actor import LocalActorHandle
+from fray.local._local_job import LocalJobHandle
 from fray.resources import ResourceConfig
 
 #: marin's name for the actor group the local backend returns: Fray has one class for every backend.

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from heapq import heappop, heappush
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
-from fray._queue_checks import (
+from fray.core._queue_checks import (
     check_items,
     check_max_items,
     check_pop_arguments,
@@ -40,7 +40,7 @@ from fray._queue_checks import (
     queue_exists,
     sequence,
 )
-from fray._runtime import check_terminated
+from fray.core._runtime import check_terminated
 from fray.errors import ConfigError, JobAlreadyExists, LeaseError
 
 __all__ = [
@@ -174,7 +174,7 @@ class Queue(Protocol[T]):
         ...
 
 
-# ----- checks of leases, shared by every backend (the others: fray._queue_checks) ----------------
+# ----- checks of leases, shared by every backend (the others: fray.core._queue_checks) ----------------
 
 
 def check_lease(lease: object, queue: str, method: str = "done") -> Lease[Any]:

@@ -11,7 +11,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from fray._sizes import check_size, format_size, parse_size, scaled_size
+from fray.core._sizes import check_size, format_size, parse_size, scaled_size
 from fray.errors import ConfigError
 
 __all__ = [

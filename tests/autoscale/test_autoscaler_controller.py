@@ -20,8 +20,8 @@ import pytest
 from fray import Entrypoint, JobRequest, ResourceConfig
 from fray.autoscale.config import ClusterConfig
 from fray.autoscale.providers import make_provider
-from fray.cluster._autoscale_host import AutoscaleHost, start_autoscaling
 from fray.cluster.client import ClusterClient
+from fray.cluster.controller._autoscale_host import AutoscaleHost, start_autoscaling
 from fray.cluster.controller_client import ops_client
 from fray.cluster.credentials import WORKER, Credential, user_principal
 from fray.cluster.server import Controller

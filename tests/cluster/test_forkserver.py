@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from fray.cluster._forkserver import _replace_environment
+from fray.cluster.taskproc._forkserver import _replace_environment
 
 
 def test_a_task_environment_is_exactly_what_the_worker_sent(monkeypatch: pytest.MonkeyPatch) -> None:

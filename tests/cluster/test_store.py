@@ -18,9 +18,6 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from fray._lifecycle import TRANSITIONS, Failure, RetryBudget, check_transition
-from fray.cluster import _blobs
-from fray.cluster._schema import SCHEMA_VERSION
 from fray.cluster.capacity import Device, TaskResources, WorkerInfo
 from fray.cluster.credit import CreditPolicy
 from fray.cluster.records import (
@@ -34,7 +31,9 @@ from fray.cluster.records import (
     check_worker_transition,
 )
 from fray.cluster.scheduler import Assignment, PendingReason, SchedulingDecision, schedule
-from fray.cluster.store import ClusterStore
+from fray.cluster.store import ClusterStore, _blobs
+from fray.cluster.store._schema import SCHEMA_VERSION
+from fray.core._lifecycle import TRANSITIONS, Failure, RetryBudget, check_transition
 from fray.errors import IllegalTransition, NotFound, StoreError
 from fray.job import Entrypoint, JobRequest, JobStatus
 from fray.resources import ResourceConfig, TpuConfig

@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 
 from fray import ConfigError, Entrypoint, JobRequest, JobStatus, wait_all
-from fray.cluster._submit_batch import SubmitBatcher
 from fray.cluster.capacity import TaskResources
 from fray.cluster.client import ClusterClient
+from fray.cluster.client._submit_batch import SubmitBatcher
 from fray.cluster.launcher import LocalCluster
 from fray.cluster.messages import JobSpec, JobView
 from fray.errors import ActorUnavailableError, StoreError

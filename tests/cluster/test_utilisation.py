@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from fray.cluster._utilisation import SAMPLE_CAPACITY, SAMPLE_INTERVAL_SECONDS, UtilisationSampler
+from fray.cluster.controller._utilisation import SAMPLE_CAPACITY, SAMPLE_INTERVAL_SECONDS, UtilisationSampler
 from fray.cluster.ops import OpsService
 from fray.cluster.records import WorkerInfo
 from fray.cluster.store import ClusterStore

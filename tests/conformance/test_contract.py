@@ -1,6 +1,6 @@
 """The backend contract: every backend's client has the Client protocol's methods, with its signatures.
 
-mypy checks the same statically (``fray/_contract.py``); this checks the classes the
+mypy checks the same statically (``fray/core/_contract.py``); this checks the classes the
 suite really runs, and the keyword everyone relies on: ``submit(request, detached=...)``.
 """
 

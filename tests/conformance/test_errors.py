@@ -12,7 +12,7 @@ import pytest
 
 import fray
 from fray import Entrypoint, JobFailed, JobRequest, JobStatus, RemoteError, SerializationError, current_job
-from fray._lifecycle import Failure, RetryBudget
+from fray.core._lifecycle import Failure, RetryBudget
 from support import wait_until
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from fray import Entrypoint, JobRequest, JobStatus, ResourceConfig, wait_all
-from fray._pending_notice import ENV_VAR
+from fray.core._pending_notice import ENV_VAR
 from fray.job import JobHandle
 from fray.local import LocalClient
 

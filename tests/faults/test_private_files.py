@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from fray._private_files import open_private, private_dir, write_private
+from fray.core._private_files import open_private, private_dir, write_private
 from support import fray_cli_in
 
 CliRunner = Callable[..., "subprocess.CompletedProcess[str]"]

@@ -16,7 +16,7 @@ from iris.cluster.types import EnvironmentSpec, JobName, ResourceSpec
 
 import fray
 from fray import ConfigError, Entrypoint, JobAlreadyExists, JobFailed, JobRequest, JobStatus, ResourceConfig
-from fray._lifecycle import Failure, RetryBudget
+from fray.core._lifecycle import Failure, RetryBudget
 from fray.iris._task import END_TAG, FAILURE_TAG
 from fray.iris.client import IrisClient
 from support import wait_until

@@ -10,7 +10,7 @@ from iris.resources.state import JobState
 from iris.rpc import job_pb2
 
 from fray import ConfigError, EnvironmentConfig, GpuConfig, JobStatus, ResourceConfig, TpuConfig
-from fray._remote import RemoteFailure
+from fray.core._remote import RemoteFailure
 from fray.iris import _task
 from fray.iris.job import _visible
 from fray.iris.mapping import JOB_STATES, environment_spec, fray_status, placement

@@ -20,7 +20,7 @@ from fray import (
     RemoteError,
     current_job,
 )
-from fray._lifecycle import Failure, RetryBudget
+from fray.core._lifecycle import Failure, RetryBudget
 from fray.ray import RayJobHandle
 from support import wait_until
 

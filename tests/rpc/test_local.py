@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from fray.errors import ProtocolError
-from fray.rpc import ActorClient, FixedResolver, _memfd, wire
+from fray.rpc import ActorClient, FixedResolver, wire
+from fray.rpc.transport import _memfd
 
 pytestmark = pytest.mark.skipif(not _memfd.available(), reason="memfds are Linux-only")
 

@@ -19,8 +19,9 @@ from typing import Any
 import pytest
 
 from fray.errors import ProtocolError
-from fray.rpc import _memfd, wire
+from fray.rpc import wire
 from fray.rpc.tls import TlsFiles, client_context, ensure_cluster_tls, server_context
+from fray.rpc.transport import _memfd
 from support import typed
 
 KEY = b"tls-large-test-key"

@@ -27,7 +27,7 @@ After the tick, the pending reasons of jobs and the status people read are built
 
 The tick is a function of its inputs (the view, the provider's answers, ``now``), so tests
 and the scale simulation drive it with a simulated clock. In the controller it runs on its
-own thread (:mod:`fray.cluster._autoscale_host`), so scheduling never waits on a provider.
+own thread (:mod:`fray.cluster.controller._autoscale_host`), so scheduling never waits on a provider.
 """
 
 from __future__ import annotations

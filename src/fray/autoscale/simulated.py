@@ -36,12 +36,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from fray._private_files import open_private, private_dir, write_private
-from fray._procident import ProcessIdentity, identify
 from fray.autoscale.config import ClusterConfig
 from fray.autoscale.provider import CloudState, ProviderVm, SliceRequest, VmResources
 from fray.cluster.launcher import OWNER_ENV
+from fray.core._private_files import open_private, private_dir, write_private
 from fray.errors import ConfigError, ProviderError, QuotaExceeded, VmNotFound
+from fray.process._procident import ProcessIdentity, identify
 from fray.resources import format_size
 
 __all__ = ["DEFAULT_BOOT_SECONDS", "DEFAULT_BOOT_TIMEOUT", "SimulatedProvider", "WorkerLaunch", "planned_calls"]

@@ -1,7 +1,7 @@
 """``fray cluster up`` / ``down`` / ``restart``: a controller and workers on this machine, in the background.
 
 ``up`` records every process it starts in ``~/.config/fray/cluster.json`` with its
-identity (PID, start time, command line; :mod:`fray._procident`). ``down`` signals a
+identity (PID, start time, command line; :mod:`fray.process._procident`). ``down`` signals a
 process only while it still has that identity, so a PID reused by another program
 is never touched. ``up`` after a crash finds the stale record, says so and starts a
 fresh cluster on the same database (history kept); ``restart`` brings back a dead
@@ -23,8 +23,6 @@ from typing import Any
 import click
 from rich.markup import escape
 
-from fray._private_files import write_private
-from fray._procident import ProcessIdentity, identify
 from fray.autoscale.config import ClusterConfig
 from fray.autoscale.provider import Provider
 from fray.cli._common import STATE_FILE, TOKEN_FILE, console, echo_json, read_state
@@ -33,7 +31,9 @@ from fray.cli.daemons import check_port_free
 from fray.cli.vms import vm
 from fray.cluster.controller_client import ops_client
 from fray.cluster.launcher import LocalCluster
+from fray.core._private_files import write_private
 from fray.errors import ConfigError, FrayError
+from fray.process._procident import ProcessIdentity, identify
 from fray.resources import format_size
 
 __all__ = ["DASHBOARD_INSTALL", "DEFAULT_DIR", "cluster", "dashboard_unavailable", "up_again"]

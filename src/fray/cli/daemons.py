@@ -19,9 +19,9 @@ from rich.table import Table
 import fray
 from fray.cli._common import Session, controller_option, echo_json, stdout_console
 from fray.cli._errors import CliError
-from fray.cluster._environments import runtime_available
 from fray.cluster._retention import DEFAULT_MAX_JOBS
-from fray.cluster._shipping import CONTAINER_RUNTIME_ATTRIBUTE
+from fray.cluster.envs._environments import runtime_available
+from fray.cluster.envs._shipping import CONTAINER_RUNTIME_ATTRIBUTE
 from fray.cluster.launcher import OWNER_ENV
 from fray.errors import ConfigError
 
@@ -205,10 +205,10 @@ def _cluster_config(path: str) -> Any:
 
 def _start_autoscaling(ctl: Any, config: Any, cluster_dir: Path, token: bytes) -> Any:
     """The provider of ``config`` (its state in ``cluster_dir/vms``) and an autoscaler on ``ctl``."""
-    from fray._private_files import private_dir
     from fray.autoscale.providers import make_provider, vm_controller_address
-    from fray.cluster._autoscale_host import start_autoscaling
+    from fray.cluster.controller._autoscale_host import start_autoscaling
     from fray.cluster.credentials import WORKER, Credential, write_credential
+    from fray.core._private_files import private_dir
 
     # The worker credential `fray cluster up` gives its workers; made here for a controller started by hand.
     credential_file = cluster_dir / "worker.credential"

@@ -2,7 +2,7 @@
 
 Tasks do not go through the controller. The process that uses the context (a job's
 process, or a script) is the *owner*: it keeps the objects and schedules the tasks
-(:class:`~fray._task_owner.TaskOwner`, the same owner as ``ProcessJobContext``).
+(:class:`~fray.joblevel._task_owner.TaskOwner`, the same owner as ``ProcessJobContext``).
 Its workers are **executors**: child jobs it submits to the cluster (placed by the
 cluster's scheduler, started through the workers' warm fork servers), each of which
 connects back to the owner over TCP, authenticated with a key of this context, and
@@ -30,10 +30,10 @@ import socket
 import threading
 from typing import Any
 
-from fray._task_owner import TaskOwner
-from fray._task_worker import serve_owner
 from fray.errors import ConfigError, FrayError
 from fray.job import Entrypoint, JobRequest, JobStatus
+from fray.joblevel._task_owner import TaskOwner
+from fray.joblevel._task_worker import serve_owner
 from fray.resources import ResourceConfig
 
 __all__ = ["DEFAULT_EXECUTORS", "ClusterJobContext"]

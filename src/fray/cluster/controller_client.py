@@ -213,7 +213,7 @@ class ControllerProxy:
         return [str(url) for url in self._call("resolve", namespace, name)]
 
     def queue(self, method: str, *args: Any) -> Any:
-        """Call ``queue.METHOD`` (durable queues, :mod:`fray.cluster.queue`): plain data in and out."""
+        """Call ``queue.METHOD`` (durable queues, :mod:`fray.cluster.client.queue`): plain data in and out."""
         return self._call(f"queue.{method}", *args)
 
     def namespace_token(self, namespace: str) -> bytes:
@@ -238,7 +238,7 @@ def controller_client(
 class OpsProxy:
     """The controller's operator API (:mod:`fray.cluster.ops`) as typed methods; no retries of its own.
 
-    What a caller sees depends on its credential (see :mod:`fray.cluster._ops_api`): the
+    What a caller sees depends on its credential (see :mod:`fray.cluster.controller._ops_api`): the
     administrator sees every job, a user only its own.
     """
 

@@ -44,7 +44,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from fray._private_files import write_private
+from fray.core._private_files import write_private
 from fray.errors import ConfigError
 
 __all__ = [

@@ -11,9 +11,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from fray._private_files import open_private, private_dir
 from fray.cluster.controller_client import controller_client
 from fray.cluster.credentials import WORKER, Credential, write_credential
+from fray.core._private_files import open_private, private_dir
 from fray.errors import FrayError
 from fray.rpc.tls import is_loopback_address
 

@@ -12,10 +12,10 @@ import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from fray._codepickle import dumps
-from fray._serialization import call_parts, check_picklable
 from fray.cluster.capacity import TaskResources
 from fray.cluster.records import TaskKey
+from fray.core._codepickle import dumps
+from fray.core._serialization import call_parts, check_picklable
 from fray.errors import SerializationError
 from fray.job import BinaryEntrypoint, CallableEntrypoint, EnvironmentConfig, JobRequest, JobStatus
 from fray.resources import format_size, parse_size
@@ -147,7 +147,7 @@ class TaskAssignment:
     actor_token: str = ""
     #: What the placement tells the task about its device: for a TPU job the slice, the
     #: host's index in it and, for a multislice job, the ``MEGASCALE_*`` coordinator
-    #: (see :mod:`fray._tpu_env`); empty otherwise.
+    #: (see :mod:`fray.core._tpu_env`); empty otherwise.
     device_env: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -155,7 +155,7 @@ class TaskAssignment:
 class TaskExit:
     """A task process ended with ``exit_code``; ``failure`` says why it failed.
 
-    ``failure`` is a :class:`fray._lifecycle.Failure`, encoded (data only: the controller
+    ``failure`` is a :class:`fray.core._lifecycle.Failure`, encoded (data only: the controller
     reads it without unpickling anything): the task process writes it for a Python
     exception, the worker for a non-zero exit (with the last lines of output).
     """
@@ -185,7 +185,7 @@ class WorkerCommands:
     A registration's answer also carries the worker's new ``epoch`` (every report and poll
     names it; one from an earlier registration is refused, which is how a worker the
     controller gave up on is fenced) and ``lease_seconds``, how long the worker's tasks
-    may run without the worker renewing its lease (see :mod:`fray.cluster._forkserver`).
+    may run without the worker renewing its lease (see :mod:`fray.cluster.taskproc._forkserver`).
     """
 
     start: tuple[TaskAssignment, ...] = ()
@@ -199,8 +199,8 @@ class WorkerCommands:
 class JobView:
     """A job as clients see it. ``settled`` is False while killed tasks may still be running.
 
-    For a FAILED job, ``failure`` is its final :class:`fray._lifecycle.Failure`, encoded:
-    :meth:`~fray._lifecycle.Failure.error` turns it into the exception ``wait()`` raises.
+    For a FAILED job, ``failure`` is its final :class:`fray.core._lifecycle.Failure`, encoded:
+    :meth:`~fray.core._lifecycle.Failure.error` turns it into the exception ``wait()`` raises.
     """
 
     job_id: str

@@ -1,7 +1,7 @@
 """The controller's operator API: listings, cluster status, retention, dashboard log-in links.
 
 :class:`OpsService` is served by the controller's data-only RPC as the ``ops.*``
-methods (:mod:`fray.cluster._ops_api`, which also decides who sees what), and is
+methods (:mod:`fray.cluster.controller._ops_api`, which also decides who sees what), and is
 called in-process by the dashboard. Every method takes and returns plain data only
 (str, int, float, bool, None, bytes, and lists and dicts of them). It reads the store
 through :meth:`ClusterStore.read_with` and owns one background thread, which prunes
@@ -18,13 +18,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from fray.cluster import _blobs, _views
 from fray.cluster._retention import RetentionPolicy, prune_finished_jobs
-from fray.cluster._schema import read_job
-from fray.cluster._utilisation import UtilisationSampler
-from fray.cluster._workspace import digest_of
+from fray.cluster.controller._utilisation import UtilisationSampler
+from fray.cluster.envs._workspace import digest_of
 from fray.cluster.records import JobRecord, TaskRecord
-from fray.cluster.store import ClusterStore
+from fray.cluster.store import ClusterStore, _blobs, _views
+from fray.cluster.store._schema import read_job
 from fray.errors import ConfigError, NotFound
 
 __all__ = ["PRUNE_INTERVAL_SECONDS", "OpsService", "job_history"]
@@ -97,7 +96,7 @@ class OpsService:
         self._thread: threading.Thread | None = None
         self.login_link: Callable[[], str] | None = None
         self.dashboard_address = ""
-        #: The controller's autoscaler (:class:`fray.cluster._autoscale_host.AutoscaleHost`), when it has a VM provider.
+        #: The controller's autoscaler (:class:`fray.cluster.controller._autoscale_host.AutoscaleHost`), when it has a VM provider.
         self.autoscaler: Any = None
         #: Utilisation over time (the dashboard's charts): a ring buffer in memory, filled while started.
         self.sampler = UtilisationSampler(self._utilisation_now, clock=clock)

@@ -2,7 +2,7 @@
 
 Plain frozen values that the store returns and the controller, the workers and the
 CLI pass around: none of them touches SQLite. A job's own state machine is the one
-every backend shares (:data:`fray._lifecycle.TRANSITIONS`); tasks and workers, which
+every backend shares (:data:`fray.core._lifecycle.TRANSITIONS`); tasks and workers, which
 only the cluster has, are defined here::
 
     task:  PENDING  -> ASSIGNED | KILLED

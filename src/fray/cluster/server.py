@@ -3,7 +3,7 @@
 :class:`Controller` composes the parts -- :class:`~fray.cluster.store.ClusterStore`,
 :class:`~fray.cluster.controller.ControllerService` (jobs, workers, scheduling),
 :class:`~fray.cluster.ops.OpsService` (the operator API and dashboard),
-:class:`~fray.cluster._queues.QueueService` (durable queues) -- and serves them with one
+:class:`~fray.cluster.controller._queues.QueueService` (durable queues) -- and serves them with one
 data-only :class:`~fray.rpc.datarpc.DataServer` (TLS beyond loopback).
 """
 
@@ -12,11 +12,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from fray.cluster._api import ControllerAPI
-from fray.cluster._ops_api import OpsAPI
-from fray.cluster._queues import QueueAPI, QueueService, with_queues
 from fray.cluster._retention import RetentionPolicy
 from fray.cluster.controller import ControllerService
+from fray.cluster.controller._api import ControllerAPI
+from fray.cluster.controller._ops_api import OpsAPI
+from fray.cluster.controller._queues import QueueAPI, QueueService, with_queues
 from fray.cluster.messages import max_argument_bytes
 from fray.cluster.ops import OpsService
 from fray.cluster.store import ClusterStore
@@ -73,14 +73,14 @@ class Controller:
         self.pin = ca_pin(self.tls_files.ca_cert.read_text()) if self.tls_files is not None else ""
         self.service = ControllerService(self.store, worker_timeout=worker_timeout, master=resolved, pin=self.pin)
         # The operator API (listings, status, retention, workspaces): its own object, served by the
-        # same data-only server under "ops." method names (see fray.cluster._ops_api).
+        # same data-only server under "ops." method names (see fray.cluster.controller._ops_api).
         self.ops = OpsService(
             self.store,
             spec_command=lambda job_id: self.service.job_spec(job_id).command,
             controller=self.service,
             retention=retention,
         )
-        # Durable queues with leases: their own state and tables, "queue.*" methods (fray.cluster._queues).
+        # Durable queues with leases: their own state and tables, "queue.*" methods (fray.cluster.controller._queues).
         self.queues = QueueService(self.store)
         self.service.queues = self.queues
         api = ControllerAPI(self.service, ops=OpsAPI(self.ops))

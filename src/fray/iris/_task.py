@@ -25,8 +25,8 @@ from typing import Any
 
 import cloudpickle
 
-from fray._lifecycle import exit_status
-from fray._remote import RemoteFailure
+from fray.core._lifecycle import exit_status
+from fray.core._remote import RemoteFailure
 from fray.job import JobInfo, job_env
 
 __all__ = [

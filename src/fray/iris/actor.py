@@ -29,11 +29,11 @@ from typing import TYPE_CHECKING, Any
 import cloudpickle
 from iris.cluster.types import JobName
 
-from fray._eventloop import ActorLoop, invoke
-from fray._remote import RemoteFailure, actor_died, remote_error
-from fray._serialization import actor_call_label, check_call_picklable, check_result_picklable
 from fray.actor import ActorFuture, RemoteMethod, check_actor_method
 from fray.actor_context import ActorContext, set_process_actor
+from fray.core._eventloop import ActorLoop, invoke
+from fray.core._remote import RemoteFailure, actor_died, remote_error
+from fray.core._serialization import actor_call_label, check_call_picklable, check_result_picklable
 from fray.errors import ActorDiedError, ActorUnavailableError, SerializationError
 from fray.iris import _connect, _task
 from fray.iris.job import IrisJobHandle, JobMeta, terminated_here

@@ -15,11 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 from iris.cluster.types import Entrypoint as IrisEntrypoint
 
-from fray._client_core import ActorStart, ClientCore
-from fray._codepickle import dumps
-from fray._driver_exit import ExitNotice, JobsAtExit
-from fray._local_context import LocalJobContext
-from fray._serialization import call_parts, check_picklable
+from fray.core._client_core import ActorStart, ClientCore
+from fray.core._codepickle import dumps
+from fray.core._driver_exit import ExitNotice, JobsAtExit
+from fray.core._serialization import call_parts, check_picklable
 from fray.errors import ConfigError, SerializationError
 from fray.iris import _connect, _task
 from fray.iris._submit import IN_TASK_SPEC, submit
@@ -30,6 +29,7 @@ from fray.job import (
     CallableEntrypoint,
     JobRequest,
 )
+from fray.joblevel._local_context import LocalJobContext
 
 if TYPE_CHECKING:
     from iris.client import IrisClient as IrisLib
@@ -59,7 +59,7 @@ class IrisClient(ClientCore["IrisJobHandle", "IrisActorHandle"]):
     Inside a task, jobs and actors are children of the task's job, in its namespace.
 
     A job outlives the script unless submitted with ``detached=False``, which stops it
-    when the script exits (the driver-exit rule, :mod:`fray._driver_exit`); inside an
+    when the script exits (the driver-exit rule, :mod:`fray.core._driver_exit`); inside an
     Iris task, jobs are children of the task's job and end with it. Actors are Iris jobs;
     of :class:`~fray.actor_config.ActorConfig`, ``max_concurrency`` (Iris's actor server
     threads) and ``lifetime`` are honoured, restarts and call retries are refused by name.

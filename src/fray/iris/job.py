@@ -6,7 +6,7 @@ does not send back is why the last attempt failed. :meth:`IrisJobHandle.wait` re
 that once, when the job has FAILED: the failing task's last attempt, its exception
 from the tagged log line the task wrote (``fray.iris._task``) or else its exit code and
 last output, and the counts of failed and preempted attempts Iris reports, worded by
-:class:`~fray._lifecycle.RetryBudget` like on every other backend.
+:class:`~fray.core._lifecycle.RetryBudget` like on every other backend.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from iris.client.workload import TaskStatus
 from iris.cluster.types import JobName
 from iris.resources.state import JobState, TaskState
 
-from fray._lifecycle import Failure, FailureKind, RetryBudget
+from fray.core._lifecycle import Failure, FailureKind, RetryBudget
 from fray.errors import FrayError, NotFound
 from fray.iris import _connect
 from fray.iris._task import END_TAG, FAILURE_TAG, decode_failure_line

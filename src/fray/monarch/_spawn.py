@@ -8,8 +8,8 @@ from pathlib import Path
 
 from monarch.actor import this_host
 
-from fray._client_core import ActorStart, short_id
-from fray._codepickle import dumps
+from fray.core._client_core import ActorStart, short_id
+from fray.core._codepickle import dumps
 from fray.job import JobInfo
 from fray.monarch.actors import ActorRecord, HostMesh
 from fray.monarch.host import FrayHost, MemberSpec

@@ -33,17 +33,17 @@ import cloudpickle
 from monarch._rust_bindings.monarch_hyperactor.supervision import SupervisionError
 from monarch.actor import ActorError
 
-from fray._lifecycle import Failure, JobLifecycle
-from fray._process import KILL_GRACE, pid_alive
-from fray._remote import RemoteFailure, actor_died, remote_error
-from fray._runtime import check_terminated
-from fray._serialization import check_call_picklable
 from fray.actor import ActorFuture, check_actor_method
 from fray.actor_context import SHUTDOWN_GRACE
+from fray.core._lifecycle import Failure, JobLifecycle
+from fray.core._remote import RemoteFailure, actor_died, remote_error
+from fray.core._runtime import check_terminated
+from fray.core._serialization import check_call_picklable
 from fray.errors import ActorDiedError, ActorUnavailableError, ConfigError, FrayError, SerializationError
 from fray.monarch import supervision
 from fray.monarch.futures import CallFuture, send_then, when_done
 from fray.monarch.host import DEAD, ENDED, ERROR, OK, PICKLED, UNPICKLABLE
+from fray.process._process import KILL_GRACE, pid_alive
 
 __all__ = ["ActorRecord", "HostMesh", "MonarchActorHandle", "MonarchActorMethod", "unwrap_reply"]
 

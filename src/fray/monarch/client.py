@@ -17,10 +17,10 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from fray._client_core import ActorStart, ClientCore, check_count, check_installed, short_id
-from fray._driver_exit import ExitNotice, JobsAtExit
-from fray._serialization import call_parts, check_picklable
 from fray.client import ClientSpec
+from fray.core._client_core import ActorStart, ClientCore, check_count, check_installed, short_id
+from fray.core._driver_exit import ExitNotice, JobsAtExit
+from fray.core._serialization import call_parts, check_picklable
 from fray.errors import ConfigError, JobAlreadyExists
 from fray.job import CallableEntrypoint, EnvironmentConfig, JobRequest, current_job
 from fray.monarch import supervision
@@ -81,7 +81,7 @@ class MonarchClient(ClientCore["MonarchJobHandle", "MonarchActorHandle"]):
     ``pip_packages`` must already be installed; job handles work in this process only.
 
     A job's processes are the script's own children, so its jobs end with it whatever
-    ``detached`` says (the driver-exit rule, :mod:`fray._driver_exit`); at exit, Fray names
+    ``detached`` says (the driver-exit rule, :mod:`fray.core._driver_exit`); at exit, Fray names
     the ones that were still running. An actor runs on a new Monarch process (a group on
     one process mesh); of :class:`~fray.actor_config.ActorConfig`, ``max_concurrency`` is
     honoured, restarts, call retries and a detached lifetime are refused by name (see

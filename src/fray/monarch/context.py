@@ -33,8 +33,6 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from fray._runtime import check_terminated
-from fray._serialization import call_parts, check_picklable
 from fray.context import (
     bind_context,
     check_num_returns,
@@ -51,6 +49,8 @@ from fray.context import (
     resolve_arguments,
     task_name,
 )
+from fray.core._runtime import check_terminated
+from fray.core._serialization import call_parts, check_picklable
 from fray.errors import ActorDiedError, ConfigError, TaskLostError
 from fray.resources import ResourceConfig
 

@@ -1,11 +1,11 @@
 """Jobs of the Monarch backend (the seed's ClusterContext part): processes on this host, driven from the client.
 
-Each job is a :class:`MonarchJob`: its :class:`~fray._lifecycle.JobLifecycle`, its
+Each job is a :class:`MonarchJob`: its :class:`~fray.core._lifecycle.JobLifecycle`, its
 log, and the replicas of its current attempt, each a
-:class:`~fray._procjob.ReplicaProcess` in its own session. One thread per job runs
+:class:`~fray.process._procjob.ReplicaProcess` in its own session. One thread per job runs
 the one retry loop: start an attempt (all replicas together), wait for all of them,
-and let the lifecycle's :class:`~fray._lifecycle.RetryBudget` decide what a failure
-means. Callables run with :mod:`fray._jobmain`, so their exception comes back as
+and let the lifecycle's :class:`~fray.core._lifecycle.RetryBudget` decide what a failure
+means. Callables run with :mod:`fray.process._jobmain`, so their exception comes back as
 the user's own class. Inside a job ``FRAY_CLIENT_SPEC`` names this backend and the
 ``FRAY_JOB_*`` variables its identity.
 
@@ -22,11 +22,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
-from fray._codepickle import dumps
-from fray._lifecycle import Failure, JobLifecycle
-from fray._logcapture import LogBuffer
-from fray._process import KILL_GRACE
-from fray._procjob import ReplicaProcess, callable_argv
+from fray.core._codepickle import dumps
+from fray.core._lifecycle import Failure, JobLifecycle
+from fray.core._logcapture import LogBuffer
 from fray.errors import ActorUnavailableError, ConfigError
 from fray.job import (
     BinaryEntrypoint,
@@ -39,6 +37,8 @@ from fray.job import (
     timeout_error,
 )
 from fray.monarch.actors import _RECORDS
+from fray.process._process import KILL_GRACE
+from fray.process._procjob import ReplicaProcess, callable_argv
 
 __all__ = ["MonarchJob", "MonarchJobHandle"]
 

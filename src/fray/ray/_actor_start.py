@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from fray._client_core import ActorStart
+from fray.core._client_core import ActorStart
 from fray.errors import ConfigError, JobAlreadyExists
 from fray.job import JobInfo, replica_env
-from fray.ray._actor_host import GROUP_ENV, INDEX_ENV
 from fray.ray._launch import Launcher
 from fray.ray._shipping import Shipping
 from fray.ray._values import shield_call
 from fray.ray.actors import RayActorHandle
+from fray.ray.inside._actor_host import GROUP_ENV, INDEX_ENV
 from fray.ray.resources import ray_options
 from fray.resources import ResourceConfig, TpuConfig, device_name
 

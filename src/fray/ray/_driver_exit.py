@@ -1,9 +1,9 @@
-"""The driver-exit rule on Ray (:mod:`fray._driver_exit`): which of a script's jobs end with it.
+"""The driver-exit rule on Ray (:mod:`fray.core._driver_exit`): which of a script's jobs end with it.
 
 Callable jobs are Ray tasks owned by the script's Ray driver: Ray ends them when the
 driver exits. Binary jobs go through Ray's job API and outlive the driver, unless
 submitted with ``detached=False``: those are stopped at exit by the shared
-:class:`~fray._driver_exit.JobsAtExit`, whose hook is registered at the first job,
+:class:`~fray.core._driver_exit.JobsAtExit`, whose hook is registered at the first job,
 after Ray itself is imported, so that it runs before Ray's own shutdown hook.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fray._driver_exit import ExitNotice, JobsAtExit
+from fray.core._driver_exit import ExitNotice, JobsAtExit
 
 __all__ = ["NOTICE", "RULE", "track"]
 

@@ -3,7 +3,7 @@
 Users of :class:`~fray.ray.RayClient` never need to catch a Ray exception type:
 
 * an exception raised by an actor method (Ray raises ``RayTaskError(UserType)``) becomes
-  :func:`fray._remote.remote_error`: a :class:`~fray.errors.RemoteError` that is also of
+  :func:`fray.core._remote.remote_error`: a :class:`~fray.errors.RemoteError` that is also of
   the user's class, its traceback trimmed of Ray's (and Fray's) frames;
 * a return value Ray cannot pickle is a :class:`~fray.errors.SerializationError` naming
   the method, worded as on every backend;
@@ -26,8 +26,8 @@ import re
 import sys
 from typing import Any
 
-from fray._remote import RemoteFailure, actor_died, remote_error
-from fray._serialization import result_refused
+from fray.core._remote import RemoteFailure, actor_died, remote_error
+from fray.core._serialization import result_refused
 from fray.errors import ActorDiedError, ActorUnavailableError, FrayError, RemoteError, SerializationError
 
 __all__ = ["constructor_failure", "is_preemption", "task_failure", "translate", "trim_traceback"]
@@ -89,7 +89,7 @@ def trim_traceback(text: str) -> str:
 
     Ray's frames go wherever they are; Fray's and the standard library's (how Fray
     called the method) only above the first frame of the user's code, as
-    :func:`fray._remote.user_traceback` does for tracebacks captured live.
+    :func:`fray.core._remote.user_traceback` does for tracebacks captured live.
     """
     out: list[str] = []
     keep = in_frame = seen_user = False

@@ -13,8 +13,8 @@ import time
 import weakref
 from collections.abc import Sequence
 
-from fray._lifecycle import JobLifecycle
-from fray._logcapture import LogBuffer
+from fray.core._lifecycle import JobLifecycle
+from fray.core._logcapture import LogBuffer
 from fray.errors import FrayError
 from fray.job import JobStatus, JobSummary, timeout_error
 from fray.ray._board import BOARD

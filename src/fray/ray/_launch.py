@@ -16,8 +16,8 @@ import threading
 from typing import Any, Protocol
 
 from fray.job import JobRequest
-from fray.ray import _worker
 from fray.ray._connection import prepare_token_auth
+from fray.ray.inside import _worker
 from fray.ray.resources import head_node_resource, ray_options
 from fray.resources import ResourceConfig
 

@@ -13,11 +13,11 @@ from typing import Any
 
 import cloudpickle
 
-from fray._codepickle import dumps
-from fray._serialization import call_parts, check_picklable
+from fray.core._codepickle import dumps
+from fray.core._serialization import call_parts, check_picklable
 from fray.errors import ConfigError
 from fray.job import CallableEntrypoint, JobRequest
-from fray.ray._actor_host import CONTROL_GROUP, actor_class_for
+from fray.ray.inside._actor_host import CONTROL_GROUP, actor_class_for
 
 __all__ = ["Shipping"]
 

@@ -14,13 +14,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from fray._remote import RemoteFailure, actor_died
-from fray._serialization import check_call_picklable
 from fray.actor import ActorFuture, check_actor_method
+from fray.core._remote import RemoteFailure, actor_died
+from fray.core._serialization import check_call_picklable
 from fray.errors import ActorDiedError, ActorUnavailableError
-from fray.ray._actor_end import ended_death
 from fray.ray._errors import constructor_failure, translate
 from fray.ray._values import shield_call
+from fray.ray.inside._actor_end import ended_death
 
 __all__ = ["RayActorHandle", "disown", "own", "when_done"]
 

@@ -1,7 +1,7 @@
 """Binary jobs on Ray: one Ray job (``JobSubmissionClient``) per replica.
 
 A Ray job runs once; Fray resubmits it within the job's budgets, which it keeps,
-like every job kind's state, in a :class:`~fray._lifecycle.JobLifecycle`. A job whose
+like every job kind's state, in a :class:`~fray.core._lifecycle.JobLifecycle`. A job whose
 driver exited with a code failed (``max_retries_failure``); a job without one (its
 supervisor died with the node) was preempted (``max_retries_preemption``). Ray's job
 API has no push notifications, so one thread per job watches it.
@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Any
 
-from fray._lifecycle import Failure
+from fray.core._lifecycle import Failure
 from fray.job import BinaryEntrypoint, JobInfo, JobRequest, JobStatus, replica_env
 from fray.ray._launch import Launcher, runtime_env, user_env
 from fray.ray.jobs import RayJobHandle

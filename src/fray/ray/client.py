@@ -24,8 +24,8 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
-from fray._client_core import ActorStart, ClientCore
 from fray.client import ClientSpec
+from fray.core._client_core import ActorStart, ClientCore
 from fray.errors import ConfigError, FrayError
 from fray.job import CallableEntrypoint, JobRequest, validate_name
 from fray.ray._actor_start import start_actor

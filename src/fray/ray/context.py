@@ -25,10 +25,6 @@ import cloudpickle
 import ray.exceptions
 
 import ray
-from fray._codepickle import dumps
-from fray._remote import RemoteFailure, remote_error
-from fray._runtime import check_terminated
-from fray._serialization import call_parts, check_picklable, refused
 from fray.client import client_from_spec
 from fray.context import (
     bind_context,
@@ -44,6 +40,10 @@ from fray.context import (
     resolve_arguments,
     task_name,
 )
+from fray.core._codepickle import dumps
+from fray.core._remote import RemoteFailure, remote_error
+from fray.core._runtime import check_terminated
+from fray.core._serialization import call_parts, check_picklable, refused
 from fray.errors import ObjectLostError, TaskLostError
 from fray.ray._errors import translate
 from fray.ray._values import shield

@@ -1,6 +1,6 @@
 """Job handles of the Ray backend: callable jobs and the job hosting an actor.
 
-Every kind keeps its state in a :class:`~fray._lifecycle.JobLifecycle` (the one state
+Every kind keeps its state in a :class:`~fray.core._lifecycle.JobLifecycle` (the one state
 machine, retry budget and failure wording of every backend); what every kind shares is
 :class:`RayJobHandle` (in ``_job_handle.py``). Binary jobs live in ``binary.py`` and TPU
 jobs, which are callable jobs placed on whole slices, in ``tpu.py``.
@@ -19,18 +19,18 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from fray._lifecycle import ActorRestartBudget, Failure
-from fray._remote import RemoteFailure
 from fray.actor_context import SHUTDOWN_GRACE
+from fray.core._lifecycle import ActorRestartBudget, Failure
+from fray.core._remote import RemoteFailure
 from fray.errors import FrayError
 from fray.job import JobInfo, JobRequest, JobStatus, replica_env, timeout_error
-from fray.ray import _worker
-from fray.ray._actor_end import read_end
 from fray.ray._board import BOARD
 from fray.ray._errors import first_line, is_preemption
 from fray.ray._job_handle import LIVE, RayJobHandle
 from fray.ray._launch import Launcher, unique_suffix, user_env
 from fray.ray.actors import RayActorHandle
+from fray.ray.inside import _worker
+from fray.ray.inside._actor_end import read_end
 from fray.ray.resources import bundle, ray_options
 from fray.resources import device_name
 from fray.testing import replicas_to_preempt
@@ -334,7 +334,7 @@ class CallableJob(RayJobHandle):
 
         Ray reports each as a crashed worker, which :func:`~fray.ray._errors.is_preemption`
         counts as a preemption. The pid and node come from the replica's started key, so a
-        replica is preempted once it has run for :data:`~fray.ray._worker.STARTED_AFTER`.
+        replica is preempted once it has run for :data:`~fray.ray.inside._worker.STARTED_AFTER`.
         """
         from ray.experimental import internal_kv
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, Generic, TypeVar
 
 import ray
-from fray._runtime import check_terminated
+from fray.core._runtime import check_terminated
 from fray.queue import (
     DEFAULT_LEASE_TIMEOUT,
     Lease,

@@ -27,8 +27,8 @@ import contextlib
 import threading
 from typing import Any
 
-from fray._lifecycle import Failure
-from fray._tpu_env import MEGASCALE_PORT, megascale_env, tpu_host_env
+from fray.core._lifecycle import Failure
+from fray.core._tpu_env import MEGASCALE_PORT, megascale_env, tpu_host_env
 from fray.job import JobRequest
 from fray.ray._launch import Launcher
 from fray.ray.jobs import CallableJob

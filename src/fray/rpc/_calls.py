@@ -4,7 +4,7 @@
   connection itself when no other thread does.
 * :data:`timer` -- one thread expiring the requests of ``.remote()`` calls that have a timeout.
 * :func:`rebuild_error` -- an ERROR frame back into the exception the caller sees:
-  the dual ``RemoteError`` + user class (:func:`fray._remote.remote_error`) for an
+  the dual ``RemoteError`` + user class (:func:`fray.core._remote.remote_error`) for an
   exception the method raised, the server's own error for a refused call.
 """
 
@@ -18,8 +18,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from fray._remote import remote_error
 from fray.actor import ActorFuture
+from fray.core._remote import remote_error
 from fray.errors import SerializationError
 from fray.rpc import wire
 from fray.rpc._connection import Connection

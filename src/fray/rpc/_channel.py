@@ -12,11 +12,12 @@ import threading
 from typing import Any
 
 from fray.errors import CallNotSentError
-from fray.rpc import _local, wire
+from fray.rpc import wire
 from fray.rpc._calls import rebuild_error
 from fray.rpc._connection import Connection, NotSent, remaining
 from fray.rpc.protocol import CONTROL_LOCAL, CONTROL_LOOKUP, ErrorCode, control_request, parse_actor_url
 from fray.rpc.resolver import Resolver
+from fray.rpc.transport import _local
 
 __all__ = ["Channel", "backoff", "control", "go_local"]
 

@@ -5,7 +5,7 @@ thread reads responses (the *read role*), batches pipelined requests in an
 *outbox*, and decides what a broken connection means for each request: one that
 provably never left fails with :class:`NotSent` (safe to retry), one that was
 written fails with :class:`~fray.errors.ActorUnavailableError` ("may or may not
-have run"). Its TCP socket is opened by :mod:`fray.rpc._dial`.
+have run"). Its TCP socket is opened by :mod:`fray.rpc.transport._dial`.
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ from collections.abc import Callable
 from typing import Any
 
 from fray.errors import ActorUnavailableError, ProtocolError, RpcTimeoutError
-from fray.rpc import _local, wire
-from fray.rpc._dial import dial_tcp
+from fray.rpc import wire
+from fray.rpc.transport import _local
+from fray.rpc.transport._dial import dial_tcp
 
 __all__ = ["Callback", "Connection", "NotSent", "Pending", "remaining"]
 
@@ -88,7 +89,7 @@ class Connection:
 
     @classmethod
     def local(cls, name: str, address: str, token: bytes | None, timeout: float | None) -> Connection:
-        """A connection over the server's local listener ``name`` (see :mod:`fray.rpc._local`).
+        """A connection over the server's local listener ``name`` (see :mod:`fray.rpc.transport._local`).
 
         OSError when it is not reachable from here (another host).
         """

@@ -5,7 +5,7 @@
   to pipelined calls (with :class:`_Flusher` making sure none waits long).
 * :class:`ActorRunner` -- runs one actor's calls, at most ``max_concurrency`` at
   a time, in arrival order; ``async def`` methods run on the actor's one
-  :class:`~fray._eventloop.ActorLoop` (through :func:`~fray._eventloop.invoke`,
+  :class:`~fray.core._eventloop.ActorLoop` (through :func:`~fray.core._eventloop.invoke`,
   as on every backend).
 * :class:`Call` -- one accepted call: what to run and where its answer goes.
 """
@@ -22,9 +22,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from fray._eventloop import ActorLoop, invoke
-from fray._serialization import check_result_picklable
 from fray.actor import check_actor_method
+from fray.core._eventloop import ActorLoop, invoke
+from fray.core._serialization import check_result_picklable
 from fray.errors import SerializationError
 from fray.rpc import wire
 from fray.rpc.protocol import ActorInfo, ErrorCode, encode_error

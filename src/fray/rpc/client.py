@@ -31,8 +31,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Generic, Protocol, TypeVar, cast, get_args
 
-from fray._serialization import check_call_picklable
 from fray.actor import ActorFuture, check_actor_method
+from fray.core._serialization import check_call_picklable
 from fray.errors import ActorUnavailableError, CallNotSentError, ConfigError, RpcTimeoutError, SerializationError
 from fray.rpc import wire
 from fray.rpc._calls import CallFuture, rebuild_error, settle, timer

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from fray._remote import RemoteFailure
+from fray.core._remote import RemoteFailure
 from fray.errors import ConfigError
 
 __all__ = [
@@ -50,7 +50,7 @@ CONTROL_PING = "ping"
 CONTROL_LOOKUP = "lookup"
 CONTROL_LIST_ACTORS = "list_actors"
 CONTROL_LIST_METHODS = "list_methods"
-#: The name of the server's local (Unix socket) listener, or None (see fray.rpc._local).
+#: The name of the server's local (Unix socket) listener, or None (see fray.rpc.transport._local).
 CONTROL_LOCAL = "local"
 
 

@@ -36,7 +36,7 @@ from typing import Any, Protocol
 
 from fray.actor import public_methods
 from fray.errors import ConfigError, ProtocolError, SerializationError
-from fray.rpc import _local, wire
+from fray.rpc import wire
 from fray.rpc._accept import Acceptor, Limits
 from fray.rpc._dispatch import Actor, ActorRunner, Call, CallHooks, ServerConnection
 from fray.rpc.namespace import default_token, resolve_namespace
@@ -50,6 +50,7 @@ from fray.rpc.protocol import (
     ErrorCode,
     MethodInfo,
 )
+from fray.rpc.transport import _local
 
 __all__ = ["ActorInfo", "ActorServer", "MethodInfo", "NameMapping"]
 
@@ -182,7 +183,7 @@ class ActorServer:
         self._started = False
         self._stopped = threading.Event()
         self._acceptor = Acceptor(self._listener, self._token, self._serve_connection, limits=limits, name="actor")
-        # Clients on this host move to the local listener (see fray.rpc._local); same handshake and limits.
+        # Clients on this host move to the local listener (see fray.rpc.transport._local); same handshake and limits.
         local = _local.listen()
         self._local_name: str | None = None
         self._local_acceptor: Acceptor | None = None

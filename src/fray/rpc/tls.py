@@ -22,7 +22,7 @@ import socket
 import ssl
 from pathlib import Path
 
-from fray._private_files import private_dir, write_private
+from fray.core._private_files import private_dir, write_private
 from fray.errors import AuthenticationError, ConfigError
 
 __all__ = [

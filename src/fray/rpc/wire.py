@@ -4,18 +4,18 @@ Everything that touches raw bytes lives here, so the rules that keep a server sa
 are in one place:
 
 * A connection starts with a fixed-size binary handshake (:func:`server_handshake`,
-  :func:`client_handshake`, kept in :mod:`fray.rpc._handshake` and re-exported here): an
+  :func:`client_handshake`, kept in :mod:`fray.rpc.transport._handshake` and re-exported here): an
   HMAC-SHA256 challenge-response over two nonces, in both directions. Nothing is unpickled
   until it has succeeded.
 * After it, every message is a *frame*: a fixed 16-byte header decoded with
   :mod:`struct`, a table of segment lengths, then the segments. Sizes are checked
   against the limits before a single payload byte is read.
 * Segment 0 of a frame is a pickle (protocol 5); the other segments are its
-  out-of-band buffers (see :mod:`fray.rpc._payload`), sent straight from the caller's
+  out-of-band buffers (see :mod:`fray.rpc.transport._payload`), sent straight from the caller's
   memory with ``sendmsg`` (``sendall`` per buffer over TLS, whose sockets have no
   ``sendmsg``) and received with ``recv_into`` into one buffer each, which
   becomes the memory of the rebuilt value: a new bytearray or bytes for those types
-  (:mod:`fray.rpc._fresh`), else a huge-page-backed map for large ones, reused from
+  (:mod:`fray.rpc.transport._fresh`), else a huge-page-backed map for large ones, reused from
   frame to frame once nothing refers to it any more.
 
 See ``docs/protocol.md`` for the byte layout and the versioning rule.
@@ -38,8 +38,8 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from fray.errors import ProtocolError
-from fray.rpc import _fresh, _memfd
-from fray.rpc._handshake import (
+from fray.rpc.transport import _fresh, _memfd
+from fray.rpc.transport._handshake import (
     HANDSHAKE_TIMEOUT,
     MAX_PRINCIPAL_BYTES,
     PROTOCOL_VERSION,
@@ -49,7 +49,7 @@ from fray.rpc._handshake import (
     server_handshake,
     session_key,
 )
-from fray.rpc._payload import decode, encode
+from fray.rpc.transport._payload import decode, encode
 
 __all__ = [
     "DEFAULT_MAX_FRAME_BYTES",
@@ -191,8 +191,8 @@ def send_frame(sock: socket.socket, kind: FrameKind, request_id: int, segments: 
 
     ``segments`` are bytes-like objects; they are sent from their own memory (no
     concatenation), which is what keeps large numpy arrays from being copied. On a
-    local (Unix socket) connection, segments of :data:`fray.rpc._memfd.MIN_BYTES` or
-    more travel as memfds instead (see :mod:`fray.rpc._memfd`). Over TLS every segment
+    local (Unix socket) connection, segments of :data:`fray.rpc.transport._memfd.MIN_BYTES` or
+    more travel as memfds instead (see :mod:`fray.rpc.transport._memfd`). Over TLS every segment
     travels in band, written with ``sendall``.
     Callers serialise concurrent senders on one socket with a lock.
     """

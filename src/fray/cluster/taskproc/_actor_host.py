@@ -1,0 +1,174 @@
+"""What runs in the task process of an actor's job on the Fray cluster: build the actor and serve it.
+
+:func:`host_actor` is the job's entrypoint. It gives the process its actor identity
+(``current_actor()``), builds the instance (a constructor that raises fails the job, and
+it is not retried: actor jobs have no failure budget), serves it with an
+:class:`~fray.rpc.ActorServer` (``max_concurrency`` calls at once) and registers the
+endpoint with the controller. Then it waits for one of three endings:
+
+* the actor ends itself (``exit()`` / ``fail(exc)``): once the call that asked has been
+  answered, the server stops and the job ends SUCCEEDED, or FAILED with ``exc``;
+* the job is terminated: the worker's SIGTERM sets ``shutdown_requested``, the server
+  stops at once (callers' calls fail), running methods get up to ``SHUTDOWN_GRACE``
+  seconds, then the process exits (the worker's SIGKILL follows later regardless);
+* the process dies (a crash, the OOM killer, ``fray.testing.kill_actor``): it has told
+  the worker beforehand (:func:`fray.cluster.taskproc._task.if_killed`) to report such a death as
+  a lost process, so the controller retries the job under its preemption budget, which
+  is ``ActorConfig.max_restarts``: a restart is a retry of the actor's job, and the new
+  attempt runs the constructor again and registers a new endpoint.
+
+A second object on the same server, :data:`CONTROL_SUFFIX`, lets
+:func:`fray.testing.kill_actor` make the process die on purpose.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+from fray.actor_context import SHUTDOWN_GRACE, ActorContext, ActorEnd, set_process_actor
+from fray.cluster.controller_client import connect_controller
+from fray.cluster.records import TaskKey
+from fray.cluster.taskproc import _task
+from fray.core._lifecycle import Failure
+from fray.core._remote import RemoteFailure, actor_died, remote_error
+from fray.errors import ActorDiedError
+from fray.job import current_job
+from fray.rpc.server import ActorServer
+
+__all__ = ["CONTROL_SUFFIX", "control_url", "host_actor"]
+
+#: The control object of an actor is served beside it under ``{name}{CONTROL_SUFFIX}``.
+CONTROL_SUFFIX = "--fray-control"
+
+
+def control_url(actor_url: str, name: str) -> str:
+    """The URL of the control object served beside the actor at ``actor_url``."""
+    return actor_url.removesuffix(name) + name + CONTROL_SUFFIX
+
+
+class _Host:
+    """The actor's calls as its host sees them: how many run, and whether new ones may start."""
+
+    def __init__(self, context: ActorContext) -> None:
+        self.context = context
+        self.done = threading.Event()  # the actor ended itself, or the job is being terminated
+        self.terminating = False
+        self._idle = threading.Condition()
+        self._running = 0
+        self._death: ActorDiedError | None = None
+
+    def started(self) -> None:
+        with self._idle:
+            death = self._death
+            if death is None:
+                self._running += 1
+                return
+        raise _copy(death)
+
+    def withheld(self) -> ActorDiedError | None:
+        """Once the job is being terminated, every call still running is answered: the actor died."""
+        with self._idle:
+            death = self._death if self.terminating else None
+        return None if death is None else _copy(death)
+
+    def ended(self) -> None:
+        with self._idle:
+            self._running -= 1
+            if self._running == 0:
+                self._idle.notify_all()
+        self.check_end()
+
+    def check_end(self) -> None:
+        """After a call (or the constructor): if the actor asked to end, refuse new calls and wake the host."""
+        end = self.context.end_request()
+        if end is None:
+            return
+        self._refuse(_death(self.context.name, end))
+
+    def _refuse(self, death: ActorDiedError) -> None:
+        with self._idle:
+            if self._death is None:
+                self._death = death
+        self.done.set()
+
+    def terminate(self, *_: Any) -> None:
+        """SIGTERM: the job is being terminated."""
+        self.terminating = True
+        self.context.shutdown_requested.set()
+        self._refuse(ActorDiedError(f"actor {self.context.name!r} was terminated"))
+
+    def wait_idle(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        with self._idle:
+            while self._running > 0 and (remaining := deadline - time.monotonic()) > 0:
+                self._idle.wait(remaining)
+
+
+def _copy(death: ActorDiedError) -> ActorDiedError:
+    # Each caller gets an exception of its own (a raised exception collects its traceback).
+    copy = actor_died(str(death), death.__cause__)
+    return copy
+
+
+def _death(name: str, end: ActorEnd) -> ActorDiedError:
+    if end.error is None:
+        return ActorDiedError(f"actor {name!r} ended itself (current_actor().exit())")
+    remote = RemoteFailure.capture(end.error)
+    death = actor_died(f"actor {name!r} failed itself: {remote.summary}", remote_error(remote, original=end.error))
+    return death
+
+
+class _Control:
+    """Served beside the actor: what ``fray.testing`` needs of its process."""
+
+    def crash(self) -> None:
+        """Die now, as a crash would: SIGKILL, no cleanup, no answer."""
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+def host_actor(
+    actor_class: type, args: tuple[Any, ...], kwargs: dict[str, Any], name: str, options: dict[str, Any] | None = None
+) -> None:
+    """The entrypoint of an actor's job (see the module docstring).
+
+    ``options``: ``group`` and ``index`` (a group member), ``max_concurrency``, and
+    ``handle``: called with ``job_id=`` it makes the handle ``current_actor().handle`` returns.
+    """
+    opts = options or {}
+    info = current_job()
+    assert info is not None, "actor jobs run inside a Fray cluster task"
+    address = os.environ["FRAY_CLIENT_SPEC"].removeprefix("fray://")
+    make_handle = opts["handle"]
+    context = ActorContext(name, opts.get("group"), int(opts.get("index", 0)), lambda: make_handle(job_id=info.job_id))
+    set_process_actor(context)
+    host = _Host(context)
+    signal.signal(signal.SIGTERM, host.terminate)
+    instance = actor_class(*args, **kwargs)  # raising here fails the job: callers see ActorDiedError
+    # From here on, a death this process does not explain is a lost process: a restart, if allowed.
+    _task.if_killed(Failure.lost(f"the process of actor {name!r} died (a signal, the OOM killer or a crash)"))
+    host.check_end()
+    bind = os.environ.get("FRAY_ADVERTISE_HOST", "127.0.0.1")
+    server = ActorServer(host=os.environ.get("FRAY_BIND_HOST", bind), port=0, namespace=info.namespace)
+    server.register(name, instance, max_concurrency=int(opts.get("max_concurrency", 1)), hooks=host)
+    server.register(name + CONTROL_SUFFIX, _Control())
+    server.start()
+    key = TaskKey(info.job_id, int(os.environ.get("FRAY_TASK_INDEX", "0")), info.attempt)
+    if not host.done.is_set():
+        # The task's own job credential (FRAY_CREDENTIAL); the server uses its namespace's key (FRAY_TOKEN).
+        connect_controller(address).register_endpoint(info.namespace, name, server.url(name), key)
+    host.done.wait()  # until the actor ends itself or the job is terminated (SIGTERM)
+    server.stop()  # callers' calls in flight fail now; the call that asked to end was answered already
+    if host.terminating:
+        host.wait_idle(SHUTDOWN_GRACE)  # a method that watches shutdown_requested may finish cleanly
+        os._exit(0)
+    end = context.end_request()
+    assert end is not None
+    if end.error is not None:
+        raise end.error  # the job FAILS with it (no retry: actor jobs have no failure budget)

@@ -1,0 +1,213 @@
+"""A warm interpreter that forks one child per task (started by the worker), and fences them.
+
+Starting Python and importing cloudpickle costs ~100 ms of CPU per task; forking a
+process that already did costs ~1 ms. The fork server stays single-threaded (so
+forking it is safe) and talks to its worker over a Unix socket:
+
+* worker -> server: one JSON line per task (``id``, ``env``, ``cwd`` and either
+  ``payload`` + ``failure`` for a callable task run in the forked child, or ``argv`` for
+  a program the child executes), with the write end of the task's output pipe attached
+  (``SCM_RIGHTS``); and ``{"renew": seconds}`` lines, the worker's *lease*;
+* server -> worker: ``{"started": id, "pid": N}`` after the fork and
+  ``{"exited": id, "code": N, "fenced": bool}`` when the child ends (negative: killed
+  by that signal).
+
+Each child leads its own process group (so the worker can kill it with everything it
+starts) and dies with the fork server, which dies with the worker.
+
+The lease is what keeps a frozen worker's tasks from running beside their
+replacements: the worker renews it several times a second from its own thread. If the
+worker stops renewing (SIGSTOP, a hung interpreter, a machine under swap) for longer
+than the lease, the fork server -- a separate process, still running -- kills every
+task's process group and reports them ``fenced``. The lease is shorter than the
+controller's worker timeout, so the tasks are gone before the controller can declare
+the worker lost and start them elsewhere.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import selectors
+import signal
+import socket
+import sys
+import time
+from typing import Any
+
+from fray.cluster.taskproc._launch import die_with_worker
+
+_MAX_MESSAGE = 1 << 20
+
+
+def _run_child(request: dict[str, Any], output: int) -> None:
+    """In the forked child: become the task and never return."""
+    code = 1
+    try:
+        # Its own process group, so the worker can stop it with everything it starts. The
+        # parent sets the group too, before it reports the pid: whichever runs first wins,
+        # and the group exists by the time anyone may try to kill it.
+        with contextlib.suppress(OSError):
+            os.setpgid(0, 0)
+        die_with_worker()
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        os.dup2(output, 1)
+        os.dup2(output, 2)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        # Everything else goes: the control socket, and above all the output pipes of other
+        # tasks received in the same read, which would otherwise stay open here and keep
+        # their readers from ever seeing end-of-file.
+        os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+        _replace_environment(request["env"])
+        os.chdir(request["cwd"])
+        argv = request.get("argv")
+        if argv is not None:
+            try:
+                os.execvpe(argv[0], argv, request["env"])
+            except (OSError, ValueError) as exc:
+                sys.stderr.write(f"[fray] cannot start {argv[0]!r}: {exc}\n")
+                code = 127
+                return
+        sys.path.insert(0, request["cwd"])
+        from fray.cluster.taskproc import _task
+
+        code = _task.main(["_task", request["payload"], request["failure"]])
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+
+def _replace_environment(env: dict[str, str]) -> None:
+    """Make ``os.environ`` exactly ``env``, touching only what differs.
+
+    ``os.environ.clear()`` removes one variable at a time from the front of the mapping
+    and then ``update`` sets them all again: ~0.6 ms per task, though a task's
+    environment is mostly the worker's own.
+    """
+    environ = os.environ
+    for key in [key for key in environ if key not in env]:
+        del environ[key]
+    for key, value in env.items():
+        if environ.get(key) != value:
+            environ[key] = value
+
+
+class _Server:
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.children: dict[int, str] = {}
+        self.fenced: set[int] = set()
+        self.lease_seconds: float | None = None
+        self.lease_until = 0.0
+        self.buffer = b""
+        # A descriptor arrives with the first bytes of its request, which may be split over reads.
+        self.pending_fds: list[int] = []
+
+    def send(self, message: dict[str, Any]) -> None:
+        self.sock.sendall(json.dumps(message).encode() + b"\n")
+
+    def reap(self) -> None:
+        while self.children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            task = self.children.pop(pid, None)
+            if task is not None:
+                code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+                self.send({"exited": task, "code": code, "fenced": pid in self.fenced})
+            self.fenced.discard(pid)
+
+    def expire_lease(self) -> None:
+        """The worker stopped renewing its lease: kill every task before the controller replaces them."""
+        if self.lease_seconds is None or time.monotonic() < self.lease_until or not self.children:
+            return
+        sys.stderr.write(
+            f"[fray] worker lease expired ({self.lease_seconds:g}s without renewal): killing "
+            f"{len(self.children)} task(s) so they cannot run beside their replacements\n"
+        )
+        for pid in self.children:
+            if pid not in self.fenced:
+                self.fenced.add(pid)
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+
+    def handle(self, request: dict[str, Any]) -> None:
+        if "renew" in request:
+            self.lease_seconds = float(request["renew"])
+            self.lease_until = time.monotonic() + self.lease_seconds
+            return
+        output = self.pending_fds.pop(0)
+        pid = os.fork()
+        if pid == 0:
+            _run_child(request, output)
+        with contextlib.suppress(OSError):  # the child may have done it (or exited) already
+            os.setpgid(pid, pid)
+        os.close(output)
+        self.children[pid] = request["id"]
+        self.send({"started": request["id"], "pid": pid})
+
+    def timeout(self) -> float | None:
+        if self.lease_seconds is None or not self.children:
+            return None
+        return max(0.0, self.lease_until - time.monotonic()) + 0.01
+
+
+def serve(sock: socket.socket) -> None:
+    """Fork a child per request until the worker closes the socket."""
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)  # only to wake the selector
+    server = _Server(sock)
+    selector = selectors.DefaultSelector()
+    selector.register(sock, selectors.EVENT_READ)
+    selector.register(wake_r, selectors.EVENT_READ)
+    while True:
+        events = {key.fileobj for key, _ in selector.select(server.timeout())}
+        if wake_r in events:
+            os.read(wake_r, 4096)
+        server.reap()
+        if sock not in events:
+            server.expire_lease()
+            continue
+        data, fds, _, _ = socket.recv_fds(sock, _MAX_MESSAGE, 4)
+        if not data:
+            return  # the worker is gone: so are we (and, by their death signal, our children)
+        server.buffer += data
+        server.pending_fds.extend(fds)
+        while b"\n" in server.buffer:
+            line, server.buffer = server.buffer.split(b"\n", 1)
+            server.handle(json.loads(line))
+        server.expire_lease()
+
+
+def main() -> None:
+    """Entry point: the inherited socket's file descriptor is in ``argv[1]``."""
+    die_with_worker()
+    # Warm up what every task needs, so forked children start with it imported.
+    import cloudpickle  # noqa: F401
+
+    import fray
+    import fray.cluster.client
+    import fray.cluster.taskproc._task  # noqa: F401
+
+    sock = socket.socket(fileno=int(sys.argv[1]))
+    serve(sock)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,132 @@
+"""The worker's end of the fork server (:mod:`fray.cluster.taskproc._forkserver`): launching tasks and renewing the lease."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from typing import Any
+
+from fray.process._process import die_with_parent as die_with_worker
+
+__all__ = ["ForkServer", "ForkedProcess", "die_with_worker"]
+
+
+class ForkedProcess:
+    """A task forked by the fork server: the parts of ``Popen`` the worker uses."""
+
+    def __init__(self, pid: int, output: int) -> None:
+        self.pid = pid
+        self.stdout = os.fdopen(output, "rb")
+        self._exited = threading.Event()
+        self.returncode: int | None = None
+        #: True when the fork server killed it because the worker's lease expired.
+        self.fenced = False
+
+    def _set_exit(self, code: int, fenced: bool = False) -> None:
+        self.returncode = code
+        self.fenced = fenced
+        self._exited.set()
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self._exited.wait(timeout):
+            raise subprocess.TimeoutExpired(f"task {self.pid}", timeout or 0.0)
+        assert self.returncode is not None
+        return self.returncode
+
+
+class ForkServer:
+    """Asks the fork server to fork tasks, hears of their exits, and renews the worker's lease."""
+
+    def __init__(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "fray.cluster.taskproc._forkserver", str(theirs.fileno())],
+            pass_fds=(theirs.fileno(),),
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=die_with_worker,
+        )
+        theirs.close()
+        self._sock = ours
+        self._lock = threading.Lock()
+        self._ids = iter(range(1, 1 << 62))
+        # Launches waiting for their fork: id -> (fork done, output read end, the process once forked).
+        self._waiting: dict[str, tuple[threading.Event, int, list[ForkedProcess]]] = {}
+        self._children: dict[str, ForkedProcess] = {}
+        self.alive = True
+        threading.Thread(target=self._read, name="fray-forkserver", daemon=True).start()
+
+    def renew(self, lease_seconds: float) -> None:
+        """Extend the worker's lease by ``lease_seconds`` from now; raises OSError if the fork server is gone."""
+        with self._lock:
+            self._sock.sendall(json.dumps({"renew": lease_seconds}).encode() + b"\n")
+
+    def launch(self, request: dict[str, Any]) -> ForkedProcess:
+        """Fork a task process (``request``: see the fork server); raises OSError if the fork server is gone."""
+        read_end, write_end = os.pipe()
+        forked: list[ForkedProcess] = []
+        done = threading.Event()
+        with self._lock:
+            task = str(next(self._ids))
+            self._waiting[task] = (done, read_end, forked)
+        line = json.dumps({**request, "id": task}) + "\n"
+        try:
+            with self._lock:
+                socket.send_fds(self._sock, [line.encode()], [write_end])
+        except OSError:
+            self.alive = False
+            with self._lock:
+                self._waiting.pop(task, None)
+            os.close(read_end)
+            raise
+        finally:
+            os.close(write_end)
+        if not done.wait(10.0) or not forked:
+            self.alive = False
+            with self._lock:
+                if self._waiting.pop(task, None) is not None:
+                    os.close(read_end)
+            raise OSError("the fork server did not fork the task")
+        return forked[0]
+
+    def _read(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            for raw in self._sock.makefile("rb"):
+                message = json.loads(raw)
+                if "started" in message:
+                    with self._lock:
+                        done, output, forked = self._waiting.pop(message["started"])
+                        child = ForkedProcess(int(message["pid"]), output)
+                        self._children[message["started"]] = child
+                    forked.append(child)
+                    done.set()
+                else:
+                    with self._lock:
+                        exited = self._children.pop(message["exited"], None)
+                    if exited is not None:
+                        exited._set_exit(int(message["code"]), bool(message.get("fenced")))
+        self.alive = False
+        with self._lock:
+            waiting, self._waiting = self._waiting, {}
+            children, self._children = self._children, {}
+        for done, _, _ in waiting.values():
+            done.set()
+        for child in children.values():  # the fork server died, and its children with it
+            child._set_exit(-int(signal.SIGKILL))
+
+    def close(self) -> None:
+        """Stop the fork server (its children die with it)."""
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+        self._sock.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._proc.wait(timeout=5)

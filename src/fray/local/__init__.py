@@ -1,0 +1,269 @@
+"""The embedded local backend: jobs as threads (callables) or subprocesses (binaries), actors as objects.
+
+It needs no setup and honours the whole :class:`~fray.client.Client` protocol, so a
+pipeline or RL loop can be developed and tested with nothing else installed. What
+cannot be isolated inside one process is documented on :class:`LocalClient`. Jobs
+and their handles live in :mod:`fray.local._local_job`, actors in :mod:`fray.local._local_actor`.
+
+The package also holds the backend's parts: :mod:`fray.local._local_job` (jobs and their
+handles), :mod:`fray.local._local_runner` (running a job's attempts),
+:mod:`fray.local._local_actor` (actors). Its job level on threads,
+:class:`~fray.LocalJobContext`, is in :mod:`fray.joblevel`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextvars
+import threading
+import weakref
+from collections.abc import Sequence
+from typing import Any, cast
+
+from fray.client import ClientSpec
+from fray.core._client_core import ActorStart, ClientCore, check_count, check_installed, short_id
+from fray.core._driver_exit import report_leftovers
+from fray.core._serialization import call_parts, check_picklable
+from fray.errors import ConfigError, JobAlreadyExists
+from fray.job import (
+    CallableEntrypoint,
+    EnvironmentConfig,
+    JobInfo,
+    JobRequest,
+    _current_job,
+)
+from fray.joblevel._local_context import LocalJobContext
+from fray.local._local_actor import LocalActor, LocalActorHandle
+from fray.local._local_job import LocalJob, LocalJobHandle, stop_deadline, wait_for_stop
+from fray.local._local_runner import JobRunner, local_device
+from fray.queue import LocalQueue, queue_exists
+
+__all__ = ["LocalActorHandle", "LocalClient", "LocalJobHandle"]
+
+
+def _never_started(job: LocalJob) -> None:
+    # Interrupted before its thread started (e.g. the submitting job was terminated mid-call):
+    # it never will run, so it must not sit PENDING for shutdown(wait=True) to wait on forever.
+    job.lifecycle.stop()
+
+
+class LocalClient(ClientCore["LocalJobHandle", "LocalActorHandle"]):
+    """Runs everything inside this process: callable jobs in threads, binary jobs as subprocesses,
+    actors as objects each served by its own thread.
+
+    ``max_threads`` bounds how many callable replicas run at once (others stay PENDING);
+    actors do not count against it. Limits of running in one process: resources are
+    not enforced; ``max_retries_preemption`` applies only to :func:`fray.testing.preempt`;
+    ``docker_image`` is ignored (noted in the job's log); ``pip_packages`` must already
+    be installed; env vars of callable jobs are set process-wide while they run.
+
+    Callables, their arguments, actor calls and their results are passed to the job or
+    actor as they are, never pickled (seed 003: the local backend "calls methods
+    directly"), so a lock or an open file may be passed. ``check_pickling=True`` (spec
+    ``local?pickle=1``) refuses, as every other backend does, what would not pickle --
+    a job's callable and arguments at submit, an actor call's arguments in the caller and
+    its return value -- with :class:`~fray.errors.SerializationError`, so that code that
+    passes here does not fail later on a cluster; Fray's conformance suite turns it on.
+
+    How ``terminate()`` stops threads is on :meth:`fray.local._local_job.LocalJobHandle.terminate`;
+    a terminated actor's calls fail with ``ActorDiedError`` at once.
+
+    Jobs run inside this process, so they end with it whatever ``detached`` says (the
+    driver-exit rule, :mod:`fray.core._driver_exit`); at exit, Fray names the ones that were
+    still running. Actors run on their own thread(s) and every
+    :class:`~fray.actor_config.ActorConfig` field is honoured; resources reserve nothing
+    (actors take no thread slots); a ``detached`` actor survives :meth:`shutdown` but, like
+    everything of this backend, ends with the process.
+    """
+
+    BACKEND = "local"
+
+    def __init__(
+        self,
+        max_threads: int | None = None,
+        *,
+        namespace: str | None = None,
+        echo_logs: bool = True,
+        check_pickling: bool = False,
+    ) -> None:
+        self.max_threads = check_count(max_threads, "LocalClient(max_threads=")
+        super().__init__()
+        self.client_id = short_id()
+        self.namespace = namespace or f"local-{self.client_id}"
+        #: Refuse what another backend could not pickle (off: values are passed as they are).
+        self.check_pickling = bool(check_pickling)
+        self._echo = echo_logs
+        self._jobs: dict[str, LocalJob] = {}
+        self._actors_by_job: dict[str, LocalActor] = {}
+        self._actors_by_name: dict[str, LocalActor] = {}
+        self._runner = JobRunner(self, self._parent_namespace, max_threads)
+        self._queues: dict[str, LocalQueue[Any]] = {}
+        _live_clients.add(self)
+
+    @classmethod
+    def from_spec(cls, spec: ClientSpec) -> LocalClient:
+        """Build from ``local``, ``local?threads=N`` and/or ``local?pickle=1`` (``check_pickling``)."""
+        if spec.address is not None:
+            raise spec.invalid("the local backend takes no address")
+        options = spec.only("local", "threads", "pickle")
+        pickle, threads = options.get("pickle", "0"), options.get("threads", "")
+        if pickle not in ("0", "1"):
+            raise spec.invalid(f"pickle={pickle!r} must be 1 (check that everything pickles) or 0")
+        if threads and (not threads.isdigit() or int(threads) < 1):
+            raise spec.invalid(f"threads={threads!r} must be a whole number >= 1")
+        return cls(max_threads=int(threads) if threads else None, check_pickling=pickle == "1")
+
+    def __repr__(self) -> str:
+        pickling = ", check_pickling=True" if self.check_pickling else ""
+        return f"LocalClient(namespace={self.namespace!r}, max_threads={self.max_threads}{pickling})"
+
+    # ----- jobs -------------------------------------------------------------------------------
+
+    def _start_job(self, request: JobRequest, detached: bool) -> LocalJobHandle:
+        entry = request.entrypoint
+        environment = request.environment or EnvironmentConfig()
+        if isinstance(entry, CallableEntrypoint):
+            if self.check_pickling:
+                check_picklable(f"job {request.name!r}", call_parts(entry.callable, entry.args, entry.kwargs))
+            check_installed(request.name, environment.pip_packages, self.BACKEND)
+            if self.max_threads is not None and request.replicas > self.max_threads:
+                raise ConfigError(
+                    f"job {request.name!r} asks for {request.replicas} replicas, which start all together, but this "
+                    f"LocalClient runs at most {self.max_threads} threads; raise threads or lower replicas"
+                )
+        job = self._new_job(request.name, request.max_retries_failure, request.max_retries_preemption)
+        try:
+            if environment.docker_image:
+                job.logs.write(f"[fray] the local backend ignores docker_image={environment.docker_image!r}\n")
+            context = contextvars.copy_context()
+            launcher = threading.Thread(
+                target=self._runner.run_job,
+                args=(job, request, environment, context),
+                name=f"fray-job-{job.job_id}",
+                daemon=True,
+            )
+            launcher.start()
+        except BaseException:
+            _never_started(job)
+            raise
+        return LocalJobHandle(job)
+
+    def _new_job(self, name: str, max_retries_failure: int = 0, max_retries_preemption: int = 0) -> LocalJob:
+        job_id = self._child_job_id(name)
+        job = LocalJob(
+            self.client_id,
+            job_id,
+            name,
+            echo=self._echo,
+            wake=self._runner.wake,
+            max_retries_failure=max_retries_failure,
+            max_retries_preemption=max_retries_preemption,
+        )
+        with self._lock:
+            if self._closed:
+                raise self._shut_down()
+            self._jobs[job_id] = job
+        return job
+
+    def _parent_namespace(self) -> str:
+        parent = _current_job.get()
+        return parent.namespace if parent is not None else self.namespace
+
+    # ----- actors -----------------------------------------------------------------------------
+
+    def _create_actor(self, start: ActorStart) -> tuple[LocalActorHandle, LocalJobHandle]:
+        name = start.name
+        with self._lock:
+            if name in self._actors_by_name:
+                raise JobAlreadyExists(
+                    f"an actor named {name!r} is already running in this client; shut it down first or pick "
+                    "another name"
+                )
+        job = self._new_job(name)
+        try:
+            info = JobInfo(job.job_id, name, 0, 1, self._parent_namespace(), 0, local_device(start.resources))
+            actor = LocalActor(
+                self,
+                job,
+                start.actor_class,
+                info,
+                self._forget_actor,
+                start.config,
+                start.group,
+                check_pickling=self.check_pickling,
+            )
+            with self._lock:
+                if name in self._actors_by_name:  # lost a race with another creator
+                    self._jobs.pop(job.job_id, None)
+                    raise JobAlreadyExists(f"an actor named {name!r} is already running in this client")
+                self._actors_by_name[name] = actor
+                self._actors_by_job[job.job_id] = actor
+            actor.start(start.args, start.kwargs, contextvars.copy_context())
+        except BaseException:
+            _never_started(job)
+            raise
+        return LocalActorHandle(actor, start.actor_class, name, self.client_id), LocalJobHandle(job)
+
+    def _forget_actor(self, actor: LocalActor) -> None:
+        with self._lock:
+            if self._actors_by_name.get(actor.name) is actor:
+                del self._actors_by_name[actor.name]
+
+    # ----- the job level ----------------------------------------------------------------------
+
+    def _make_job_context(self) -> LocalJobContext:
+        """This client's job context (``fray.get_job_context()`` here): tasks on threads."""
+        return LocalJobContext(client=self)
+
+    def _open_queue(self, name: str, exist_ok: bool) -> LocalQueue[Any]:
+        """A queue with leases in this process (see :mod:`fray.queue`); ``exist_ok`` returns the existing one."""
+        with self._lock:
+            if self._closed:
+                raise self._shut_down()
+            queue = self._queues.get(name)
+            if queue is not None:
+                if not exist_ok:
+                    raise queue_exists(name, "in this LocalClient")
+                return queue
+            queue = self._queues[name] = LocalQueue(name)
+            return queue
+
+    # ----- lifecycle --------------------------------------------------------------------------
+
+    def _owned_work(self) -> tuple[list[LocalJobHandle], list[LocalJobHandle]]:
+        with self._lock:
+            jobs, actors = list(self._jobs.values()), dict(self._actors_by_job)
+        # Detached actors outlive the client (not the process: nothing of this backend can).
+        hosts = [LocalJobHandle(j) for j in jobs if j.job_id in actors and not actors[j.job_id].config.detached]
+        return [LocalJobHandle(job) for job in jobs if job.job_id not in actors], hosts
+
+    def _end(self, handles: Sequence[LocalJobHandle], wait: bool) -> None:
+        jobs = [cast(LocalJob, handle._job) for handle in handles]
+        if wait:
+            for job in jobs:
+                job.lifecycle.wait_done()
+        # Stopped together, under one deadline: one slow thread does not delay the others' stop.
+        for job in jobs:
+            if not job.lifecycle.finished:
+                job.request_stop()
+        wait_for_stop(jobs, stop_deadline())
+
+
+_live_clients: weakref.WeakSet[LocalClient] = weakref.WeakSet()
+
+
+@atexit.register
+def _report_jobs_ending_with_the_script() -> None:
+    # Registered after fray.local._local_job's hook, so it runs before that hook kills the processes.
+    for client in list(_live_clients):
+        with client._lock:
+            ending = [
+                job_id
+                for job_id, job in client._jobs.items()
+                if job_id not in client._actors_by_job and not job.lifecycle.finished
+            ]
+        report_leftovers(
+            f"the local backend ({client.namespace})",
+            ended=ending,
+            why_ended="the local backend runs jobs inside the script's process",
+        )

@@ -1,0 +1,290 @@
+"""How the local backend runs a job: its one retry loop, thread slots, and the replicas of an attempt.
+
+:class:`JobRunner` is what :class:`fray.local.LocalClient` hands each job to: a
+callable replica runs on a thread of this process (its env vars overlaid on the
+shared ``os.environ``, see :class:`_EnvOverlay`), a binary replica as a subprocess in
+its own process group. An attempt ends when all its replicas have; the first failure
+stops the others (a gang lives and dies together).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextvars
+import os
+import queue
+import subprocess
+import threading
+from collections.abc import Callable
+from functools import partial
+
+from fray.actor_context import bind_actor
+from fray.client import Client, _bind_client
+from fray.core._lifecycle import Failure, exit_status
+from fray.core._logcapture import capture_to
+from fray.core._runtime import terminating_on
+from fray.errors import ConfigError
+from fray.job import (
+    BinaryEntrypoint,
+    CallableEntrypoint,
+    EnvironmentConfig,
+    JobInfo,
+    JobRequest,
+    _current_job,
+    replica_env,
+)
+from fray.local._local_job import Attempt, LocalJob
+from fray.resources import CpuConfig, ResourceConfig, device_name
+
+__all__ = ["JobRunner", "local_device"]
+
+
+class _EnvOverlay:
+    """Environment variables of running callable jobs, applied to the shared ``os.environ``.
+
+    Threads share one environment, so two concurrent jobs may not disagree on a
+    variable: the second one fails with a clear error instead of silently changing
+    what the first one sees.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held: dict[str, tuple[str, int, str | None]] = {}  # name -> (value, holders, value before)
+
+    def acquire(self, env: dict[str, str]) -> None:
+        with self._lock:
+            for key, value in env.items():
+                held = self._held.get(key)
+                if held is not None and held[0] != value:
+                    raise ConfigError(
+                        f"env var {key}={value!r} conflicts with {key}={held[0]!r} of another running local job; "
+                        "in-process jobs share one environment (use binary jobs or another backend to isolate them)"
+                    )
+            for key, value in env.items():
+                held = self._held.get(key)
+                if held is None:
+                    self._held[key] = (value, 1, os.environ.get(key))
+                    os.environ[key] = value
+                else:
+                    self._held[key] = (value, held[1] + 1, held[2])
+
+    def release(self, env: dict[str, str]) -> None:
+        with self._lock:
+            for key in env:
+                value, holders, before = self._held[key]
+                if holders > 1:
+                    self._held[key] = (value, holders - 1, before)
+                    continue
+                del self._held[key]
+                if before is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = before
+
+
+_ENV = _EnvOverlay()
+
+
+def _replica_main(
+    outcomes: queue.SimpleQueue[tuple[int, Failure | None]],
+    index: int,
+    runner: Callable[[Callable[[], Failure | None]], Failure | None],
+    target: Callable[[], Failure | None],
+) -> None:
+    try:
+        outcome = runner(target)
+    except BaseException as exc:  # a bug in Fray itself must still end the attempt
+        outcome = Failure.from_exception(exc).with_message(f"internal error: {exc!r}")
+    outcomes.put((index, outcome))
+
+
+def _binary_replica(
+    job: LocalJob, attempt: Attempt, entry: BinaryEntrypoint, environment: EnvironmentConfig, info: JobInfo
+) -> Failure | None:
+    env = {**os.environ, **replica_env(info, "local", environment.env_vars)}
+    try:
+        proc = subprocess.Popen(
+            entry.argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            cwd=environment.workspace,
+            start_new_session=True,  # its own process group, so terminate() reaches its children too
+        )
+    except OSError as exc:
+        return Failure.from_exception(exc).with_message(f"cannot start {entry.command!r}: {exc}")
+    attempt.add_process(proc, info.replica_index)
+    assert proc.stdout is not None
+    writer = job.logs.writer()
+    last: collections.deque[str] = collections.deque(maxlen=5)
+    for raw in proc.stdout:
+        text = raw.decode(errors="replace")
+        writer.write(text)
+        last.append(text.rstrip("\n"))
+        if job.logs.echo:
+            print(text, end="", flush=True)
+    code = proc.wait()
+    return None if code == 0 else Failure.from_exit(entry.command, code, list(last))
+
+
+class JobRunner:
+    """Runs a local client's jobs: at most ``max_threads`` callable replicas at once (None: no bound).
+
+    ``client`` is what ``current_client()`` returns inside its jobs; ``namespace()``, called in
+    the submitter's context, the namespace its jobs run in.
+    """
+
+    def __init__(self, client: Client, namespace: Callable[[], str], max_threads: int | None) -> None:
+        self._client = client
+        self._namespace = namespace
+        self._max_threads = max_threads
+        self._slots = threading.Condition()
+        self._busy_threads = 0
+
+    def wake(self) -> None:
+        """Wake jobs waiting for thread slots (a job told to stop may be one of them)."""
+        with self._slots:
+            self._slots.notify_all()
+
+    def run_job(
+        self, job: LocalJob, request: JobRequest, environment: EnvironmentConfig, context: contextvars.Context
+    ) -> None:
+        """The job's one retry loop: attempts until one succeeds, the budget runs out, or the job is stopped."""
+        lifecycle = job.lifecycle
+        try:
+            namespace = context.run(self._namespace)
+            while True:
+                if not self._acquire_slots(job, request):
+                    lifecycle.stop()
+                    return
+                try:
+                    lifecycle.start()
+                    failure = self._run_attempt(job, request, environment, context, namespace)
+                finally:
+                    self._release_slots(request)
+                if job.cancel.is_set():
+                    lifecycle.stop()
+                    return
+                if failure is None:
+                    lifecycle.succeed()
+                    return
+                if not lifecycle.attempt_failed(failure):
+                    return
+                job.logs.write(f"[fray] {lifecycle.pending_reason}\n")
+        except BaseException as exc:  # a bug in Fray itself must still end the job, not leave it hanging
+            lifecycle.fail(Failure.from_exception(exc).with_message(f"internal error: {exc!r}"))
+
+    def _threads_needed(self, request: JobRequest) -> int:
+        return request.replicas if isinstance(request.entrypoint, CallableEntrypoint) else 0
+
+    def _acquire_slots(self, job: LocalJob, request: JobRequest) -> bool:
+        need = self._threads_needed(request)
+        with self._slots:
+            while (
+                not job.cancel.is_set()
+                and self._max_threads is not None
+                and self._busy_threads + need > self._max_threads
+            ):
+                free = self._max_threads - self._busy_threads
+                job.waiting_for = (
+                    f"needs {need} thread(s) at once; {free} of LocalClient(max_threads={self._max_threads}) "
+                    "are free, the others run earlier jobs"
+                )
+                self._slots.wait()  # woken by a finished attempt or by terminate()
+            job.waiting_for = ""
+            if job.cancel.is_set():
+                return False
+            self._busy_threads += need
+        return True
+
+    def _release_slots(self, request: JobRequest) -> None:
+        with self._slots:
+            self._busy_threads -= self._threads_needed(request)
+            self._slots.notify_all()
+
+    def _run_attempt(
+        self,
+        job: LocalJob,
+        request: JobRequest,
+        environment: EnvironmentConfig,
+        context: contextvars.Context,
+        namespace: str,
+    ) -> Failure | None:
+        """Run all replicas of one attempt until every one has exited; the first failure, or None."""
+        count = request.replicas
+        attempt = job.new_attempt(count)
+        outcomes: queue.SimpleQueue[tuple[int, Failure | None]] = queue.SimpleQueue()
+        threads = []
+        for index in range(count):
+            info = JobInfo(
+                job.job_id,
+                request.name,
+                index,
+                count,
+                namespace,
+                job.lifecycle.attempt,
+                local_device(request.resources),
+            )
+            entry = request.entrypoint
+            target: Callable[[], Failure | None]
+            if isinstance(entry, CallableEntrypoint):
+                target = partial(self._callable_replica, job, attempt, entry, environment, info)
+                runner = context.copy().run
+            else:
+                target = partial(_binary_replica, job, attempt, entry, environment, info)
+                runner = contextvars.Context().run
+            thread = threading.Thread(
+                target=_replica_main, args=(outcomes, index, runner, target), name=f"fray-{job.job_id}-r{index}"
+            )
+            thread.daemon = True
+            thread.start()
+            threads.append(thread)
+        first: Failure | None = None
+        for _ in range(count):
+            index, failure = outcomes.get()
+            if index in attempt.preempted:
+                # fray.testing.preempt ended it: whatever it raised, its host was "lost".
+                failure = Failure.lost("preempted (fray.testing.preempt)")
+            if failure is not None and first is None and not attempt.stopping.is_set():
+                first = failure.in_replica(index, count)
+                attempt.stop()  # a gang lives and dies together
+        for thread in threads:
+            thread.join()
+        return first
+
+    def _callable_replica(
+        self, job: LocalJob, attempt: Attempt, entry: CallableEntrypoint, environment: EnvironmentConfig, info: JobInfo
+    ) -> Failure | None:
+        _bind_client(self._client)
+        _current_job.set(info)
+        bind_actor(None)  # a job started from an actor's method is not that actor
+        env = dict(environment.env_vars)
+        run = attempt.stoppable(info.replica_index)
+        with capture_to(job.logs), terminating_on(job.job_id, attempt.stopping):
+            try:
+                _ENV.acquire(env)
+            except ConfigError as exc:
+                return Failure.from_exception(exc)
+            try:
+                run.run(entry.callable, *entry.args, **entry.kwargs)
+            except BaseException as exc:
+                if exit_status(exc) == 0:  # sys.exit(0) ends a job as cleanly as returning does
+                    return None
+                failure = Failure.from_exception(exc)
+                if failure.remote is not None and not attempt.stopping.is_set() and not run.stopped:
+                    job.logs.write(failure.remote.traceback_text)
+                return failure
+            finally:
+                _ENV.release(env)
+        return None
+
+
+def local_device(resources: ResourceConfig) -> str:
+    """The device a local replica reports: this backend detects no accelerator, so CPU when that is a choice.
+
+    Devices are not enforced here (nothing is reserved); without a CPU choice it reports the
+    first one asked for, as if it had been placed on it.
+    """
+    choices = resources.device_choices
+    return device_name(next((d for d in choices if isinstance(d, CpuConfig)), choices[0]))

@@ -1,0 +1,179 @@
+"""What runs inside a Ray actor's process: the class Fray gives Ray in place of the user's.
+
+:func:`actor_class_for` makes a subclass of the user's class whose constructor first
+gives the process its Fray identity (``current_job()``, ``current_client()``,
+``current_actor()``) and whose public methods pass through a thin wrapper that:
+
+* runs ``async def`` methods to completion on the actor's own
+  :class:`~fray.core._eventloop.ActorLoop`, as on every backend (Ray would run them
+  concurrently and out of order; Fray runs up to ``max_concurrency`` of them);
+* counts the calls running, so that a terminating actor can wait for them;
+* acts on ``current_actor().exit()`` / ``fail()`` once the call that asked returns:
+  the outcome is written to Ray's key-value store (where the actor's job handle reads
+  it) and the actor asks itself to exit, through a method of its own concurrency group.
+
+Two control methods live in that group (:data:`CONTROL_GROUP`), so they run while a user
+method is busy: ``__fray_shutdown__`` (sets ``shutdown_requested`` and waits, bounded,
+for running calls to end) and ``__fray_exit__``.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from fray.actor_context import ActorContext, ActorEnd, set_process_actor
+from fray.core._eventloop import ActorLoop
+from fray.core._remote import RemoteFailure, actor_died, remote_error
+from fray.errors import ActorDiedError
+from fray.ray._values import shield
+from fray.ray.actors import RayActorHandle
+from fray.ray.inside._actor_end import record_end
+
+__all__ = ["CONTROL_GROUP", "GROUP_ENV", "INDEX_ENV", "actor_class_for"]
+
+CONTROL_GROUP = "fray_control"
+GROUP_ENV = "FRAY_ACTOR_GROUP"
+INDEX_ENV = "FRAY_ACTOR_INDEX"
+
+
+class _Host:
+    """The actor process's Fray state: its context, the calls running, and how it ends."""
+
+    def __init__(self, env: dict[str, str], cls: type) -> None:
+        job_id = self.job_id = env.get("FRAY_JOB_ID", "")
+        name = env.get("FRAY_JOB_NAME", cls.__name__)
+        namespace = env.get("FRAY_NAMESPACE", "")
+        group = env.get(GROUP_ENV) or None
+        index = int(env.get(INDEX_ENV, "0"))
+        self.context = ActorContext(name, group, index, lambda: _handle(name, namespace, cls, job_id))
+        self._idle = threading.Condition()
+        self._running = 0
+        self.death: ActorDiedError | None = None
+
+    def enter(self) -> None:
+        with self._idle:
+            if self.death is not None:
+                copy = actor_died(str(self.death), self.death.__cause__)
+                raise copy
+            self._running += 1
+
+    def leave(self) -> None:
+        with self._idle:
+            self._running -= 1
+            if self._running == 0:
+                self._idle.notify_all()
+
+    def wait_idle(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        with self._idle:
+            while self._running > 0:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._idle.wait(remaining)
+        return True
+
+    def check_end(self) -> None:
+        """After a call (or the constructor): if the actor asked to end, end it now."""
+        end = self.context.end_request()
+        if end is None:
+            return
+        with self._idle:
+            if self.death is not None:
+                return
+            self.death = _death(self.context.name, end)
+        record_end(self.job_id, end)
+        threading.Thread(target=_exit_self, name="fray-actor-exit", daemon=True).start()
+
+
+def _death(name: str, end: ActorEnd) -> ActorDiedError:
+    if end.error is None:
+        return ActorDiedError(f"actor {name!r} ended itself (current_actor().exit())")
+    remote = RemoteFailure.capture(end.error)
+    death = actor_died(f"actor {name!r} failed itself: {remote.summary}", remote_error(remote, original=end.error))
+    return death
+
+
+def _exit_self() -> None:
+    import ray
+
+    # A call of the control group: it runs beside the user's calls, and Ray lets the calls
+    # running finish (the one that asked included) before the process exits.
+    ray.get_runtime_context().current_actor.__fray_exit__.remote()
+
+
+def _handle(name: str, namespace: str, cls: type, job_id: str) -> Any:
+    return RayActorHandle(name, namespace, cls, job_id=job_id)
+
+
+def _wrap(fn: Callable[..., Any], is_coroutine: bool) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        host: _Host = self._fray_host
+        host.enter()
+        try:
+            if is_coroutine:
+                # Not fray.core._eventloop.invoke: it looks the method up by name, which would find this stand-in.
+                return shield(self._fray_actor_loop.run(fn(self, *args, **kwargs)))
+            return shield(fn(self, *args, **kwargs))
+        finally:
+            host.leave()
+            host.check_end()
+
+    return method
+
+
+def _shutdown(self: Any, grace: float) -> bool:
+    """Set ``shutdown_requested``; True once no call runs, False if some still ran after ``grace`` seconds."""
+    host: _Host = self._fray_host
+    host.context.shutdown_requested.set()
+    return host.wait_idle(grace)
+
+
+def _exit(self: Any) -> None:
+    import ray
+
+    ray.actor.exit_actor()
+
+
+def actor_class_for(cls: type) -> type:
+    """A subclass of ``cls`` that gives the process its Fray identity and wraps its public methods.
+
+    The subclass keeps the user's class name, so Ray's dashboard and error messages
+    show it.
+    """
+    import ray
+
+    # Plain methods only: static and class methods are left as they are (they have no actor state).
+    public = [
+        (name, value)
+        for name, value in inspect.getmembers(cls, inspect.isfunction)
+        if not name.startswith("_") and inspect.isfunction(inspect.getattr_static(cls, name))
+    ]
+    has_coroutines = any(inspect.iscoroutinefunction(value) for _, value in public)
+
+    def __init__(self: Any, fray_env: dict[str, str], /, *args: Any, **kwargs: Any) -> None:
+        os.environ.update(fray_env)
+        host = self._fray_host = _Host(fray_env, cls)
+        set_process_actor(host.context)
+        if has_coroutines:
+            self._fray_actor_loop = ActorLoop(fray_env.get("FRAY_JOB_NAME", cls.__name__))
+        cls.__init__(self, *args, **kwargs)  # type: ignore[misc]
+        host.check_end()
+
+    namespace: dict[str, Any] = {
+        "__init__": __init__,
+        "__module__": cls.__module__,
+        "__qualname__": cls.__qualname__,
+        "__fray_shutdown__": ray.method(concurrency_group=CONTROL_GROUP)(_shutdown),
+        "__fray_exit__": ray.method(concurrency_group=CONTROL_GROUP)(_exit),
+    }
+    for name, value in public:
+        namespace[name] = _wrap(value, inspect.iscoroutinefunction(value))
+    return type(cls.__name__, (cls,), namespace)
