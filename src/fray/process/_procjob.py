@@ -31,7 +31,6 @@ from pathlib import Path
 
 from fray.core._lifecycle import Failure
 from fray.core._logcapture import LogBuffer
-from fray.core._remote import RemoteFailure
 from fray.job import JobInfo, replica_env
 from fray.process._process import die_with_parent, kill_process_group
 
@@ -134,9 +133,9 @@ class ReplicaProcess:
         code = proc.wait()
         if code == 0:
             return None
-        remote = self._read_failure()
-        if remote is not None:
-            return Failure.from_remote(remote)
+        written = self._read_failure()
+        if written is not None:
+            return written
         return Failure.from_exit(self.label, code, list(self._tail))
 
     def _stream(self, proc: subprocess.Popen[bytes]) -> None:
@@ -153,7 +152,7 @@ class ReplicaProcess:
         if writer.partial:  # output that did not end its last line is still output
             writer.write("\n")
 
-    def _read_failure(self) -> RemoteFailure | None:
+    def _read_failure(self) -> Failure | None:
         if self.failure_path is None:
             return None
         try:
@@ -161,8 +160,8 @@ class ReplicaProcess:
         except OSError:
             return None
         try:
-            return RemoteFailure.decode(data)
-        except ValueError:
+            return Failure.decode(data)
+        except (ValueError, KeyError):  # not a failure _jobmain wrote (a torn or foreign file)
             return None
 
 

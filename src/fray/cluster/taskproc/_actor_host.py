@@ -12,7 +12,7 @@ endpoint with the controller. Then it waits for one of three endings:
   stops at once (callers' calls fail), running methods get up to ``SHUTDOWN_GRACE``
   seconds, then the process exits (the worker's SIGKILL follows later regardless);
 * the process dies (a crash, the OOM killer, ``fray.testing.kill_actor``): it has told
-  the worker beforehand (:func:`fray.cluster.taskproc._task.if_killed`) to report such a death as
+  the worker beforehand (:func:`fray.process._jobmain.if_killed`) to report such a death as
   a lost process, so the controller retries the job under its preemption budget, which
   is ``ActorConfig.max_restarts``: a restart is a retry of the actor's job, and the new
   attempt runs the constructor again and registers a new endpoint.
@@ -32,11 +32,11 @@ from typing import Any
 from fray.actor_context import SHUTDOWN_GRACE, ActorContext, ActorEnd, set_process_actor
 from fray.cluster.controller_client import connect_controller
 from fray.cluster.records import TaskKey
-from fray.cluster.taskproc import _task
 from fray.core._lifecycle import Failure
 from fray.core._remote import RemoteFailure, actor_died, remote_error
 from fray.errors import ActorDiedError
 from fray.job import current_job
+from fray.process import _jobmain
 from fray.rpc.server import ActorServer
 
 __all__ = ["CONTROL_SUFFIX", "control_url", "host_actor"]
@@ -152,7 +152,7 @@ def host_actor(
     signal.signal(signal.SIGTERM, host.terminate)
     instance = actor_class(*args, **kwargs)  # raising here fails the job: callers see ActorDiedError
     # From here on, a death this process does not explain is a lost process: a restart, if allowed.
-    _task.if_killed(Failure.lost(f"the process of actor {name!r} died (a signal, the OOM killer or a crash)"))
+    _jobmain.if_killed(Failure.lost(f"the process of actor {name!r} died (a signal, the OOM killer or a crash)"))
     host.check_end()
     bind = os.environ.get("FRAY_ADVERTISE_HOST", "127.0.0.1")
     server = ActorServer(host=os.environ.get("FRAY_BIND_HOST", bind), port=0, namespace=info.namespace)

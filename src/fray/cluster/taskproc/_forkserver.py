@@ -72,9 +72,9 @@ def _run_child(request: dict[str, Any], output: int) -> None:
                 code = 127
                 return
         sys.path.insert(0, request["cwd"])
-        from fray.cluster.taskproc import _task
+        from fray.process import _jobmain
 
-        code = _task.main(["_task", request["payload"], request["failure"]])
+        code = _jobmain.main(["_jobmain", request["payload"], request["failure"]])
     except BaseException:
         import traceback
 
@@ -203,7 +203,7 @@ def main() -> None:
 
     import fray
     import fray.cluster.client
-    import fray.cluster.taskproc._task  # noqa: F401
+    import fray.process._jobmain  # noqa: F401
 
     sock = socket.socket(fileno=int(sys.argv[1]))
     serve(sock)

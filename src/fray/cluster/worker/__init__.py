@@ -382,7 +382,7 @@ class Worker:
         if spec.argv is None:
             assert spec.payload is not None
             write_private(payload, spec.payload)  # makes the task's private directory too
-            argv = [sys.executable, "-m", "fray.cluster.taskproc._task", str(payload), str(failure_path)]
+            argv = [sys.executable, "-m", "fray.process._jobmain", str(payload), str(failure_path)]
         else:
             private_dir(task_dir)
         assert argv is not None

@@ -32,7 +32,7 @@ class TaskProcess:
     def failure(self, code: int, last_output: list[str]) -> bytes:
         """Why the task failed, encoded: what its Python code raised, else its exit and last output."""
         try:
-            return self.failure_path.read_bytes()  # written by fray.cluster.taskproc._task
+            return self.failure_path.read_bytes()  # written by fray.process._jobmain
         except OSError:
             pass
         spec = self.assignment.spec
