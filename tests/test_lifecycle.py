@@ -135,3 +135,40 @@ def test_user_traceback_drops_fray_frames_above_user_code():
     assert isinstance(exc, ValueError)
     text = user_traceback(exc)
     assert "in method" in text and "_eventloop.py" not in text
+
+
+def test_run_attempts_retries_a_failed_attempt_and_logs_both_steps():
+    lifecycle = JobLifecycle("j", max_retries_failure=1)
+    outcomes = iter([Failure("boom"), None])
+    log: list[str] = []
+    lifecycle.run_attempts(lambda attempt: next(outcomes), log.append)
+    assert lifecycle.status == JobStatus.SUCCEEDED
+    assert lifecycle.attempt == 1
+    assert log[0] == "[fray] attempt 1 failed: boom\n"
+    assert len(log) == 2 and log[1].startswith("[fray] ")
+
+
+def test_run_attempts_gives_back_what_admit_took_when_the_job_was_stopped_meanwhile():
+    lifecycle = JobLifecycle("j")
+    released: list[bool] = []
+
+    def admit() -> bool:
+        lifecycle.stop()  # terminated right after it was let in
+        return True
+
+    ran: list[int] = []
+    lifecycle.run_attempts(
+        lambda attempt: ran.append(attempt), print, admit=admit, release=lambda: released.append(True)
+    )
+    assert (ran, released, lifecycle.status) == ([], [True], JobStatus.STOPPED)
+
+
+def test_run_attempts_ends_a_job_failed_on_an_error_of_frays_own():
+    lifecycle = JobLifecycle("j")
+
+    def broken(attempt: int) -> None:
+        raise RuntimeError("a bug")
+
+    lifecycle.run_attempts(broken, print)
+    assert lifecycle.status == JobStatus.FAILED
+    assert lifecycle.failure is not None and "internal error" in lifecycle.failure.message

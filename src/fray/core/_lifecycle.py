@@ -361,6 +361,48 @@ class JobLifecycle:
         self._finish(JobStatus.FAILED, final)
         return False
 
+    def run_attempts(
+        self,
+        run_attempt: Callable[[int], Failure | None],
+        log: Callable[[str], object],
+        *,
+        admit: Callable[[], bool] = lambda: True,
+        release: Callable[[], object] = lambda: None,
+    ) -> None:
+        """The one retry loop of a job driven from this process, for every backend that drives one.
+
+        Until an attempt succeeds, the budget runs out or the job is stopped: ``admit()``
+        (False: the job was stopped while it waited for room), then the job is RUNNING and
+        ``run_attempt(attempt)`` returns the attempt's failure or None; ``release()`` gives
+        back what ``admit`` took, whether the attempt ran or not. A failure is charged
+        to the budget (:meth:`attempt_failed`) and both it and the retry are written to the
+        job's log with ``log``. A job terminated during an attempt stays STOPPED, and an error
+        of Fray's own ends the job FAILED rather than leave it hanging.
+        """
+        try:
+            while True:
+                if not admit():
+                    self.stop()
+                    return
+                try:
+                    if not self.start():  # terminated while it was admitted
+                        return
+                    attempt = self._attempt
+                    failure = run_attempt(attempt)
+                finally:
+                    release()
+                if self.finished:  # terminated meanwhile: STOPPED stands
+                    return
+                if failure is None:
+                    self.succeed()
+                    return
+                log(f"[fray] attempt {attempt + 1} failed: {failure.message}\n")
+                if not self.attempt_failed(failure):
+                    return
+                log(f"[fray] {self._pending_reason}\n")
+        except BaseException as exc:
+            self.fail(Failure.from_exception(exc).with_message(f"internal error: {exc!r}"))
+
     def _finish(self, status: JobStatus, failure: Failure | None) -> bool:
         with self._lock:
             if not self._move(status):

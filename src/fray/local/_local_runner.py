@@ -151,29 +151,20 @@ class JobRunner:
         self, job: LocalJob, request: JobRequest, environment: EnvironmentConfig, context: contextvars.Context
     ) -> None:
         """The job's one retry loop: attempts until one succeeds, the budget runs out, or the job is stopped."""
-        lifecycle = job.lifecycle
-        try:
-            namespace = context.run(self._namespace)
-            while True:
-                if not self._acquire_slots(job, request):
-                    lifecycle.stop()
-                    return
-                try:
-                    lifecycle.start()
-                    failure = self._run_attempt(job, request, environment, context, namespace)
-                finally:
-                    self._release_slots(request)
-                if job.cancel.is_set():
-                    lifecycle.stop()
-                    return
-                if failure is None:
-                    lifecycle.succeed()
-                    return
-                if not lifecycle.attempt_failed(failure):
-                    return
-                job.logs.write(f"[fray] {lifecycle.pending_reason}\n")
-        except BaseException as exc:  # a bug in Fray itself must still end the job, not leave it hanging
-            lifecycle.fail(Failure.from_exception(exc).with_message(f"internal error: {exc!r}"))
+        namespace = context.run(self._namespace)
+
+        def attempt(_: int) -> Failure | None:
+            failure = self._run_attempt(job, request, environment, context, namespace)
+            if job.cancel.is_set():
+                job.lifecycle.stop()
+            return failure
+
+        job.lifecycle.run_attempts(
+            attempt,
+            job.logs.write,
+            admit=lambda: self._acquire_slots(job, request),
+            release=lambda: self._release_slots(request),
+        )
 
     def _threads_needed(self, request: JobRequest) -> int:
         return request.replicas if isinstance(request.entrypoint, CallableEntrypoint) else 0

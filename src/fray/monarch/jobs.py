@@ -114,18 +114,7 @@ class MonarchJob:
     # ----- the retry loop ----------------------------------------------------------------------
 
     def _run(self) -> None:
-        while self.lifecycle.start():
-            attempt = self.lifecycle.attempt
-            failure = self._run_attempt(attempt)
-            if self.lifecycle.finished:  # terminated meanwhile: STOPPED stands
-                return
-            if failure is None:
-                self.lifecycle.succeed()
-                return
-            self.log.write(f"[fray] attempt {attempt + 1} failed: {failure.message}\n")
-            if not self.lifecycle.attempt_failed(failure):
-                return
-            self.log.write(f"[fray] {self.lifecycle.pending_reason}\n")
+        self.lifecycle.run_attempts(self._run_attempt, self.log.write)
 
     def _run_attempt(self, attempt: int) -> Failure | None:
         """Run every replica of one attempt; the first failure kills the rest (a gang lives and dies together)."""
