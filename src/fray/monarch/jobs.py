@@ -3,9 +3,8 @@
 Each job is a :class:`MonarchJob`: its :class:`~fray.core._lifecycle.JobLifecycle`, its
 log, and the replicas of its current attempt, each a
 :class:`~fray.process._procjob.ReplicaProcess` in its own session. One thread per job runs
-the one retry loop: start an attempt (all replicas together), wait for all of them,
-and let the lifecycle's :class:`~fray.core._lifecycle.RetryBudget` decide what a failure
-means. Callables run with :mod:`fray.process._jobmain`, so their exception comes back as
+the shared retry loop (:meth:`~fray.core._lifecycle.JobLifecycle.run_attempts`) over its
+attempts: all replicas start together, and the first failure ends the attempt. Callables run with :mod:`fray.process._jobmain`, so their exception comes back as
 the user's own class. Inside a job ``FRAY_CLIENT_SPEC`` names this backend and the
 ``FRAY_JOB_*`` variables its identity.
 
