@@ -8,12 +8,7 @@ gang member failed) or the whole job (``terminate()``) reaches all of it.
 
 from __future__ import annotations
 
-import atexit
 import concurrent.futures
-import contextlib
-import os
-import signal
-import subprocess
 import threading
 import time
 import weakref
@@ -24,7 +19,7 @@ from fray.core._logcapture import LogBuffer
 from fray.core._runtime import StoppableRun, check_terminated
 from fray.errors import ActorUnavailableError, FrayError, JobFailed
 from fray.job import JobStatus, JobSummary, _current_job, timeout_error
-from fray.process._process import kill_process_group
+from fray.process._procjob import ReplicaProcess
 from fray.testing import replicas_to_preempt
 
 __all__ = ["STOP_GRACE", "Attempt", "LocalJob", "LocalJobHandle", "stop_deadline", "wait_for_stop"]
@@ -56,7 +51,7 @@ class Attempt:
         self.preempted: set[int] = set()
         self._lock = threading.Lock()
         self._runs: dict[int, StoppableRun] = {}
-        self._processes: dict[int, subprocess.Popen[bytes]] = {}
+        self._processes: dict[int, ReplicaProcess] = {}
 
     def stoppable(self, index: int = 0) -> StoppableRun:
         """A new :class:`StoppableRun` for replica ``index``'s thread (already stopped if the attempt is)."""
@@ -68,13 +63,13 @@ class Attempt:
             run.stop()
         return run
 
-    def add_process(self, proc: subprocess.Popen[bytes], index: int = 0) -> None:
-        """Track replica ``index``'s process (killed at once if the attempt is stopping)."""
+    def add_process(self, replica: ReplicaProcess, index: int = 0) -> None:
+        """Track replica ``index``'s process before it starts (it never starts if the attempt is stopping)."""
         with self._lock:
-            self._processes[index] = proc
+            self._processes[index] = replica
             stopping = self.stopping.is_set() or index in self.preempted
         if stopping:
-            kill_process_group(proc)
+            replica.kill()
 
     def preempt(self, replicas: Sequence[int]) -> None:
         """End ``replicas`` as a preemption would: stop their threads, SIGKILL their processes."""
@@ -84,15 +79,9 @@ class Attempt:
             processes = [self._processes[i] for i in replicas if i in self._processes]
         for run in runs:
             run.stop()
-        for proc in processes:
+        for replica in processes:
             # A lost host gives no warning: SIGKILL, not terminate()'s SIGTERM first.
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
-
-    def processes(self) -> list[subprocess.Popen[bytes]]:
-        """The processes started for this attempt."""
-        with self._lock:
-            return list(self._processes.values())
+            replica.kill(at_once=True)
 
     def stop(self) -> None:
         """Stop every replica: an asynchronous JobTerminated in each thread, SIGTERM to each process group."""
@@ -101,8 +90,8 @@ class Attempt:
             runs, processes = list(self._runs.values()), list(self._processes.values())
         for run in runs:
             run.stop()
-        for proc in processes:
-            kill_process_group(proc)
+        for replica in processes:
+            replica.kill()
 
 
 class LocalJob:
@@ -141,12 +130,6 @@ class LocalJob:
         if cancelled:
             attempt.stop()
         return attempt
-
-    def processes(self) -> list[subprocess.Popen[bytes]]:
-        """The processes of the current attempt."""
-        with self._lock:
-            attempt = self._attempt
-        return attempt.processes() if attempt is not None else []
 
     def preempt(self, replica: int | None) -> None:
         """End the current attempt's ``replica`` (every replica if None) as a preemption would."""
@@ -352,13 +335,3 @@ def _restore_job_handle(client_id: str, job_id: str) -> LocalJobHandle:
             "process that created them (use a cluster backend to share jobs between processes)"
         )
     return LocalJobHandle(job)
-
-
-@atexit.register
-def _kill_leftover_processes() -> None:
-    # Daemon threads die with the interpreter but subprocesses would not: never leave orphans.
-    for job in list(_JOBS.values()):
-        for proc in job.processes():
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(proc.pid, signal.SIGKILL)

@@ -9,11 +9,9 @@ stops the others (a gang lives and dies together).
 
 from __future__ import annotations
 
-import collections
 import contextvars
 import os
 import queue
-import subprocess
 import threading
 from collections.abc import Callable
 from functools import partial
@@ -31,9 +29,9 @@ from fray.job import (
     JobInfo,
     JobRequest,
     _current_job,
-    replica_env,
 )
 from fray.local._local_job import Attempt, LocalJob
+from fray.process._procjob import ReplicaProcess
 from fray.resources import CpuConfig, ResourceConfig, device_name
 
 __all__ = ["JobRunner", "local_device"]
@@ -101,31 +99,17 @@ def _replica_main(
 def _binary_replica(
     job: LocalJob, attempt: Attempt, entry: BinaryEntrypoint, environment: EnvironmentConfig, info: JobInfo
 ) -> Failure | None:
-    env = {**os.environ, **replica_env(info, "local", environment.env_vars)}
-    try:
-        proc = subprocess.Popen(
-            entry.argv,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            cwd=environment.workspace,
-            start_new_session=True,  # its own process group, so terminate() reaches its children too
-        )
-    except OSError as exc:
-        return Failure.from_exception(exc).with_message(f"cannot start {entry.command!r}: {exc}")
-    attempt.add_process(proc, info.replica_index)
-    assert proc.stdout is not None
-    writer = job.logs.writer()
-    last: collections.deque[str] = collections.deque(maxlen=5)
-    for raw in proc.stdout:
-        text = raw.decode(errors="replace")
-        writer.write(text)
-        last.append(text.rstrip("\n"))
-        if job.logs.echo:
-            print(text, end="", flush=True)
-    code = proc.wait()
-    return None if code == 0 else Failure.from_exit(entry.command, code, list(last))
+    replica = ReplicaProcess(
+        entry.argv,
+        info,
+        "local",
+        job.logs,
+        label=entry.command,
+        user_env=environment.env_vars,
+        cwd=environment.workspace,
+    )
+    attempt.add_process(replica, info.replica_index)
+    return replica.run()
 
 
 class JobRunner:

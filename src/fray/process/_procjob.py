@@ -93,12 +93,21 @@ class ReplicaProcess:
         """True once :meth:`kill` was called."""
         return self._killed
 
-    def kill(self) -> None:
-        """Stop the replica and everything it started: SIGTERM its process group, SIGKILL after a grace period."""
+    def kill(self, *, at_once: bool = False) -> None:
+        """Stop the replica and everything it started: SIGTERM its process group, SIGKILL after a grace period.
+
+        ``at_once`` sends SIGKILL straight away, as a lost host gives no warning (a preemption).
+        A replica killed before it started never starts.
+        """
         with self._lock:
             self._killed = True
             proc = self._proc
-        if proc is not None:
+        if proc is None:
+            return
+        if at_once:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        else:
             kill_process_group(proc)
 
     def run(self) -> Failure | None:
