@@ -16,9 +16,8 @@ Three loops, none of which may die (each catches, logs and carries on after anyt
   is confirmed by a fresh round trip before its tasks start, so they do not start under
   the lapsed lease only to be killed at once.
 
-One thread per task reads its output (kept bounded by :mod:`fray.cluster.worker._task_output`) and
-waits for it to exit. A task's environment is built by :mod:`fray.cluster.worker._task_env`; what
-the worker keeps about its tasks is in :mod:`fray.cluster.worker._worker_tasks`.
+One thread per task reads its output (bounded by :mod:`._task_output`) and waits for it to exit; a
+task's environment is built by :mod:`._task_env`, what the worker keeps of its tasks is in :mod:`._worker_tasks`.
 
 Retrying is for what may heal: a controller not up yet, or restarting. A first answer that
 cannot change by retrying -- the controller refuses the worker's credential, or the server is
