@@ -36,6 +36,7 @@ __all__ = [
     "job_failed",
     "reduce_remote",
     "remote_error",
+    "self_ended",
     "user_traceback",
 ]
 
@@ -318,6 +319,14 @@ def actor_died(message: str, cause: BaseException | None = None) -> ActorDiedErr
     err.args = (message,)
     err.__cause__ = cause
     return err
+
+
+def self_ended(name: str, error: BaseException | None) -> ActorDiedError:
+    """The death of actor ``name`` that ended itself: ``current_actor().exit()`` (``error`` None) or ``fail(error)``."""
+    if error is None:
+        return ActorDiedError(f"actor {name!r} ended itself (current_actor().exit())")
+    remote = RemoteFailure.capture(error)
+    return actor_died(f"actor {name!r} failed itself: {remote.summary}", remote_error(remote, original=error))
 
 
 def _reduce_actor_died(err: ActorDiedError) -> tuple[Callable[..., ActorDiedError], tuple[Any, ...]]:

@@ -33,11 +33,10 @@ import cloudpickle
 from monarch._rust_bindings.monarch_hyperactor.supervision import SupervisionError
 from monarch.actor import ActorError
 
-from fray.actor import ActorFuture, check_actor_method
+from fray.actor import ActorFuture, RemoteMethod, check_actor_method
 from fray.actor_context import SHUTDOWN_GRACE
 from fray.core._lifecycle import Failure, JobLifecycle
 from fray.core._remote import RemoteFailure, actor_died, remote_error
-from fray.core._runtime import check_terminated
 from fray.core._serialization import check_call_picklable
 from fray.errors import ActorDiedError, ActorUnavailableError, ConfigError, FrayError, SerializationError
 from fray.monarch import supervision
@@ -329,45 +328,8 @@ def _reason(exc: BaseException) -> str:
 # ----- handles -------------------------------------------------------------------------------------
 
 
-class MonarchActorMethod:
-    """``handle.method``: ``.remote(...)`` returns an :class:`ActorFuture`, calling it blocks for the result."""
-
-    def __init__(self, handle: MonarchActorHandle, name: str) -> None:
-        self._handle = handle
-        self._name = name
-
-    def submit(self, *args: Any, **kwargs: Any) -> ActorFuture:
-        """marin's name for :meth:`remote`: start the call, return its future."""
-        return self.remote(*args, **kwargs)
-
-    def remote(self, *args: Any, **kwargs: Any) -> ActorFuture:
-        """Send the call now; its result arrives in the returned future."""
-        check_terminated()
-        handle, method = self._handle, self._name
-        try:
-            sent = handle._send(method, args, kwargs)
-        except ActorDiedError as exc:  # a dead actor's calls fail in their future, as on every backend
-            failed = ActorFuture()
-            failed.set_exception(exc)
-            return failed
-
-        def convert(reply: Any, exc: BaseException | None) -> Any:
-            if exc is not None:
-                raise handle._translate(exc) from exc
-            return handle._unwrap(method, reply)
-
-        return CallFuture(sent, convert)
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """Make the call and block for its result."""
-        check_terminated()
-        handle, method = self._handle, self._name
-        sent = handle._send(method, args, kwargs)
-        try:
-            reply = sent.get()
-        except Exception as exc:
-            raise handle._translate(exc) from exc
-        return handle._unwrap(method, reply)
+#: The method object of a Monarch actor's handle: the one :class:`~fray.actor.RemoteMethod` of every backend.
+MonarchActorMethod = RemoteMethod
 
 
 class MonarchActorHandle:
@@ -386,11 +348,36 @@ class MonarchActorHandle:
     def __repr__(self) -> str:
         return f"MonarchActorHandle({self._name!r}, {self._cls.__name__})"
 
-    def __getattr__(self, method_name: str) -> MonarchActorMethod:
+    def __getattr__(self, method_name: str) -> RemoteMethod:
         if method_name.startswith("__"):
             raise AttributeError(method_name)
         check_actor_method(self._cls, method_name)
-        return MonarchActorMethod(self, method_name)
+        return RemoteMethod(self, method_name)
+
+    def _fray_call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ActorFuture:
+        """Send the call now; its result arrives in the returned future."""
+        try:
+            sent = self._send(method, args, kwargs)
+        except ActorDiedError as exc:  # a dead actor's calls fail in their future, as on every backend
+            failed = ActorFuture()
+            failed.set_exception(exc)
+            return failed
+
+        def convert(reply: Any, exc: BaseException | None) -> Any:
+            if exc is not None:
+                raise self._translate(exc) from exc
+            return self._unwrap(method, reply)
+
+        return CallFuture(sent, convert)
+
+    def _fray_call_sync(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Make the call and block for its result (no future in between)."""
+        sent = self._send(method, args, kwargs)
+        try:
+            reply = sent.get()
+        except Exception as exc:
+            raise self._translate(exc) from exc
+        return self._unwrap(method, reply)
 
     def __reduce__(self) -> tuple[object, ...]:
         record = self._record

@@ -29,11 +29,11 @@ import threading
 import time
 from typing import Any
 
-from fray.actor_context import SHUTDOWN_GRACE, ActorContext, ActorEnd, set_process_actor
+from fray.actor_context import SHUTDOWN_GRACE, ActorContext, set_process_actor
 from fray.cluster.controller_client import connect_controller
 from fray.cluster.records import TaskKey
 from fray.core._lifecycle import Failure
-from fray.core._remote import RemoteFailure, actor_died, remote_error
+from fray.core._remote import actor_died, self_ended
 from fray.errors import ActorDiedError
 from fray.job import current_job
 from fray.process import _jobmain
@@ -87,7 +87,7 @@ class _Host:
         end = self.context.end_request()
         if end is None:
             return
-        self._refuse(_death(self.context.name, end))
+        self._refuse(self_ended(self.context.name, end.error))
 
     def _refuse(self, death: ActorDiedError) -> None:
         with self._idle:
@@ -112,14 +112,6 @@ def _copy(death: ActorDiedError) -> ActorDiedError:
     # Each caller gets an exception of its own (a raised exception collects its traceback).
     copy = actor_died(str(death), death.__cause__)
     return copy
-
-
-def _death(name: str, end: ActorEnd) -> ActorDiedError:
-    if end.error is None:
-        return ActorDiedError(f"actor {name!r} ended itself (current_actor().exit())")
-    remote = RemoteFailure.capture(end.error)
-    death = actor_died(f"actor {name!r} failed itself: {remote.summary}", remote_error(remote, original=end.error))
-    return death
 
 
 class _Control:

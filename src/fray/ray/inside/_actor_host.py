@@ -27,9 +27,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from fray.actor_context import ActorContext, ActorEnd, set_process_actor
+from fray.actor_context import ActorContext, set_process_actor
 from fray.core._eventloop import ActorLoop
-from fray.core._remote import RemoteFailure, actor_died, remote_error
+from fray.core._remote import actor_died, self_ended
 from fray.errors import ActorDiedError
 from fray.ray._values import shield
 from fray.ray.actors import RayActorHandle
@@ -87,17 +87,9 @@ class _Host:
         with self._idle:
             if self.death is not None:
                 return
-            self.death = _death(self.context.name, end)
+            self.death = self_ended(self.context.name, end.error)
         record_end(self.job_id, end)
         threading.Thread(target=_exit_self, name="fray-actor-exit", daemon=True).start()
-
-
-def _death(name: str, end: ActorEnd) -> ActorDiedError:
-    if end.error is None:
-        return ActorDiedError(f"actor {name!r} ended itself (current_actor().exit())")
-    remote = RemoteFailure.capture(end.error)
-    death = actor_died(f"actor {name!r} failed itself: {remote.summary}", remote_error(remote, original=end.error))
-    return death
 
 
 def _exit_self() -> None:
