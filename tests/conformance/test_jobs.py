@@ -144,6 +144,29 @@ def test_callable_job_prints_are_captured_in_logs(client, uid):
     assert job.logs(max_lines=2)[-1] == "line 4"
 
 
+def print_without_newline() -> None:
+    print("first line")
+    sys.stdout.write("last words, no newline")
+    sys.stdout.flush()
+
+
+def test_a_binary_jobs_last_partial_line_is_kept(client, uid):
+    job = client.submit(shell_job(f"partial-{uid}", "echo first line; printf 'last words, no newline'"))
+    assert job.wait(timeout=60) == JobStatus.SUCCEEDED
+    logs = wait_until(lambda: job.logs() if any("last words" in line for line in job.logs()) else None, what="logs")
+    assert logs[-2:] == ["first line", "last words, no newline"], logs
+
+
+def test_a_callable_jobs_last_partial_line_is_kept(client, uid):
+    job = client.submit(callable_job(f"partial-{uid}", print_without_newline))
+    assert job.wait(timeout=60) == JobStatus.SUCCEEDED
+    logs = wait_until(lambda: job.logs() if any("last words" in line for line in job.logs()) else None, what="logs")
+    assert [line for line in logs if line in ("first line", "last words, no newline")] == [
+        "first line",
+        "last words, no newline",
+    ], logs
+
+
 def test_replicas_each_see_their_own_index(client, uid):
     recorder = client.create_actor(Recorder, name=f"rec-{uid}")
     job = client.submit(

@@ -18,10 +18,14 @@ implements only what differs, the hooks:
 ``_owned_work()``                   what :meth:`~ClientCore.shutdown` ends: the client's jobs, its actors
 ``_end(handles, wait)``             wait for or stop some of them (by default one handle at a time)
 ``_release()``                      let go of what the engine holds for the client, last in ``shutdown``
+``_exit_notice()``                  where the exit notice says the jobs run (None: say nothing)
+``_outlives_script(job)``           whether a job keeps running after the script (default: no)
+``_leftovers_at_exit()``            apply the driver-exit rule in bulk (the cluster asks its controller once)
 ============================  ===============================================================
 
-The driver-exit rule and its notice are shared too (:mod:`fray.core._driver_exit`); each
-backend says in ``_start_job`` whether its jobs outlive the script.
+The driver-exit rule and its notice are written once too (:meth:`ClientCore._settle_at_exit`,
+:mod:`fray.core._driver_exit`): a backend only says where its jobs run and whether they outlive
+the script.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from typing import Any, ClassVar, Generic, Self, TypeVar
 from fray.actor import ActorGroup, ActorHandle, HostedActor, check_actor_request, group_member_names
 from fray.actor_config import ActorConfig, check_actor_config_supported
 from fray.core._adopt import adopt_or_check, is_named
+from fray.core._driver_exit import ExitNotice, Leftovers, report, watch
 from fray.core._pending_notice import watch as watch_pending
 from fray.core._runtime import check_terminated
 from fray.errors import ConfigError, FrayError
@@ -116,11 +121,16 @@ class ClientCore(Generic[J, A]):
     CONTEXT_FIRST: ClassVar[bool] = False
     """Whether :meth:`shutdown` ends the job context before the jobs: true where its executors are jobs of
     the client, which serve until told (waiting for them first would never end)."""
+    ACTORS_END_AT_EXIT: ClassVar[bool] = False
+    """Whether the exit hook stops the client's actors (but the detached ones) itself: true where they
+    would otherwise outlive the script (each in a job of its own on a cluster)."""
 
     def __init__(self) -> None:
         self._closed = False
         self._job_context: Any = None
         self._lock = threading.Lock()
+        self._attached: list[J] = []  # jobs submitted with detached=False: stopped at exit
+        self._exit_watched = False
 
     # ----- the protocol ---------------------------------------------------------------------------
 
@@ -151,6 +161,10 @@ class ClientCore(Generic[J, A]):
         if live is not None:
             return live
         handle = self._start_job(request, detached)
+        self._watch_exit()
+        if not detached:
+            with self._lock:
+                self._attached.append(handle)
         watch_pending(handle, self)  # a job nothing can place says why, once (fray.core._pending_notice)
         return handle
 
@@ -169,6 +183,7 @@ class ClientCore(Generic[J, A]):
         class docstring; any other is refused with a ``ConfigError`` naming it.
         """
         self._check_open()
+        self._watch_exit()
         return self._create_actor(self._actor_start(actor_class, args, kwargs, name, resources, actor_config))[0]
 
     def create_actor_group(
@@ -187,6 +202,7 @@ class ClientCore(Generic[J, A]):
             self._actor_start(actor_class, args, kwargs, member, resources, actor_config, (name, index))
             for index, member in enumerate(group_member_names(name, count))
         ]
+        self._watch_exit()
         members = self._create_actors(starts)
         return ActorGroup([handle for handle, _ in members], [job for _, job in members], name)
 
@@ -200,6 +216,7 @@ class ClientCore(Generic[J, A]):
         """
         self._check_open()
         start = self._actor_start(actor_class, args, kwargs, name, None, actor_config)
+        self._watch_exit()
         handle, job = self._create_actor(start)
 
         def stop() -> None:
@@ -235,6 +252,27 @@ class ClientCore(Generic[J, A]):
         if context is not None and not self.CONTEXT_FIRST:
             context.shutdown()
         self._release()
+
+    # ----- the driver-exit rule -------------------------------------------------------------------
+
+    def _settle_at_exit(self) -> None:
+        """Apply the driver-exit rule now (what runs when the script exits) and print the notice.
+
+        Attached jobs (``detached=False``) that would outlive the script are stopped; the
+        notice names the jobs that keep running, the ones stopped, and the ones that end
+        with the script. A client that was shut down has nothing left to settle.
+        """
+        if self._closed:
+            return
+        notice = self._exit_notice()
+        leftovers = self._leftovers_at_exit()
+        if notice is not None:
+            report(notice, leftovers)
+
+    def _watch_exit(self) -> None:
+        if not self._exit_watched:
+            self._exit_watched = True
+            watch(self)
 
     # ----- shared helpers -------------------------------------------------------------------------
 
@@ -318,3 +356,30 @@ class ClientCore(Generic[J, A]):
 
     def _release(self) -> None:
         return None
+
+    def _exit_notice(self) -> ExitNotice | None:
+        return ExitNotice(f"the {self.BACKEND} backend")
+
+    def _outlives_script(self, job: J) -> bool:
+        return False
+
+    def _leftovers_at_exit(self) -> Leftovers:
+        """By default one handle at a time: a job still running keeps running, is stopped, or ends with the script."""
+        with self._lock:
+            attached = {handle.job_id for handle in self._attached}
+        leftovers = Leftovers()
+        for job in self._owned_work()[0]:
+            with contextlib.suppress(Exception):  # the engine may be half gone at exit: best effort
+                if job.status().finished:
+                    continue
+            if not self._outlives_script(job):
+                leftovers.ended.append(job.job_id)
+            elif job.job_id in attached:
+                with contextlib.suppress(Exception):
+                    job.terminate()
+                leftovers.stopped.append(job.job_id)
+            else:
+                leftovers.kept.append(job.job_id)
+        if self.ACTORS_END_AT_EXIT:
+            self._end(self._owned_work()[1], False)
+        return leftovers

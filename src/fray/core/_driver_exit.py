@@ -3,22 +3,22 @@
 The rule (also in the README and ``docs/architecture.md``):
 
 * **Jobs outlive the script** that submitted them, wherever the backend runs them
-  outside the script: on a Fray cluster (``fray://``) every job, on Ray the binary
-  jobs (Ray's job API). ``client.submit(request, detached=False)`` ties a job to the
-  script instead: it is stopped when the script exits (or its client shuts down).
-* On the **local** backend, and for **callable jobs on Ray** (Ray tasks, owned by the
-  script's Ray driver), jobs run inside the script and end with it whatever
-  ``detached`` says.
+  outside the script: on a Fray cluster (``fray://``) and on Iris every job, on Ray the
+  binary jobs (Ray's job API). ``client.submit(request, detached=False)`` ties a job to
+  the script instead: it is stopped when the script exits (or its client shuts down).
+* On the **local** backend, on **Monarch** (a job's processes are the script's children),
+  and for **callable jobs on Ray** (Ray tasks, owned by the script's Ray driver), jobs run
+  inside the script and end with it whatever ``detached`` says.
 * **Actors end with their client** (the script's exit, or ``shutdown()``), unless
   created detached (``ActorConfig(lifetime="detached")``).
 
-So that nothing is left running or ended silently, each backend calls
-:func:`report_leftovers` at interpreter exit, which prints one notice on stderr
-naming the jobs that keep running (and the commands that list and stop them), the
-ones stopped because they were attached, and the ones that end with the script.
-Backends whose client holds a handle per job (Ray, Monarch, Iris) apply the rule
-through one :class:`JobsAtExit`; the local backend and the Fray cluster, which know
-their jobs in bulk, call :func:`report_leftovers` themselves.
+So that nothing is left running or ended silently, one exit hook (:func:`watch` registers a
+client with it when the client first gets work) settles every live client: the client core
+(:meth:`fray.core._client_core.ClientCore._settle_at_exit`) stops the attached jobs, and
+prints one notice on stderr through :func:`report_leftovers`, naming the jobs that keep
+running (with the commands that list and stop them), the ones stopped because they were
+attached, and the ones that end with the script. A backend only says where its jobs run
+(its :class:`ExitNotice`) and whether a job outlives the script.
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ import sys
 import threading
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-__all__ = ["ExitNotice", "JobsAtExit", "report_leftovers"]
+__all__ = ["ExitNotice", "Leftovers", "report", "report_leftovers", "settle_all", "watch"]
 
 _SHOWN = 5  # ids named in a notice; the rest are counted
 
@@ -87,64 +87,56 @@ class ExitNotice:
     why_ended: str = ""
 
 
-class _Job(Protocol):
-    @property
-    def job_id(self) -> str: ...
+@dataclass
+class Leftovers:
+    """What an exiting script leaves behind on one backend: job ids, by what becomes of them."""
 
-    def status(self) -> Any: ...
+    kept: list[str] = field(default_factory=list)
+    """Jobs that keep running (they outlive the script and were not attached)."""
+    stopped: list[str] = field(default_factory=list)
+    """Jobs stopped now because they were submitted with ``detached=False``."""
+    ended: list[str] = field(default_factory=list)
+    """Jobs that end with the script, whatever ``detached`` says."""
 
-    def terminate(self) -> None: ...
+
+def report(notice: ExitNotice, leftovers: Leftovers) -> None:
+    """:func:`report_leftovers` for one backend's notice."""
+    report_leftovers(
+        notice.where,
+        kept=leftovers.kept,
+        stopped=leftovers.stopped,
+        ended=leftovers.ended,
+        list_hint=notice.list_hint,
+        stop_hint=notice.stop_hint,
+        why_ended=notice.why_ended,
+    )
 
 
-class JobsAtExit:
-    """The driver-exit rule for jobs submitted through handles: track each; at exit, stop the attached ones, report.
+class _Settles(Protocol):
+    def _settle_at_exit(self) -> None: ...
 
-    A job that ``outlives_driver`` keeps running unless it was submitted with
-    ``detached=False`` (then it is terminated); one that does not ends with the script
-    whatever ``detached`` says, and is named as such. The exit hook is registered at the
-    first :meth:`track`, i.e. after the engine was imported, so that it runs before the
-    engine's own exit hooks (``atexit`` runs in reverse order) while jobs can still be
-    asked and stopped.
+
+_clients: weakref.WeakSet[Any] = weakref.WeakSet()
+_lock = threading.Lock()
+
+
+def watch(client: _Settles) -> None:
+    """Settle ``client`` when the interpreter exits (called when it first gets work; cheap after that).
+
+    The hook is registered again each time a client is added, so that it runs before the
+    exit hooks of engines imported since (``atexit`` runs in reverse order), while jobs can
+    still be asked and stopped.
     """
+    if client in _clients:
+        return
+    with _lock:
+        _clients.add(client)
+        atexit.unregister(settle_all)
+        atexit.register(settle_all)
 
-    def __init__(self) -> None:
-        self._jobs: weakref.WeakKeyDictionary[Any, tuple[ExitNotice, bool, bool]] = weakref.WeakKeyDictionary()
-        self._lock = threading.Lock()
-        self._registered = False
 
-    def track(self, job: _Job, notice: ExitNotice, *, detached: bool, outlives_driver: bool) -> None:
-        """Remember ``job`` for the rule; ``notice`` says where it runs."""
-        with self._lock:
-            self._jobs[job] = (notice, detached, outlives_driver)
-            if not self._registered:
-                atexit.register(self.settle)
-                self._registered = True
-
-    def settle(self) -> None:
-        """Apply the rule now (what runs at exit): stop attached jobs, print one notice per place."""
-        with self._lock:
-            tracked = list(self._jobs.items())
-        outcome: dict[ExitNotice, tuple[list[str], list[str], list[str]]] = {}
-        for job, (notice, detached, outlives) in tracked:
-            with contextlib.suppress(Exception):  # the engine may be half gone at exit: best effort
-                if job.status().finished:
-                    continue
-            kept, stopped, ended = outcome.setdefault(notice, ([], [], []))
-            if not outlives:
-                ended.append(job.job_id)
-            elif detached:
-                kept.append(job.job_id)
-            else:
-                with contextlib.suppress(Exception):
-                    job.terminate()
-                stopped.append(job.job_id)
-        for notice, (kept, stopped, ended) in outcome.items():
-            report_leftovers(
-                notice.where,
-                kept=kept,
-                stopped=stopped,
-                ended=ended,
-                list_hint=notice.list_hint,
-                stop_hint=notice.stop_hint,
-                why_ended=notice.why_ended,
-            )
+def settle_all() -> None:
+    """What runs at exit: every watched client applies the rule and prints its notice."""
+    for client in list(_clients):
+        with contextlib.suppress(Exception):  # best effort: one engine half gone at exit spoils no other notice
+            client._settle_at_exit()

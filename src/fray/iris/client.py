@@ -8,8 +8,6 @@ only translates: ``fray.iris.mapping`` holds the field-by-field table.
 
 from __future__ import annotations
 
-import atexit
-import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +15,7 @@ from iris.cluster.types import Entrypoint as IrisEntrypoint
 
 from fray.core._client_core import ActorStart, ClientCore
 from fray.core._codepickle import dumps
-from fray.core._driver_exit import ExitNotice, JobsAtExit
+from fray.core._driver_exit import ExitNotice
 from fray.core._serialization import call_parts, check_picklable
 from fray.errors import ConfigError, SerializationError
 from fray.iris import _connect, _task
@@ -38,17 +36,6 @@ if TYPE_CHECKING:
 
 __all__ = ["IN_TASK_SPEC", "IrisClient"]
 
-_live_clients: weakref.WeakSet[IrisClient] = weakref.WeakSet()
-_AT_EXIT = JobsAtExit()
-
-
-@atexit.register
-def _release_actors_at_exit() -> None:
-    # A driver's actors serve only that driver: stop them when it exits, as the other
-    # backends do. Inside an Iris task Iris does this itself (child jobs end with their parent).
-    for client in list(_live_clients):
-        client._terminate_owned(actors_only=True)
-
 
 class IrisClient(ClientCore["IrisJobHandle", "IrisActorHandle"]):
     """A Fray client of the Iris cluster whose controller is at ``address`` (``HOST:PORT``).
@@ -68,6 +55,7 @@ class IrisClient(ClientCore["IrisJobHandle", "IrisActorHandle"]):
     """
 
     BACKEND = "Iris"
+    ACTORS_END_AT_EXIT = True  # each is an Iris job, which would outlive the script
     ACTOR_CONFIG = frozenset({"max_concurrency", "lifetime"})  # one Iris job per actor, never restarted by Fray
 
     def __init__(self, address: str | None = None, *, workspace: str | None = None) -> None:
@@ -88,7 +76,6 @@ class IrisClient(ClientCore["IrisJobHandle", "IrisActorHandle"]):
 
             self._iris = IrisLib.remote(_connect.controller_url(self.address or ""), workspace=Path(self.workspace))
         self._owned: list[tuple[IrisJobHandle, bool]] = []  # (job, is an actor)
-        _live_clients.add(self)
 
     @classmethod
     def from_spec(cls, spec: ClientSpec) -> IrisClient:
@@ -117,10 +104,14 @@ class IrisClient(ClientCore["IrisJobHandle", "IrisActorHandle"]):
             entrypoint = IrisEntrypoint.from_command(*_task.binary_command(entry.argv))
         handle = self._launch(request, entrypoint, _label(request), binary=not isinstance(entry, CallableEntrypoint))
         self._own(handle, actor=False)
-        if not self._in_task:  # inside a task Iris ends its children with it, and its log is no place for advice
-            notice = ExitNotice(f"the Iris cluster at {self.address}")
-            _AT_EXIT.track(handle, notice, detached=detached, outlives_driver=True)
         return handle
+
+    def _exit_notice(self) -> ExitNotice | None:
+        # Inside a task Iris ends its children with it, and its log is no place for advice.
+        return None if self._in_task else ExitNotice(f"the Iris cluster at {self.address}")
+
+    def _outlives_script(self, job: IrisJobHandle) -> bool:
+        return True
 
     def _launch(
         self, request: JobRequest, entrypoint: IrisEntrypoint, label: str, *, binary: bool, actor: bool = False
@@ -178,17 +169,9 @@ class IrisClient(ClientCore["IrisJobHandle", "IrisActorHandle"]):
         with self._lock:
             self._owned.append((job, actor))
 
-    def _terminate_owned(self, *, actors_only: bool) -> None:
-        """Best effort: terminate this client's actors (and its jobs unless ``actors_only``)."""
-        jobs, actors = self._owned_work()
-        self._end(actors if actors_only else [*jobs, *actors], False)
-
     def _owned_work(self) -> tuple[list[IrisJobHandle], list[IrisJobHandle]]:
         with self._lock:
             return [job for job, actor in self._owned if not actor], [job for job, actor in self._owned if actor]
-
-    def _release(self) -> None:
-        _live_clients.discard(self)
 
 
 def _label(request: JobRequest) -> str:

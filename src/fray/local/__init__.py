@@ -13,16 +13,14 @@ handles), :mod:`fray.local._local_runner` (running a job's attempts),
 
 from __future__ import annotations
 
-import atexit
 import contextvars
 import threading
-import weakref
 from collections.abc import Sequence
 from typing import Any, cast
 
 from fray.client import ClientSpec
 from fray.core._client_core import ActorStart, ClientCore, check_count, check_installed, short_id
-from fray.core._driver_exit import report_leftovers
+from fray.core._driver_exit import ExitNotice
 from fray.core._serialization import call_parts, check_picklable
 from fray.errors import ConfigError, JobAlreadyExists
 from fray.job import (
@@ -98,7 +96,6 @@ class LocalClient(ClientCore["LocalJobHandle", "LocalActorHandle"]):
         self._actors_by_name: dict[str, LocalActor] = {}
         self._runner = JobRunner(self, self._parent_namespace, max_threads)
         self._queues: dict[str, LocalQueue[Any]] = {}
-        _live_clients.add(self)
 
     @classmethod
     def from_spec(cls, spec: ClientSpec) -> LocalClient:
@@ -237,6 +234,13 @@ class LocalClient(ClientCore["LocalJobHandle", "LocalActorHandle"]):
         hosts = [LocalJobHandle(j) for j in jobs if j.job_id in actors and not actors[j.job_id].config.detached]
         return [LocalJobHandle(job) for job in jobs if job.job_id not in actors], hosts
 
+    def _exit_notice(self) -> ExitNotice:
+        # The jobs' threads and processes end with this one: local._local_job's exit hook, which
+        # runs after the notice (fray.core._driver_exit registers its hook at the first job).
+        return ExitNotice(
+            f"the local backend ({self.namespace})", why_ended="the local backend runs jobs inside the script's process"
+        )
+
     def _end(self, handles: Sequence[LocalJobHandle], wait: bool) -> None:
         jobs = [cast(LocalJob, handle._job) for handle in handles]
         if wait:
@@ -247,23 +251,3 @@ class LocalClient(ClientCore["LocalJobHandle", "LocalActorHandle"]):
             if not job.lifecycle.finished:
                 job.request_stop()
         wait_for_stop(jobs, stop_deadline())
-
-
-_live_clients: weakref.WeakSet[LocalClient] = weakref.WeakSet()
-
-
-@atexit.register
-def _report_jobs_ending_with_the_script() -> None:
-    # Registered after fray.local._local_job's hook, so it runs before that hook kills the processes.
-    for client in list(_live_clients):
-        with client._lock:
-            ending = [
-                job_id
-                for job_id, job in client._jobs.items()
-                if job_id not in client._actors_by_job and not job.lifecycle.finished
-            ]
-        report_leftovers(
-            f"the local backend ({client.namespace})",
-            ended=ending,
-            why_ended="the local backend runs jobs inside the script's process",
-        )

@@ -19,7 +19,7 @@ from typing import Any
 
 from fray.client import ClientSpec
 from fray.core._client_core import ActorStart, ClientCore, check_count, check_installed, short_id
-from fray.core._driver_exit import ExitNotice, JobsAtExit
+from fray.core._driver_exit import ExitNotice
 from fray.core._serialization import call_parts, check_picklable
 from fray.errors import ConfigError, JobAlreadyExists
 from fray.job import CallableEntrypoint, EnvironmentConfig, JobRequest, current_job
@@ -37,7 +37,6 @@ _REQ_NAME_RE = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 
 
 _NOTICE = ExitNotice("Monarch", why_ended="Monarch jobs are processes of this script's host")
-_AT_EXIT = JobsAtExit()
 
 
 def _check_resources(what: str, resources: ResourceConfig) -> ResourceConfig:
@@ -145,9 +144,10 @@ class MonarchClient(ClientCore["MonarchJobHandle", "MonarchActorHandle"]):
                 raise self._shut_down()
             self._jobs.append(job)
         job.start()
-        handle = MonarchJobHandle(job, job_id)
-        _AT_EXIT.track(handle, _NOTICE, detached=detached, outlives_driver=False)
-        return handle
+        return MonarchJobHandle(job, job_id)
+
+    def _exit_notice(self) -> ExitNotice:
+        return _NOTICE
 
     # ----- actors ------------------------------------------------------------------------------
 

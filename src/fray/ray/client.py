@@ -26,11 +26,11 @@ from urllib.parse import quote
 
 from fray.client import ClientSpec
 from fray.core._client_core import ActorStart, ClientCore
+from fray.core._driver_exit import ExitNotice
 from fray.errors import ConfigError, FrayError
 from fray.job import CallableEntrypoint, JobRequest, validate_name
 from fray.ray._actor_start import start_actor
 from fray.ray._connection import CONNECTION
-from fray.ray._driver_exit import track
 from fray.ray._launch import Launcher
 from fray.ray._shipping import Shipping
 from fray.ray.actors import RayActorHandle, disown, own
@@ -43,6 +43,13 @@ from fray.ray.tpu import TpuJob
 from fray.resources import ResourceConfig, TpuConfig
 
 __all__ = ["RayClient"]
+
+_NOTICE = ExitNotice(
+    "Ray",
+    list_hint="list them: ray job list",
+    stop_hint="stop one: ray job stop fray-<job id>-a<attempt>-r<replica>",
+    why_ended="callable jobs are Ray tasks of this script's driver",
+)
 
 # Every live RayClient of this process by namespace, so that an unpickled client is the live one.
 _CLIENTS: weakref.WeakValueDictionary[str, RayClient] = weakref.WeakValueDictionary()
@@ -67,7 +74,7 @@ class RayClient(ClientCore["RayJobHandle", "RayActorHandle"]):
     simply run on the shared cluster.
 
     Binary jobs outlive the script unless submitted with ``detached=False``; callable jobs
-    are Ray tasks of this driver and end with it (see :mod:`fray.ray._driver_exit`).
+    are Ray tasks of this driver and end with it (see :mod:`fray.core._driver_exit`).
     Every :class:`~fray.actor_config.ActorConfig` field maps onto Ray's own actor option of
     the same name (``lifetime="detached"`` onto Ray's detached lifetime); Ray restarts the
     actor and retries its calls itself. Actors are named Ray actors in the client's namespace.
@@ -132,9 +139,15 @@ class RayClient(ClientCore["RayJobHandle", "RayActorHandle"]):
             self._jobs[job.job_id] = job
 
     def _start_job(self, request: JobRequest, detached: bool) -> RayJobHandle:
-        job = self._submit(request)
-        track(job, detached=detached, outlives_driver=isinstance(job, BinaryJob))
-        return job
+        return self._submit(request)
+
+    def _exit_notice(self) -> ExitNotice:
+        return _NOTICE
+
+    def _outlives_script(self, job: RayJobHandle) -> bool:
+        # Callable jobs are Ray tasks owned by this driver, which Ray ends with it; binary jobs go
+        # through Ray's job API and outlive it.
+        return isinstance(job, BinaryJob)
 
     def _submit(self, request: JobRequest) -> RayJobHandle:
         request = dataclasses.replace(request, resources=self._placed(request.resources))

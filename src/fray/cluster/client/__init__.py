@@ -12,7 +12,6 @@ controller, the store or the worker daemon.
 
 from __future__ import annotations
 
-import atexit
 import concurrent.futures
 import contextlib
 import functools
@@ -37,7 +36,7 @@ from fray.cluster.envs._shipping import ship_environment
 from fray.cluster.messages import JobSpec, JobView
 from fray.cluster.taskproc._actor_host import host_actor
 from fray.core._client_core import ActorStart, ClientCore
-from fray.core._driver_exit import report_leftovers
+from fray.core._driver_exit import ExitNotice, Leftovers
 from fray.core._lifecycle import Failure
 from fray.core._pending_notice import watch as watch_pending
 from fray.core._remote import job_failed
@@ -70,6 +69,8 @@ def _settled_status(view: JobView) -> JobStatus:
 
 # How long shutdown() waits for the processes of the jobs and actors it stopped to be gone.
 _STOP_SECONDS = 10.0
+# How long each controller call at interpreter exit may take: a dead controller must not hold the exit.
+_EXIT_SECONDS = 2.0
 
 # A long-poll never blocks longer than this, so a waiter without a timeout still hears of
 # a controller that went away (and wait_all can re-check its own deadline).
@@ -208,14 +209,6 @@ def send_queued_submits() -> None:
         client._batcher.flush()
 
 
-@atexit.register
-def _release_at_exit() -> None:
-    # The driver-exit rule (fray.core._driver_exit): a script's actors and its detached=False jobs
-    # end with it; its other jobs keep running, and it says which and how to stop them.
-    for client in list(live_clients):
-        _end_at_exit(client, timeout=2.0)
-
-
 class ClusterClient(ClientCore["ClusterJobHandle", "ClusterActorHandle"]):
     """A client of the Fray cluster whose controller is at ``address`` (``host:port``).
 
@@ -285,6 +278,7 @@ class ClusterClient(ClientCore["ClusterJobHandle", "ClusterActorHandle"]):
         if self._closed:
             raise self._shut_down()
         self._batcher.flush()  # plain submits made before these are recorded before them
+        self._watch_exit()
         for request in requests:
             if not isinstance(request, JobRequest):
                 raise ConfigError(f"submit_many() takes JobRequests, got {type(request).__name__}")
@@ -397,6 +391,39 @@ class ClusterClient(ClientCore["ClusterJobHandle", "ClusterActorHandle"]):
         # A detached actor outlives this client (ActorConfig(lifetime="detached")).
         return jobs, [handle(job_id) for job_id, is_actor, detached in owned if is_actor and not detached]
 
+    def _exit_notice(self) -> ExitNotice | None:
+        if self._parent is not None:
+            return None  # inside a job: its children end with it, and its log is no place for CLI advice
+        return ExitNotice(
+            f"the Fray cluster at {self.address}",
+            list_hint=f"list them: fray job list --namespace {self.namespace}",
+            stop_hint=f"stop them: fray job stop --namespace {self.namespace}",
+        )
+
+    def _leftovers_at_exit(self) -> Leftovers:
+        """In bulk and bounded (2 s a controller call): one look at the jobs, then a stop of each attached one."""
+        self._batcher.flush(_EXIT_SECONDS)
+        with self._lock:
+            owned = list(self._owned)
+        leftovers = Leftovers()
+        if not owned:
+            return leftovers
+        rpc = self._controller.bounded(_EXIT_SECONDS)
+        try:
+            jobs = [job_id for job_id, is_actor, _ in owned if not is_actor]
+            live = {v.job_id for v in rpc.wait(jobs, 0.0) if not v.state.finished} if jobs else set()
+            for job_id, is_actor, detached in owned:
+                if not detached:  # attached jobs, and actors unless created detached
+                    with contextlib.suppress(FrayError, OSError):
+                        rpc.terminate(job_id, "its script exited")
+                    if not is_actor and job_id in live:
+                        leftovers.stopped.append(job_id)
+                elif job_id in live:
+                    leftovers.kept.append(job_id)
+        except (FrayError, OSError):
+            return Leftovers()  # the controller is gone: there is nothing left to stop or to report
+        return leftovers
+
     def _end(self, handles: Sequence[ClusterJobHandle], wait: bool) -> None:
         super()._end(handles, wait)
         if not wait:  # returns once the stopped processes are gone, so that no later call reaches one
@@ -404,36 +431,3 @@ class ClusterClient(ClientCore["ClusterJobHandle", "ClusterActorHandle"]):
             for handle in handles:
                 with contextlib.suppress(FrayError, TimeoutError):
                     handle.wait(max(0.0, deadline - time.monotonic()), raise_on_failure=False)
-
-
-def _end_at_exit(client: ClusterClient, timeout: float) -> None:
-    """Best effort, bounded: end this client's actors and attached jobs; say which jobs keep running."""
-    client._batcher.flush(timeout)
-    with client._lock:
-        owned = list(client._owned)
-    if not owned:
-        return
-    rpc = client._controller.bounded(timeout)
-    stopped, kept = [], []
-    try:
-        jobs = [job_id for job_id, is_actor, _ in owned if not is_actor]
-        live = {v.job_id for v in rpc.wait(jobs, 0.0) if not v.state.finished} if jobs else set()
-        for job_id, is_actor, detached in owned:
-            if not detached:  # attached jobs, and actors unless created detached
-                with contextlib.suppress(FrayError, OSError):
-                    rpc.terminate(job_id, "its script exited")
-                if not is_actor and job_id in live:
-                    stopped.append(job_id)
-            elif job_id in live:
-                kept.append(job_id)
-    except (FrayError, OSError):
-        return  # the controller is gone: there is nothing left to stop or to report
-    if client._parent is not None:
-        return  # inside a job: its children end with it, and its log is no place for CLI advice
-    report_leftovers(
-        f"the Fray cluster at {client.address}",
-        kept=kept,
-        stopped=stopped,
-        list_hint=f"list them: fray job list --namespace {client.namespace}",
-        stop_hint=f"stop them: fray job stop --namespace {client.namespace}",
-    )
