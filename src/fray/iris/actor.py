@@ -23,7 +23,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from concurrent.futures import Future, wait
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 import cloudpickle
@@ -31,6 +31,7 @@ from iris.cluster.types import JobName
 
 from fray.actor import ActorFuture, RemoteMethod, check_actor_method
 from fray.actor_context import ActorContext, set_process_actor
+from fray.core._deferred_calls import DeferredCalls, PendingCall, copy_death
 from fray.core._eventloop import ActorLoop, invoke
 from fray.core._remote import RemoteFailure, actor_died, remote_error
 from fray.core._serialization import actor_call_label, check_call_picklable, check_result_picklable
@@ -193,10 +194,12 @@ class IrisActorHandle:
         self._iris_client = iris
         self._endpoint = endpoint_name(job.job_id, name)
         self._lock = threading.Lock()
-        self._ready: Future[None] = Future()
-        self._calls: queue.SimpleQueue[tuple[ActorFuture, str, bytes]] = queue.SimpleQueue()
+        # Calls wait here until the endpoint is registered (the shared deferred part of every handle) ...
+        self._calls = DeferredCalls(self._send)
+        self._watching = False
+        # ... then go to the sender threads, which make the blocking Iris calls.
+        self._outbox: queue.SimpleQueue[PendingCall] = queue.SimpleQueue()
         self._senders = 0
-        self._awaiting = False
         self._rpc: ActorClient | None = None
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -224,20 +227,20 @@ class IrisActorHandle:
         return self._job
 
     def _fray_ready(self) -> Future[None]:
-        with self._lock:
-            self._start()
-        return self._ready
+        self._watch()
+        return self._calls.ready
 
     def _iris(self) -> IrisLib:
         if self._iris_client is None:
             self._iris_client = _connect.iris_client(self._address)
         return self._iris_client
 
-    def _start(self, more: bool = False) -> None:
-        # Caller holds self._lock. One sender at least; ``more``: another, up to max_concurrency.
-        if self._senders == 0 or (more and self._senders < self._concurrency):
-            self._senders += 1
-            threading.Thread(target=self._send_loop, name=f"fray-iris-{self._name}", daemon=True).start()
+    def _watch(self) -> None:
+        with self._lock:
+            if self._watching:
+                return
+            self._watching = True
+        threading.Thread(target=self._await_endpoint, name=f"fray-iris-wait-{self._name}", daemon=True).start()
 
     def _fray_call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ActorFuture:
         """Queue one call behind this handle's earlier ones (what ``handle.method.remote`` does)."""
@@ -250,43 +253,43 @@ class IrisActorHandle:
         if terminated_here(self._job.job_id):
             future.set_exception(self._death(JobStatus.STOPPED))
             return future
-        with self._lock:  # with the sender's idle check: a queued call always has a sender
-            self._start(more=True)
-            self._calls.put((future, method, payload))
+        if self._calls.submit(PendingCall(future, method, payload)):
+            self._watch()
         return future
 
-    # The sender threads: wait for the endpoint, then send this handle's calls. With max_concurrency 1 there
-    # is one, which sends them one by one, in order; with N, up to N calls are in flight at once.
+    # The sender threads send the calls the endpoint serves. With max_concurrency 1 there is one,
+    # which sends them one by one, in order; with N, up to N calls are in flight at once.
+
+    def _send(self, call: PendingCall) -> None:
+        with self._lock:  # with the sender's idle check: a queued call always has a sender
+            if self._senders < self._concurrency:
+                self._senders += 1
+                threading.Thread(target=self._send_loop, name=f"fray-iris-{self._name}", daemon=True).start()
+            self._outbox.put(call)
 
     def _send_loop(self) -> None:
-        with self._lock:  # one sender learns when the actor serves; the others wait for it
-            first, self._awaiting = not self._awaiting, True
-        if first:
-            self._await_endpoint()
-        else:
-            wait([self._ready])
         while True:
             try:
-                future, method, payload = self._calls.get(timeout=SENDER_IDLE)
+                call = self._outbox.get(timeout=SENDER_IDLE)
             except queue.Empty:
                 with self._lock:
-                    if self._calls.empty():
+                    if self._outbox.empty():
                         self._senders -= 1
                         return
                 continue
-            if not future.set_running_or_notify_cancel():
+            if not call.future.set_running_or_notify_cancel():
                 continue
             try:
-                future.set_result(self._call(method, payload))
+                call.future.set_result(self._call(call.method, call.payload))
             except BaseException as exc:
-                future.set_exception(exc)
+                call.future.set_exception(exc)
 
     def _await_endpoint(self) -> None:
         delay = 0.02
-        while not self._ready.done():
+        while True:
             try:
                 if terminated_here(self._job.job_id):
-                    self._ready.set_exception(self._death(JobStatus.STOPPED))
+                    self._calls.die(self._death(JobStatus.STOPPED))
                     return
                 if (
                     not self._iris()
@@ -294,14 +297,14 @@ class IrisActorHandle:
                     .resolve(self._endpoint)
                     .is_empty
                 ):
-                    self._ready.set_result(None)
+                    self._calls.serve()
                     return
                 status = self._job.status()
                 if status.finished:
-                    self._ready.set_exception(self._death(status))
+                    self._calls.die(self._death(status))
                     return
             except Exception as exc:  # the controller is unreachable: say so rather than wait forever
-                self._ready.set_exception(ActorUnavailableError(f"actor {self._name!r}: cannot reach Iris: {exc}"))
+                self._calls.die(ActorUnavailableError(f"actor {self._name!r}: cannot reach Iris: {exc}"))
                 return
             time.sleep(delay)
             delay = min(delay * 1.5, READY_POLL)
@@ -319,9 +322,9 @@ class IrisActorHandle:
         return self._rpc
 
     def _call(self, method: str, payload: bytes) -> Any:
-        error = self._ready.exception()
-        if error is not None:
-            raise self._copy(error)
+        death = self._calls.death
+        if death is not None:
+            raise copy_death(death)
         if terminated_here(self._job.job_id):
             raise self._death(JobStatus.STOPPED)
         try:
@@ -359,7 +362,9 @@ class IrisActorHandle:
         except Exception:
             status = JobStatus.RUNNING
         if status.finished:
-            return self._death(status)
+            death = self._death(status)
+            self._calls.die(death)  # for good: later calls fail at once instead of trying the dead endpoint
+            return death
         return ActorUnavailableError(f"{actor_call_label(self._name, method)}: the actor did not answer: {exc}")
 
     def _death(self, status: JobStatus) -> ActorDiedError:
@@ -371,11 +376,3 @@ class IrisActorHandle:
             died = actor_died(f"actor {self._name!r} died: {failure.message}", failure.error(self._job.job_id))
             return died
         return ActorDiedError(f"actor {self._name!r} is dead: its job {self._job.job_id!r} was {status.value}")
-
-    @staticmethod
-    def _copy(error: BaseException) -> BaseException:
-        # A fresh exception per raise: one object raised from many threads tangles its traceback.
-        if isinstance(error, ActorDiedError):
-            copy = actor_died(str(error), error.__cause__)
-            return copy
-        return error

@@ -22,10 +22,11 @@ from fray.actor import ActorFuture, RemoteMethod, check_actor_method
 from fray.cluster.controller_client import CredentialLike, connect_controller, resolve_credential
 from fray.cluster.messages import JobView
 from fray.cluster.taskproc._actor_host import CONTROL_SUFFIX, control_url
+from fray.core._deferred_calls import CallState, DeferredCalls, PendingCall
 from fray.core._lifecycle import Failure
 from fray.core._remote import actor_died
 from fray.core._serialization import check_call_picklable
-from fray.errors import ActorDiedError, ActorUnavailableError, FrayError, RemoteError, SerializationError
+from fray.errors import ActorDiedError, ActorUnavailableError, FrayError, RemoteError
 from fray.rpc.client import ActorClient, RpcOptions
 from fray.rpc.resolver import FixedResolver
 
@@ -69,12 +70,9 @@ class ClusterActorHandle:
         self._url = ""  # the endpoint calls go to, and the job attempt that serves it
         self._attempt = -1
         self._lock = threading.Lock()
-        self._ready: concurrent.futures.Future[None] = concurrent.futures.Future()
         self._rpc: ActorClient[Any] | None = None
-        # Calls waiting for the actor to serve: (future, method, args, kwargs, times sent again after a death).
-        self._queued: list[tuple[ActorFuture, str, tuple[Any, ...], dict[str, Any], int]] = []
-        self._direct = False  # True once queued calls are all sent: later calls go straight out
-        self._error: BaseException | None = None
+        # Calls wait here until the actor serves (the shared deferred part of every handle).
+        self._calls = DeferredCalls(self._send)
         self._watching = False
 
     def __reduce__(self) -> tuple[object, ...]:
@@ -92,7 +90,7 @@ class ClusterActorHandle:
 
     def _fray_ready(self) -> concurrent.futures.Future[None]:
         self._watch()
-        return self._ready
+        return self._calls.ready
 
     def _watch(self) -> None:
         with self._lock:
@@ -137,31 +135,11 @@ class ClusterActorHandle:
 
     def _settle(self, rpc: ActorClient[Any] | None, error: BaseException | None) -> None:
         if error is not None:
-            with self._lock:
-                self._error = error
-                queued, self._queued = self._queued, []
-            if not self._ready.done():
-                self._ready.set_exception(error)
-            for future, *_ in queued:
-                future.set_exception(_copy_died(error))
+            self._calls.die(error)
             return
         with self._lock:
             self._rpc = rpc
-        # Calls made meanwhile keep joining the queue until it is drained, so that none
-        # overtakes a call made before it: the actor sees them all in the order they were made.
-        while True:
-            with self._lock:
-                batch, self._queued = self._queued, []
-                if not batch:
-                    self._direct = True
-                    break
-            for future, method, args, kwargs, retries in batch:
-                try:
-                    self._send(future, method, args, kwargs, retries)
-                except SerializationError as exc:  # e.g. arguments over the frame limit
-                    future.set_exception(exc)
-        if not self._ready.done():  # done already when the actor was restarted
-            self._ready.set_result(None)
+        self._calls.serve()  # the waiting calls go out in the order they were made
 
     # Once the actor serves (and the calls queued before are sent), calls go straight to the
     # inner fray.rpc client: a blocking call reads its own socket, a .remote() call has the
@@ -170,14 +148,14 @@ class ClusterActorHandle:
     def _fray_call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ActorFuture:
         """Start a call and return its future (see :class:`fray.actor.RemoteMethod`)."""
         rpc = self._rpc
-        if self._direct and rpc is not None and not self._max_task_retries:
+        if self._calls.state is CallState.SERVING and rpc is not None and not self._max_task_retries:
             return rpc._call_async(method, args, kwargs, functools.partial(self._explain_direct, rpc))
         return self._call(method, args, kwargs)
 
     def _fray_call_sync(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Make a call and return its result, in this thread, without a future once the actor serves."""
         rpc = self._rpc
-        if not (self._direct and rpc is not None and not self._max_task_retries):
+        if not (self._calls.state is CallState.SERVING and rpc is not None and not self._max_task_retries):
             return self._call(method, args, kwargs).result()
         try:
             return rpc._call(method, args, kwargs)
@@ -198,80 +176,59 @@ class ClusterActorHandle:
 
     def _call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ActorFuture:
         future = ActorFuture()
-        if not self._direct:
+        if self._calls.state is not CallState.SERVING:
             # Queued until the actor serves: refuse bad arguments now, as a direct call would
             # (direct calls find out while pickling, without a second pass).
             check_call_picklable(self._name, method, args, kwargs)
-        with self._lock:
-            direct, error = self._direct, self._error
-            if not direct and error is None:
-                self._queued.append((future, method, args, kwargs, 0))
-        if error is not None:
-            future.set_exception(_copy_died(error))
-        elif direct:
-            self._send(future, method, args, kwargs)
-        else:
+        if self._calls.submit(PendingCall(future, method, (args, kwargs))):
             self._watch()
         return future
 
-    def _send(
-        self, future: ActorFuture, method: str, args: tuple[Any, ...], kwargs: dict[str, Any], retries: int = 0
-    ) -> None:
+    def _send(self, call: PendingCall) -> None:
         # Calls queued before the actor served, and every call of a handle that may send a call
         # again (max_task_retries); the others take _fray_call's fast path.
         rpc = self._rpc
-        assert rpc is not None
-        inner = getattr(rpc, method).remote(*args, **kwargs)
+        if rpc is None:  # the actor began restarting since this call was let through: it waits again
+            self._calls.submit(call)
+            return
+        args, kwargs = call.payload
+        inner = getattr(rpc, call.method).remote(*args, **kwargs)
 
         def relay(done: concurrent.futures.Future[Any]) -> None:
             error = done.exception()
             if error is None:
-                future.set_result(done.result())
+                call.future.set_result(done.result())
             elif isinstance(error, ActorUnavailableError):
                 # Finding out whether the actor died means asking the controller: not on the
                 # thread that read the broken connection.
                 threading.Thread(
                     target=self._after_broken_call,
-                    args=(rpc, error, future, (method, args, kwargs, retries)),
+                    args=(rpc, error, call),
                     name=f"fray-actor-died-{self._name}",
                     daemon=True,
                 ).start()
             elif isinstance(error, RemoteError) and isinstance(error.cause, ActorDiedError):
-                future.set_exception(error.cause)  # the actor refused it: it is ending (exit, fail, terminate)
+                call.future.set_exception(error.cause)  # the actor refused it: it is ending (exit, fail, terminate)
             else:
-                future.set_exception(error)
+                call.future.set_exception(error)
 
         inner.add_done_callback(relay)
 
-    def _after_broken_call(
-        self,
-        rpc: ActorClient[Any],
-        error: ActorUnavailableError,
-        future: ActorFuture,
-        call: tuple[str, tuple[Any, ...], dict[str, Any], int],
-    ) -> None:
+    def _after_broken_call(self, rpc: ActorClient[Any], error: ActorUnavailableError, call: PendingCall) -> None:
         outcome = self._explain_unavailable(error)
         if not isinstance(outcome, _Restarting):
-            future.set_exception(outcome)
+            call.future.set_exception(outcome)
             return
         self._reconnect(rpc)
-        method, args, kwargs, retries = call
-        if retries < self._max_task_retries:  # sent again, to the restarted instance
-            with self._lock:
-                direct = self._direct
-                if not direct:
-                    self._queued.append((future, method, args, kwargs, retries + 1))
-            if direct:
-                self._send(future, method, args, kwargs, retries + 1)
-            return
-        future.set_exception(outcome.died)
+        self._calls.retry(call, outcome.died, self._max_task_retries)  # sent again to the restarted instance
 
     def _reconnect(self, dead: ActorClient[Any]) -> None:
         """The instance behind ``dead`` died and the actor is restarting: queue calls until the new one serves."""
         with self._lock:
             if self._rpc is not dead:
                 return  # done already, by another broken call
-            self._rpc, self._direct, stale = None, False, self._url
+            self._calls.restarting()
+            self._rpc, stale = None, self._url
         with contextlib.suppress(Exception):
             dead.close()
         threading.Thread(
@@ -295,8 +252,7 @@ class ClusterActorHandle:
         if view.state.finished:
             death = self._death(view)
             death.__context__ = error
-            with self._lock:  # for good: later calls fail at once instead of trying the dead endpoint
-                self._error, self._direct = death, False
+            self._calls.die(death)  # for good: later calls fail at once instead of trying the dead endpoint
             return death
         if view.attempt != self._attempt:
             died = ActorDiedError(
@@ -344,10 +300,3 @@ def _restore_actor_handle(
     # client was given its credential explicitly uses that client's; elsewhere, the environment's.
     token = next((c._token for c in list(live_clients) if c.address == address and not c.closed), None)
     return ClusterActorHandle(address, namespace, name, job_id, cls, token, max_task_retries=max_task_retries)
-
-
-def _copy_died(error: BaseException | None) -> BaseException:
-    if isinstance(error, ActorDiedError):
-        copy = actor_died(str(error), error.__cause__)
-        return copy
-    return error if error is not None else ActorDiedError("actor is dead")
