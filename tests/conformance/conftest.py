@@ -29,10 +29,6 @@ _MONARCH_NO_RESTARTS = (
     "creating process after a crashed actor is called): ActorConfig(max_restarts, max_task_retries) and "
     "kill_actor are refused by name (tests/monarch/test_monarch_actor_config.py)"
 )
-_IRIS_NO_RESTARTS = (
-    "Fray does not restart actors on Iris, nor kill one actor's process there: ActorConfig(max_restarts, "
-    "max_task_retries) and fray.testing.kill_actor are refused by name"
-)
 _IRIS_NO_ALTERNATIVES = (
     "Fray does not map ResourceConfig(device_alternatives) onto Iris's device variants yet: it is refused by name"
 )
@@ -80,9 +76,6 @@ NOT_APPLICABLE: dict[str, dict[str, str]] = {
         **dict.fromkeys(_WAITING_TESTS, _IRIS_NEVER_WAITS),
         "test_work_goes_to_an_alternative_the_backend_has": _IRIS_NO_ALTERNATIVES,
         "test_an_actor_reports_the_device_it_got": _IRIS_NO_ALTERNATIVES,
-        "test_killed_actor_restarts_and_in_flight_calls_fail": _IRIS_NO_RESTARTS,
-        "test_killed_actor_without_restarts_stays_dead": _IRIS_NO_RESTARTS,
-        "test_call_in_flight_is_retried_on_the_restarted_actor": _IRIS_NO_RESTARTS,
         "test_shutdown_is_announced_to_a_running_method": (
             "Iris's process runtime stops a task with SIGKILL at once, so nothing reaches the actor first: "
             "current_actor().shutdown_requested is never set on Iris"

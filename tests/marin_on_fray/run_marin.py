@@ -1,9 +1,8 @@
 """marin's own code on one Fray backend: run inside the marin venv (``marin_venv.py``) by ``test_marin_on_fray.py``.
 
 ``python run_marin.py BACKEND OUT`` with BACKEND ``local``, ``cluster`` (a real ``fray://``
-cluster from ``LocalCluster``), ``ray`` (a local Ray) or ``iris`` (a local Iris cluster; there
-zephyr's part is only tried: its actors ask for restarts, which Fray's Iris backend refuses). It uses marin's code only as marin's
-users do, through its public API, and unchanged:
+cluster from ``LocalCluster``), ``ray`` (a local Ray) or ``iris`` (a local Iris cluster). It uses
+marin's code only as marin's users do, through its public API, and unchanged:
 
 * ``marin.execution``: a ``StepRunner`` runs an inline step and an ``@remote`` step that
   depends on it; the ``@remote`` step is a Fray job which itself runs a zephyr pipeline on
@@ -68,14 +67,12 @@ def make_numbers(output_path: str, out: Path) -> dict[str, Any]:
 
 
 @remote(resources=ResourceConfig.with_cpu(cpu=1, ram="512m"))
-def squares_with_zephyr(output_path: str, numbers_path: str, out: Path, with_zephyr: bool) -> None:
+def squares_with_zephyr(output_path: str, numbers_path: str, out: Path) -> None:
     """A remote step (a Fray job) that runs a zephyr pipeline on the job's own current client."""
     _record_call(out, "squares")
     numbers = json.loads(Path(numbers_path, "numbers.json").read_text())
     os.makedirs(output_path, exist_ok=True)
     Path(output_path, "squares.json").write_text(json.dumps([n * n for n in numbers]))
-    if not with_zephyr:
-        return
     ctx = ZephyrContext(max_workers=2, chunk_storage_prefix=str(out / "chunks-in-step"), name="in-step")
     result = ctx.execute(_pipeline(output_path + "/zephyr"))
     Path(output_path, "zephyr-results.json").write_text(
@@ -90,13 +87,13 @@ def fails(output_path: str, out: Path) -> None:
     raise ValueError("bad record 17")
 
 
-def run_steps(out: Path, with_zephyr: bool) -> dict[str, Any]:
+def run_steps(out: Path) -> dict[str, Any]:
     numbers = StepSpec(name="numbers", output_path_prefix=str(out / "steps"), fn=lambda path: make_numbers(path, out))
     squares = StepSpec(
         name="squares",
         output_path_prefix=str(out / "steps"),
         deps=[numbers],
-        fn=lambda path: squares_with_zephyr(path, numbers.output_path, out, with_zephyr),
+        fn=lambda path: squares_with_zephyr(path, numbers.output_path, out),
     )
     started = time.monotonic()
     StepRunner().run([squares])
@@ -184,17 +181,8 @@ def main() -> None:
     summary: dict[str, Any] = {"fray": fray.__file__, "runner_pid": os.getpid()}
     with client_for(backend, out) as client, set_current_client(client):
         summary["client"] = type(client).__name__
-        # zephyr asks for actor restarts, which Fray's Iris backend refuses (docs/marin.md):
-        # there, only the refusal is checked, so that it is noticed when it goes.
-        with_zephyr = backend != "iris"
-        summary.update(run_steps(out, with_zephyr))
-        if with_zephyr:
-            summary.update(run_zephyr(client, out))
-        else:
-            try:
-                run_zephyr(client, out)
-            except Exception as exc:
-                summary["zephyr_refused"] = f"{type(exc).__name__}: {exc}"
+        summary.update(run_steps(out))
+        summary.update(run_zephyr(client, out))
     print(json.dumps(summary))
 
 

@@ -3,8 +3,7 @@
 marin's packages need Python >= 3.12 and the suite runs on the README's Python, so each test
 runs ``run_marin.py`` inside the cached Python 3.12 venv (``marin_venv.py``: the Iris suite's
 venv, this checkout's Fray editable, marin-core and marin-zephyr at their published 0.2.227
-with ``--no-deps``), once per backend -- local, ``fray://``, Ray and Iris (zephyr's part only
-tried there, see ``run_marin.py``) -- and checks what marin's code wrote. Skipped, saying why,
+with ``--no-deps``), once per backend -- local, ``fray://``, Ray and Iris -- and checks what marin's code wrote. Skipped, saying why,
 where no Python 3.12 exists.
 """
 
@@ -88,12 +87,6 @@ def test_marin_steps_and_zephyr_pipelines_run_on_fray(backend: str, marin_python
     # A failing @remote step fails its StepRunner run and is recorded as FAILED.
     assert summary["failure_raised"] is not None
     assert _status(summary["fails_path"]) == "FAILED"
-
-    if backend == "iris":
-        # The one remaining gap (docs/marin.md): zephyr's actors ask for restarts, which Fray's Iris
-        # backend refuses. When it honours them, this fails: then run zephyr on Iris here too.
-        assert "cannot honour ActorConfig(max_restarts=10" in summary["zephyr_refused"]
-        return
 
     # The zephyr pipeline that ran inside the @remote step, on the job's own current client.
     in_step = json.loads(Path(summary["squares_path"], "zephyr-results.json").read_text())

@@ -1,25 +1,24 @@
-"""Actors on Iris: each actor is an Iris job serving its instance with Iris's actor server.
+"""Actors on Iris, the caller's side: :class:`IrisActorHandle`. The host's side is ``fray.iris._actor_host``.
 
-The host side (:func:`host_actor`, run as the job's callable) constructs the instance
-(a raising constructor fails the job at once, with the exception on its failure line),
-serves it with ``iris.actor.server.ActorServer`` on the port Iris allocated (``ports=
-["actor"]``) and registers the address in Iris's endpoint registry under the
-namespace-qualified name ``/user/root-job/<actor name>``. Calls run on up to
-``ActorConfig.max_concurrency`` server threads (one: in arrival order); ``async def``
-methods run on the actor's own loop. ``current_actor()`` works in the constructor and
-methods; an actor that ends itself stops its server gracefully, then its task ends
-(SUCCEEDED, or FAILED with the exception given to ``fail()``).
+Each actor is an Iris job serving its instance with Iris's actor server, registered in
+Iris's endpoint registry. The handle is deferred (the shared
+:class:`~fray.core._deferred_calls.DeferredCalls`): it is returned at once, and calls wait,
+in order, until the endpoint is registered, or fail with ActorDiedError when the job ended
+first. It pickles by name (plus the actor's job id and class); inside an Iris task it
+resolves through the task's Iris context. Calls travel over Iris's ``ActorClient``, sent by
+up to ``max_concurrency`` sender threads; a method's exception comes back as a
+:class:`RemoteFailure` and is raised as the shared dual ``RemoteError``.
 
-The caller side (:class:`IrisActorHandle`) is deferred: it is returned at once and its
-first call waits until the endpoint is registered, or fails with ActorDiedError when
-the job ended first. It pickles by name (plus the actor's job id and class); inside an
-Iris task it resolves through the task's Iris context. Calls travel over Iris's
-``ActorClient``; a method's exception comes back as a :class:`RemoteFailure` and is
-raised as the shared dual ``RemoteError``.
+When a call's connection breaks, the handle asks Iris and the actor which of three things
+happened: the actor's job ended (the call fails with ActorDiedError, and so does every later
+one), the actor restarted (a new instance id answers: the call fails with ActorDiedError, or
+is sent again within ``ActorConfig.max_task_retries``), or neither within
+:data:`DEATH_NOTICE` seconds (ActorUnavailableError: the instance may still be there).
 """
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
@@ -30,24 +29,24 @@ import cloudpickle
 from iris.cluster.types import JobName
 
 from fray.actor import ActorFuture, RemoteMethod, check_actor_method
-from fray.actor_context import ActorContext, set_process_actor
 from fray.core._deferred_calls import DeferredCalls, PendingCall, copy_death
-from fray.core._eventloop import ActorLoop, invoke
 from fray.core._remote import RemoteFailure, actor_died, remote_error
-from fray.core._serialization import actor_call_label, check_call_picklable, check_result_picklable
+from fray.core._serialization import actor_call_label, check_call_picklable
 from fray.errors import ActorDiedError, ActorUnavailableError, SerializationError
-from fray.iris import _connect, _task
-from fray.iris.job import IrisJobHandle, JobMeta, terminated_here
+from fray.iris import _connect
+from fray.iris.job import IrisJobHandle, terminated_here
 from fray.job import JobStatus
 
 if TYPE_CHECKING:
     from iris.actor.client import ActorClient
     from iris.client import IrisClient as IrisLib
 
-__all__ = ["IrisActorHandle", "endpoint_name", "host_actor"]
+__all__ = ["DEATH_NOTICE", "IrisActorHandle", "endpoint_name"]
 
 #: Upper bound of the backoff between endpoint lookups while an actor starts.
 READY_POLL = 0.25
+#: How long a call whose connection broke waits to learn whether its actor died or restarted.
+DEATH_NOTICE = 10.0
 #: A handle's sender thread ends after this long without calls (the next call starts another).
 SENDER_IDLE = 30.0
 
@@ -55,120 +54,6 @@ SENDER_IDLE = 30.0
 def endpoint_name(job_id: str, actor_name: str) -> str:
     """The registry name of actor ``actor_name`` hosted by job ``job_id``: its namespace, then its name."""
     return f"{JobName.from_wire(job_id).namespace}/{actor_name}"
-
-
-# ----- host side: runs inside the actor's Iris task -------------------------------------------------
-
-
-class _Dispatch:
-    """What Iris's actor server serves for one Fray actor: a single method that runs the actor's methods.
-
-    Arguments arrive pickled by the caller (so an unpicklable one is refused there,
-    before anything is sent); results and exceptions leave as bytes, so that a result
-    that cannot be pickled and a method that raised are told apart from transport errors.
-    Once the actor ended itself (``current_actor().exit()`` / ``fail()``), calls are
-    answered with :class:`~fray.errors.ActorDiedError` and the host's main thread is woken.
-    """
-
-    def __init__(self, name: str, instance: object, context: ActorContext) -> None:
-        self._name = name
-        self._instance = instance
-        self._context = context
-        self._loop = ActorLoop(name)
-        self._lock = threading.Lock()
-        self._death: ActorDiedError | None = None
-        self.ended = threading.Event()
-
-    def fray_call(self, method: str, payload: bytes) -> tuple[bool, bytes]:
-        with self._lock:
-            death = self._death
-        if death is not None:
-            return False, RemoteFailure.capture(death).encode()
-        try:
-            args, kwargs = cloudpickle.loads(payload)
-            value = invoke(self._instance, method, args, kwargs, self._loop)
-        except Exception as exc:
-            return False, RemoteFailure.capture(exc).encode()
-        finally:
-            self.check_end()
-        try:
-            return True, cloudpickle.dumps(value)
-        except Exception as exc:
-            try:
-                check_result_picklable(self._name, method, value)
-            except SerializationError as err:
-                return False, RemoteFailure.capture(err).encode()
-            return False, RemoteFailure.capture(exc).encode()
-
-    def check_end(self) -> None:
-        """After a call (or the constructor): if the actor asked to end, refuse later calls and wake the host."""
-        end = self._context.end_request()
-        if end is None:
-            return
-        if end.error is None:
-            death = ActorDiedError(f"actor {self._name!r} ended itself (current_actor().exit())")
-        else:
-            remote = RemoteFailure.capture(end.error)
-            death = actor_died(
-                f"actor {self._name!r} failed itself: {remote.summary}", remote_error(remote, original=end.error)
-            )
-        with self._lock:
-            if self._death is None:
-                self._death = death
-        self.ended.set()
-
-
-def host_actor(payload: bytes, name: str, options: dict[str, Any] | None = None) -> None:
-    """Iris's entrypoint for a Fray actor job: construct, serve, register, then serve until it ends.
-
-    ``options`` carries the actor's group and index, ``max_concurrency`` and the
-    controller address its own handle uses.
-    """
-    from iris.actor.server import ActorServer
-    from iris.client.client import iris_ctx
-    from iris.cluster.client import get_job_info
-
-    opts = options or {}
-    info = _task.enter()
-    try:
-        actor_class, args, kwargs = cloudpickle.loads(payload)
-        meta = JobMeta(name, actor_class.__qualname__, False, 1, 1, 0, 0)
-        address = opts.get("address")
-        concurrency = int(opts.get("max_concurrency", 1))
-        context = ActorContext(
-            name,
-            opts.get("group"),
-            int(opts.get("index", 0)),
-            lambda: IrisActorHandle(
-                name, IrisJobHandle(info.job_id, meta, address), actor_class, address, None, concurrency
-            ),
-        )
-        set_process_actor(context)
-        instance = actor_class(*args, **kwargs)
-    except BaseException as exc:
-        _task.exit_with_failure(exc)
-    dispatch = _Dispatch(name, instance, context)
-    dispatch.check_end()
-    try:
-        ctx = iris_ctx()
-        job_info = get_job_info()
-        assert job_info is not None  # enter() succeeded, so this is an Iris task
-        # Bind only the address Iris advertises for this task: peers are told to use it, nothing else needs it.
-        host = job_info.advertise_host
-        endpoint = endpoint_name(info.job_id, name)
-        server = ActorServer(host=host, port=ctx.get_port("actor"), max_concurrency=int(opts.get("max_concurrency", 1)))
-        server.register(endpoint, dispatch)
-        port = server.serve_background()
-        ctx.registry.register(endpoint, f"http://{host}:{port}")
-    except BaseException as exc:  # callers must learn why the actor never served, as for its constructor
-        _task.exit_with_failure(exc)
-    print(f"[fray] actor {name!r} serving at {host}:{port}", flush=True)
-    dispatch.ended.wait()  # until the actor ends itself, or Iris kills the job (terminate / shutdown)
-    server.stop()  # graceful: the answer to the call that asked goes out first
-    end = context.end_request()
-    if end is not None and end.error is not None:
-        _task.exit_with_failure(end.error)
-    _task.write_end()
 
 
 # ----- caller side ---------------------------------------------------------------------------------
@@ -185,9 +70,12 @@ class IrisActorHandle:
         address: str | None,
         iris: IrisLib | None = None,
         max_concurrency: int = 1,
+        max_task_retries: int = 0,
     ) -> None:
         self._name = name
         self._concurrency = max_concurrency  # sender threads: one keeps this handle's calls in order
+        self._max_task_retries = max_task_retries
+        self._instance = ""  # the id of the instance the handle last saw serving (see fray.iris._actor_host)
         self._job = job
         self._class = actor_class
         self._address = address
@@ -203,7 +91,10 @@ class IrisActorHandle:
         self._rpc: ActorClient | None = None
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (IrisActorHandle, (self._name, self._job, self._class, self._address, None, self._concurrency))
+        return (
+            IrisActorHandle,
+            (self._name, self._job, self._class, self._address, None, self._concurrency, self._max_task_retries),
+        )
 
     def __repr__(self) -> str:
         return f"IrisActorHandle({self._name!r}, job={self._job.job_id!r})"
@@ -277,10 +168,13 @@ class IrisActorHandle:
                         self._senders -= 1
                         return
                 continue
-            if not call.future.set_running_or_notify_cancel():
+            if not (call.retries or call.future.set_running_or_notify_cancel()):  # a resent call is running already
                 continue
             try:
                 call.future.set_result(self._call(call.method, call.payload))
+            except _Restarted as restarted:
+                # Sent again to the new instance within max_task_retries; else it died with the old one.
+                self._calls.retry(call, restarted.died, self._max_task_retries)
             except BaseException as exc:
                 call.future.set_exception(exc)
 
@@ -297,8 +191,11 @@ class IrisActorHandle:
                     .resolve(self._endpoint)
                     .is_empty
                 ):
-                    self._calls.serve()
-                    return
+                    instance = self._ask_instance()
+                    if instance is not None:
+                        self._instance = instance
+                        self._calls.serve()
+                        return
                 status = self._job.status()
                 if status.finished:
                     self._calls.die(self._death(status))
@@ -327,11 +224,14 @@ class IrisActorHandle:
             raise copy_death(death)
         if terminated_here(self._job.job_id):
             raise self._death(JobStatus.STOPPED)
+        sent_to = self._instance
         try:
             ok, blob = self._client().fray_call(method, payload)
         except Exception as exc:
-            self._rpc = None  # resolve again next time: a retried actor registers a new address
-            error = self._explain_unreachable(method, exc)
+            self._rpc = None  # resolve again next time
+            error = self._explain_unreachable(method, exc, sent_to)
+            if isinstance(error, _Restarted):
+                raise error from exc
             if error.__cause__ is None:
                 raise error from exc
             raise error from error.__cause__  # a dead actor's cause is why it died, not the refused connection
@@ -356,16 +256,50 @@ class IrisActorHandle:
             return refusal
         return self._death(status) if status.finished else refusal
 
-    def _explain_unreachable(self, method: str, exc: Exception) -> BaseException:
+    def _explain_unreachable(self, method: str, exc: Exception, sent_to: str) -> BaseException:
+        # The connection broke: give Iris and the actor a moment to say whether the job ended or the
+        # actor restarted (its supervisor starts a new instance in about a second); else it is unavailable.
+        deadline = time.monotonic() + DEATH_NOTICE
+        while True:
+            try:
+                status = self._job.status()
+            except Exception:
+                status = JobStatus.RUNNING
+            if status.finished:
+                death = self._death(status)
+                self._calls.die(death)  # for good: later calls fail at once instead of trying the dead endpoint
+                return death
+            instance = self._ask_instance()
+            if instance is not None and instance != sent_to:  # the call went to an instance that is gone
+                self._instance = instance
+                return _Restarted(
+                    ActorDiedError(f"actor {self._name!r} died while the call was in flight; it has restarted")
+                )
+            if instance is not None or time.monotonic() >= deadline:
+                label = actor_call_label(self._name, method)
+                return ActorUnavailableError(f"{label}: the actor did not answer: {exc}")
+            time.sleep(READY_POLL)
+
+    def _ask_instance(self) -> str | None:
+        """The id of the instance serving now, or None if none answers."""
         try:
-            status = self._job.status()
+            return str(self._client().fray_instance())
         except Exception:
-            status = JobStatus.RUNNING
-        if status.finished:
-            death = self._death(status)
-            self._calls.die(death)  # for good: later calls fail at once instead of trying the dead endpoint
-            return death
-        return ActorUnavailableError(f"{actor_call_label(self._name, method)}: the actor did not answer: {exc}")
+            self._rpc = None  # resolve again next time: a restarted actor may answer elsewhere
+            return None
+
+    def _fray_kill(self) -> None:
+        """SIGKILL the actor's process (see :func:`fray.testing.kill_actor`); returns once it is dead."""
+        self._fray_ready().result(timeout=300)
+        before = self._instance
+        with contextlib.suppress(Exception):  # the process dies before it can answer
+            self._client().fray_crash()
+        self._rpc = None
+        deadline = time.monotonic() + 60.0
+        while time.monotonic() < deadline:  # until the old instance no longer answers
+            if self._ask_instance() != before or self._job.status().finished:
+                return
+            time.sleep(0.05)
 
     def _death(self, status: JobStatus) -> ActorDiedError:
         if status == JobStatus.FAILED:
@@ -376,3 +310,11 @@ class IrisActorHandle:
             died = actor_died(f"actor {self._name!r} died: {failure.message}", failure.error(self._job.job_id))
             return died
         return ActorDiedError(f"actor {self._name!r} is dead: its job {self._job.job_id!r} was {status.value}")
+
+
+class _Restarted(Exception):
+    """What :meth:`IrisActorHandle._explain_unreachable` says of an actor that restarted under a call."""
+
+    def __init__(self, died: ActorDiedError) -> None:
+        super().__init__(str(died))
+        self.died = died

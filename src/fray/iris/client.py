@@ -19,8 +19,9 @@ from fray.core._driver_exit import ExitNotice
 from fray.core._serialization import call_parts, check_picklable
 from fray.errors import ConfigError, SerializationError
 from fray.iris import _connect, _task
+from fray.iris._actor_host import host_actor
 from fray.iris._submit import IN_TASK_SPEC, submit
-from fray.iris.actor import IrisActorHandle, host_actor
+from fray.iris.actor import IrisActorHandle
 from fray.iris.job import IrisJobHandle, JobMeta
 from fray.iris.mapping import placement
 from fray.job import (
@@ -47,16 +48,17 @@ class IrisClient(ClientCore["IrisJobHandle", "IrisActorHandle"]):
 
     A job outlives the script unless submitted with ``detached=False``, which stops it
     when the script exits (the driver-exit rule, :mod:`fray.core._driver_exit`); inside an
-    Iris task, jobs are children of the task's job and end with it. Actors are Iris jobs;
-    of :class:`~fray.actor_config.ActorConfig`, ``max_concurrency`` (Iris's actor server
-    threads) and ``lifetime`` are honoured, restarts and call retries are refused by name.
+    Iris task, jobs are children of the task's job and end with it. Actors are Iris jobs, and
+    every :class:`~fray.actor_config.ActorConfig` field is honoured: ``max_concurrency`` by
+    Iris's actor server threads, ``max_restarts`` by a supervisor inside the actor's task that
+    starts a new instance when the actor's process dies (``fray.iris._actor_host``),
+    ``max_task_retries`` by the handles, and ``lifetime``.
     Queues are refused (no queue with leases of its own yet): keep one in an actor with
     ``fray.queue.actor_queue(client, name)``.
     """
 
     BACKEND = "Iris"
     ACTORS_END_AT_EXIT = True  # each is an Iris job, which would outlive the script
-    ACTOR_CONFIG = frozenset({"max_concurrency", "lifetime"})  # one Iris job per actor, never restarted by Fray
 
     def __init__(self, address: str | None = None, *, workspace: str | None = None) -> None:
         super().__init__()
@@ -146,7 +148,12 @@ class IrisClient(ClientCore["IrisJobHandle", "IrisActorHandle"]):
     def _create_actor(self, start: ActorStart) -> tuple[IrisActorHandle, IrisJobHandle]:
         name, config = start.name, start.config
         payload = _pickled(f"actor {name!r}", start.actor_class, start.args, start.kwargs, "the class")
-        options: dict[str, Any] = {"max_concurrency": config.max_concurrency, "address": self.address}
+        options: dict[str, Any] = {
+            "max_concurrency": config.max_concurrency,
+            "max_restarts": config.max_restarts,
+            "max_task_retries": config.max_task_retries,
+            "address": self.address,
+        }
         if start.group is not None:
             options.update(group=start.group[0], index=start.group[1])
         request = JobRequest(name, CallableEntrypoint(host_actor, (payload, name, options)), start.resources)
@@ -154,7 +161,9 @@ class IrisClient(ClientCore["IrisJobHandle", "IrisActorHandle"]):
         job = self._launch(request, entrypoint, start.actor_class.__qualname__, binary=False, actor=True)
         if not config.detached:  # a detached actor outlives this client: nothing here stops it
             self._own(job, actor=True)
-        handle = IrisActorHandle(name, job, start.actor_class, self.address, self._iris, config.max_concurrency)
+        handle = IrisActorHandle(
+            name, job, start.actor_class, self.address, self._iris, config.max_concurrency, config.max_task_retries
+        )
         return handle, job
 
     # ----- the job level ------------------------------------------------------------------------------
