@@ -45,6 +45,9 @@ def _never_started(job: LocalJob) -> None:
     job.lifecycle.stop()
 
 
+_WHY_ENDED = "the local backend runs jobs inside the script's process"
+
+
 class LocalClient(ClientCore["LocalJobHandle", "LocalActorHandle"]):
     """Runs everything inside this process: callable jobs in threads, binary jobs as subprocesses,
     actors as objects each served by its own thread.
@@ -235,11 +238,8 @@ class LocalClient(ClientCore["LocalJobHandle", "LocalActorHandle"]):
         return [LocalJobHandle(job) for job in jobs if job.job_id not in actors], hosts
 
     def _exit_notice(self) -> ExitNotice:
-        # The jobs' threads and processes end with this one: local._local_job's exit hook, which
-        # runs after the notice (fray.core._driver_exit registers its hook at the first job).
-        return ExitNotice(
-            f"the local backend ({self.namespace})", why_ended="the local backend runs jobs inside the script's process"
-        )
+        # Its jobs end with the process (local._local_job's exit hook, which runs after the notice).
+        return ExitNotice(f"the local backend ({self.namespace})", why_ended=_WHY_ENDED)
 
     def _end(self, handles: Sequence[LocalJobHandle], wait: bool) -> None:
         jobs = [cast(LocalJob, handle._job) for handle in handles]

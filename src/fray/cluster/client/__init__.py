@@ -401,28 +401,7 @@ class ClusterClient(ClientCore["ClusterJobHandle", "ClusterActorHandle"]):
         )
 
     def _leftovers_at_exit(self) -> Leftovers:
-        """In bulk and bounded (2 s a controller call): one look at the jobs, then a stop of each attached one."""
-        self._batcher.flush(_EXIT_SECONDS)
-        with self._lock:
-            owned = list(self._owned)
-        leftovers = Leftovers()
-        if not owned:
-            return leftovers
-        rpc = self._controller.bounded(_EXIT_SECONDS)
-        try:
-            jobs = [job_id for job_id, is_actor, _ in owned if not is_actor]
-            live = {v.job_id for v in rpc.wait(jobs, 0.0) if not v.state.finished} if jobs else set()
-            for job_id, is_actor, detached in owned:
-                if not detached:  # attached jobs, and actors unless created detached
-                    with contextlib.suppress(FrayError, OSError):
-                        rpc.terminate(job_id, "its script exited")
-                    if not is_actor and job_id in live:
-                        leftovers.stopped.append(job_id)
-                elif job_id in live:
-                    leftovers.kept.append(job_id)
-        except (FrayError, OSError):
-            return Leftovers()  # the controller is gone: there is nothing left to stop or to report
-        return leftovers
+        return _leftovers_at_exit(self)
 
     def _end(self, handles: Sequence[ClusterJobHandle], wait: bool) -> None:
         super()._end(handles, wait)
@@ -431,3 +410,28 @@ class ClusterClient(ClientCore["ClusterJobHandle", "ClusterActorHandle"]):
             for handle in handles:
                 with contextlib.suppress(FrayError, TimeoutError):
                     handle.wait(max(0.0, deadline - time.monotonic()), raise_on_failure=False)
+
+
+def _leftovers_at_exit(client: ClusterClient) -> Leftovers:
+    """In bulk and bounded (2 s a controller call): one look at the jobs, then a stop of each attached one."""
+    client._batcher.flush(_EXIT_SECONDS)
+    with client._lock:
+        owned = list(client._owned)
+    leftovers = Leftovers()
+    if not owned:
+        return leftovers
+    rpc = client._controller.bounded(_EXIT_SECONDS)
+    try:
+        jobs = [job_id for job_id, is_actor, _ in owned if not is_actor]
+        live = {v.job_id for v in rpc.wait(jobs, 0.0) if not v.state.finished} if jobs else set()
+        for job_id, is_actor, detached in owned:
+            if not detached:  # attached jobs, and actors unless created detached
+                with contextlib.suppress(FrayError, OSError):
+                    rpc.terminate(job_id, "its script exited")
+                if not is_actor and job_id in live:
+                    leftovers.stopped.append(job_id)
+            elif job_id in live:
+                leftovers.kept.append(job_id)
+    except (FrayError, OSError):
+        return Leftovers()  # the controller is gone: there is nothing left to stop or to report
+    return leftovers
