@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fray.actor import ActorFuture
-from fray.core._remote import actor_died
+from fray.core._remote import copy_died
 from fray.errors import ActorDiedError
 
 __all__ = ["TRANSITIONS", "CallState", "DeferredCalls", "PendingCall", "copy_death"]
@@ -70,9 +70,7 @@ class PendingCall:
 
 def copy_death(error: BaseException) -> BaseException:
     """A fresh exception for each failed call: one object raised from many threads tangles its traceback."""
-    if isinstance(error, ActorDiedError):
-        return actor_died(str(error), error.__cause__)
-    return error
+    return copy_died(error) if isinstance(error, ActorDiedError) else error
 
 
 class DeferredCalls:

@@ -33,6 +33,7 @@ from fray.errors import ActorDiedError, FrayError, JobFailed, RemoteError, _qual
 __all__ = [
     "RemoteFailure",
     "actor_died",
+    "copy_died",
     "job_failed",
     "reduce_remote",
     "remote_error",
@@ -319,6 +320,11 @@ def actor_died(message: str, cause: BaseException | None = None) -> ActorDiedErr
     err.args = (message,)
     err.__cause__ = cause
     return err
+
+
+def copy_died(death: ActorDiedError) -> ActorDiedError:
+    """A fresh copy of an actor's death for each caller: one object raised from many threads tangles its traceback."""
+    return actor_died(str(death), death.__cause__)
 
 
 def self_ended(name: str, error: BaseException | None) -> ActorDiedError:

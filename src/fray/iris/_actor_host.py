@@ -38,7 +38,7 @@ import cloudpickle
 from fray.actor_context import ActorContext, set_process_actor
 from fray.core._eventloop import ActorLoop, invoke
 from fray.core._lifecycle import ActorRestartBudget
-from fray.core._remote import RemoteFailure, actor_died, remote_error
+from fray.core._remote import RemoteFailure, self_ended
 from fray.core._serialization import check_result_picklable
 from fray.errors import ActorDiedError, SerializationError
 from fray.iris import _task
@@ -111,13 +111,7 @@ class _Dispatch:
         end = self._context.end_request()
         if end is None:
             return
-        if end.error is None:
-            death = ActorDiedError(f"actor {self._name!r} ended itself (current_actor().exit())")
-        else:
-            remote = RemoteFailure.capture(end.error)
-            death = actor_died(
-                f"actor {self._name!r} failed itself: {remote.summary}", remote_error(remote, original=end.error)
-            )
+        death = self_ended(self._name, end.error)
         with self._lock:
             if self._death is None:
                 self._death = death

@@ -34,7 +34,7 @@ from fray.client import Client, _bind_client
 from fray.core._eventloop import ActorLoop, invoke
 from fray.core._lifecycle import ActorRestartBudget, Failure
 from fray.core._logcapture import capture_to
-from fray.core._remote import RemoteFailure, actor_died, remote_error
+from fray.core._remote import RemoteFailure, actor_died, copy_died, remote_error, self_ended
 from fray.core._runtime import StoppableRun, terminating_on
 from fray.core._serialization import check_call_picklable, check_result_picklable
 from fray.errors import ActorDiedError, ActorUnavailableError, SerializationError
@@ -208,7 +208,7 @@ class LocalActor:
             if death is None and incarnation is not None:
                 incarnation.calls.put(_Call(future, method, args, kwargs))
         if death is not None:
-            future.set_exception(_died_copy(death))
+            future.set_exception(copy_died(death))
         return future
 
     def _serve(self, incarnation: _Incarnation, run: StoppableRun) -> None:
@@ -280,8 +280,8 @@ class LocalActor:
         # Callers must not wait on code that may take time to stop: their calls fail now,
         # as they would if a process had died.
         for call in calls[0] + calls[1]:
-            _settle(call.future, None, _died_copy(self.death))
-        _settle(self.ready, None, _died_copy(self.death))
+            _settle(call.future, None, copy_died(self.death))
+        _settle(self.ready, None, copy_died(self.death))
         self._on_gone(self)
         if busy:
             incarnation.stop(hard=False)
@@ -354,18 +354,12 @@ class LocalActor:
                 call.retries += 1
                 current.calls.put(call)
                 return
-        error = _died_copy(death) if death is not None else ActorDiedError(f"actor {self.name!r} died")
+        error = copy_died(death) if death is not None else ActorDiedError(f"actor {self.name!r} died")
         _settle(call.future, None, error)
 
     def _end(self, incarnation: _Incarnation, end: ActorEnd) -> None:
         """The actor asked to end (``exit()`` / ``fail()``) and the call that asked has returned."""
-        if end.error is None:
-            death = ActorDiedError(f"actor {self.name!r} ended itself (current_actor().exit())")
-        else:
-            remote = RemoteFailure.capture(end.error)
-            death = actor_died(
-                f"actor {self.name!r} failed itself: {remote.summary}", remote_error(remote, original=end.error)
-            )
+        death = self_ended(self.name, end.error)
         with self._lock:
             if self.death is not None or incarnation.dead:
                 return
@@ -374,7 +368,7 @@ class LocalActor:
             running, queued = self._take_calls(incarnation)
         incarnation.stop(hard=True)
         for call in running + queued:
-            _settle(call.future, None, _died_copy(death))
+            _settle(call.future, None, copy_died(death))
         if end.error is None:
             self._finish(self.job.lifecycle.succeed)
         else:
@@ -400,13 +394,13 @@ class LocalActor:
             incarnation.dead = True
             running, queued = self._take_calls(incarnation)
         for call in running + queued:
-            _settle(call.future, None, _died_copy(death))
+            _settle(call.future, None, copy_died(death))
         failure = Failure(f"actor __init__ raised {remote.summary}", remote=remote, original=exc)
         self._finish(lambda: self.job.lifecycle.fail(failure))
 
     def _finish(self, move: Callable[[], object]) -> None:
         assert self.death is not None
-        _settle(self.ready, None, _died_copy(self.death))
+        _settle(self.ready, None, copy_died(self.death))
         move()
         self._on_gone(self)
 
@@ -422,12 +416,6 @@ def _settle(future: concurrent.futures.Future[Any], value: Any, error: BaseExcep
             future.set_exception(error)
         else:
             future.set_result(value)
-
-
-def _died_copy(death: ActorDiedError) -> ActorDiedError:
-    # A fresh exception per caller: raising one shared object from many threads tangles tracebacks.
-    copy = actor_died(str(death), death.__cause__)
-    return copy
 
 
 class LocalActorHandle:

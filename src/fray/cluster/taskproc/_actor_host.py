@@ -33,7 +33,7 @@ from fray.actor_context import SHUTDOWN_GRACE, ActorContext, set_process_actor
 from fray.cluster.controller_client import connect_controller
 from fray.cluster.records import TaskKey
 from fray.core._lifecycle import Failure
-from fray.core._remote import actor_died, self_ended
+from fray.core._remote import copy_died, self_ended
 from fray.errors import ActorDiedError
 from fray.job import current_job
 from fray.process import _jobmain
@@ -67,13 +67,13 @@ class _Host:
             if death is None:
                 self._running += 1
                 return
-        raise _copy(death)
+        raise copy_died(death)
 
     def withheld(self) -> ActorDiedError | None:
         """Once the job is being terminated, every call still running is answered: the actor died."""
         with self._idle:
             death = self._death if self.terminating else None
-        return None if death is None else _copy(death)
+        return None if death is None else copy_died(death)
 
     def ended(self) -> None:
         with self._idle:
@@ -106,12 +106,6 @@ class _Host:
         with self._idle:
             while self._running > 0 and (remaining := deadline - time.monotonic()) > 0:
                 self._idle.wait(remaining)
-
-
-def _copy(death: ActorDiedError) -> ActorDiedError:
-    # Each caller gets an exception of its own (a raised exception collects its traceback).
-    copy = actor_died(str(death), death.__cause__)
-    return copy
 
 
 class _Control:
