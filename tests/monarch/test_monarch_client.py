@@ -188,6 +188,6 @@ def test_the_quickstart_runs_unchanged_on_monarch(monarch_env):
     )
     assert out.returncode == 0, out.stderr
     assert "backend: MonarchClient" in out.stdout
-    assert "replica 3/4" in out.stdout and "from 3 scorers" in out.stdout
+    assert "job.logs() holds 4 lines" in out.stdout and "from 3 scorers" in out.stdout
     assert "scorer statuses after shutdown: ['stopped', 'stopped', 'stopped']" in out.stdout
     assert "cause: ValueError('shard 17 has a corrupt header')" in out.stdout
