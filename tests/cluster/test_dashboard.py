@@ -116,6 +116,13 @@ def test_log_in_watch_a_job_run_follow_its_output_and_see_it_succeed(
         for path, text in (("/workers", "worker-0"), ("/actors", "Actors"), ("/queues", "<h1>Queues</h1>")):
             page.goto(f"http://{address}{path}")
             assert text in page.content()
+
+        # A job that allowed no retry and failed once used none (it once read "retries used: 1 failures").
+        failed = client.submit(JobRequest(name="dash-fails", entrypoint=Entrypoint.from_binary("false")))
+        assert failed.wait(timeout=60, raise_on_failure=False) == JobStatus.FAILED
+        page.goto(f"http://{address}/jobs/{failed.job_id}")
+        facts = page.locator("table").first.inner_text()
+        assert "failures\t1 (0 of 0 retries used)" in facts, facts
     finally:
         gate.touch()
         client.shutdown(wait=False)

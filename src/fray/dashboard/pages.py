@@ -194,7 +194,8 @@ def job_page(job: dict[str, Any], csrf: str, timeline: str = "") -> str:
         ("parent", _job_link(job["parent_id"]) if job["parent_id"] else ""),
         ("resources", f"{job['cpu']:g} cpu, {format_size(job['ram_bytes'])} ram {escape(job['device'])}"),
         ("replicas / attempt", f"{job['replicas']} / {job['attempt']}"),
-        ("retries used", f"{job['failures']} failures, {job['preemptions']} preemptions"),
+        ("failures", _retries(job["failures"], job["max_retries_failure"])),
+        ("preemptions", _retries(job["preemptions"], job["max_retries_preemption"])),
         (
             "submitted / started / ended",
             f"{_when(job['submitted_at'])} / {_when(job['started_at'])} / {_when(job['finished_at'])}",
@@ -345,3 +346,8 @@ def queues_page(queues: list[dict[str, Any]] | None, csrf: str) -> str:
     headers = list(queues[0].keys())
     rows = ([escape(str(q.get(h, ""))) for h in headers] for q in queues)
     return page("Queues", f"<h1>Queues</h1>{_table(headers, rows)}", csrf=csrf)
+
+
+def _retries(count: int, allowed: int) -> str:
+    """``count`` failures (or preemptions) and how many of the ``allowed`` retries they used."""
+    return f"{count} ({min(count, allowed)} of {allowed} retries used)"

@@ -51,6 +51,8 @@ def job_dict(job: JobRecord, label: str, now: float) -> dict[str, Any]:
         "error": job.error,
         "failures": job.failure_count,
         "preemptions": job.preemption_count,
+        "max_retries_failure": job.max_retries_failure,
+        "max_retries_preemption": job.max_retries_preemption,
         "submitted_at": job.submitted_at,
         "started_at": job.started_at,
         "finished_at": job.finished_at,
