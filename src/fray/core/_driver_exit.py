@@ -15,7 +15,7 @@ The rule (also in the README and ``docs/architecture.md``):
 So that nothing is left running or ended silently, one exit hook (:func:`watch` registers a
 client with it when the client first gets work) settles every live client: the client core
 (:meth:`fray.core._client_core.ClientCore._settle_at_exit`) stops the attached jobs, and
-prints one notice on stderr through :func:`report_leftovers`, naming the jobs that keep
+prints one notice on stderr through :func:`report`, naming the jobs that keep
 running (with the commands that list and stop them), the ones stopped because they were
 attached, and the ones that end with the script. A backend only says where its jobs run
 (its :class:`ExitNotice`) and whether a job outlives the script.
@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-__all__ = ["ExitNotice", "Leftovers", "report", "report_leftovers", "settle_all", "watch"]
+__all__ = ["ExitNotice", "Leftovers", "report", "settle_all", "watch"]
 
 _SHOWN = 5  # ids named in a notice; the rest are counted
 
@@ -44,37 +44,6 @@ def _ids(ids: Sequence[str]) -> str:
 
 def _jobs(count: int) -> str:
     return f"{count} job" + ("" if count == 1 else "s")
-
-
-def report_leftovers(
-    where: str,
-    *,
-    kept: Sequence[str] = (),
-    stopped: Sequence[str] = (),
-    ended: Sequence[str] = (),
-    list_hint: str = "",
-    stop_hint: str = "",
-    why_ended: str = "",
-) -> None:
-    """Print what the exiting script leaves behind on ``where`` (nothing when there is nothing to say)."""
-    lines = []
-    if kept:
-        verb = "keeps" if len(kept) == 1 else "keep"
-        lines.append(f"fray: {_jobs(len(kept))} of this script {verb} running on {where}: {_ids(kept)}")
-        if list_hint or stop_hint:
-            lines.append("      " + "; ".join(part for part in (list_hint, stop_hint) if part))
-    if stopped:
-        lines.append(f"fray: stopped {_jobs(len(stopped))} submitted with detached=False: {_ids(stopped)}")
-    if ended:
-        reason = f" ({why_ended})" if why_ended else ""
-        verb = "ends" if len(ended) == 1 else "end"
-        lines.append(f"fray: {_jobs(len(ended))} {verb} with this script{reason}: {_ids(ended)}")
-    if lines:
-        try:
-            sys.stderr.write("\n".join(lines) + "\n")
-            sys.stderr.flush()
-        except (OSError, ValueError):  # stderr already closed at exit: nothing more to do
-            pass
 
 
 @dataclass(frozen=True)
@@ -100,16 +69,26 @@ class Leftovers:
 
 
 def report(notice: ExitNotice, leftovers: Leftovers) -> None:
-    """:func:`report_leftovers` for one backend's notice."""
-    report_leftovers(
-        notice.where,
-        kept=leftovers.kept,
-        stopped=leftovers.stopped,
-        ended=leftovers.ended,
-        list_hint=notice.list_hint,
-        stop_hint=notice.stop_hint,
-        why_ended=notice.why_ended,
-    )
+    """Print what the exiting script leaves behind where ``notice`` says (nothing when there is nothing to say)."""
+    kept, stopped, ended = leftovers.kept, leftovers.stopped, leftovers.ended
+    lines = []
+    if kept:
+        verb = "keeps" if len(kept) == 1 else "keep"
+        lines.append(f"fray: {_jobs(len(kept))} of this script {verb} running on {notice.where}: {_ids(kept)}")
+        if notice.list_hint or notice.stop_hint:
+            lines.append("      " + "; ".join(part for part in (notice.list_hint, notice.stop_hint) if part))
+    if stopped:
+        lines.append(f"fray: stopped {_jobs(len(stopped))} submitted with detached=False: {_ids(stopped)}")
+    if ended:
+        reason = f" ({notice.why_ended})" if notice.why_ended else ""
+        verb = "ends" if len(ended) == 1 else "end"
+        lines.append(f"fray: {_jobs(len(ended))} {verb} with this script{reason}: {_ids(ended)}")
+    if lines:
+        try:
+            sys.stderr.write("\n".join(lines) + "\n")
+            sys.stderr.flush()
+        except (OSError, ValueError):  # stderr already closed at exit: nothing more to do
+            pass
 
 
 class _Settles(Protocol):
