@@ -1,12 +1,18 @@
-"""The fork server's child gets exactly the environment its worker sent, nothing of its own left over."""
+"""The fork server: a child gets exactly the environment its worker sent, and a task starts in the waiting spare."""
 
 from __future__ import annotations
 
 import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
 from fray.cluster.taskproc._forkserver import _replace_environment
+from fray.cluster.taskproc._launch import ForkServer
 
 
 def test_a_task_environment_is_exactly_what_the_worker_sent(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -23,3 +29,48 @@ def test_a_task_environment_is_exactly_what_the_worker_sent(monkeypatch: pytest.
         assert "FRAY_TOKEN" not in os.environ and os.getenv("FRAY_TEST_CHANGED") == "new"
     finally:
         os.environ.pop("FRAY_TEST_ADDED", None)  # the one variable monkeypatch does not know to undo
+
+
+def _children(pid: int) -> set[int]:
+    found: set[int] = set()
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as f:
+            found.update(int(p) for p in f.read().split())
+    return found
+
+
+def _wait_for(condition: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="reads the process tree from Linux's /proc")
+def test_a_task_starts_in_the_waiting_spare_and_a_dead_spare_is_replaced(tmp_path: Path) -> None:
+    # A task goes to the child forked ahead of it (no fork on its path); a spare that died idle
+    # costs the next task only a plain fork, never a lost or hung start.
+    server = ForkServer()
+    try:
+        fork_server = server._proc.pid
+        _wait_for(lambda: len(_children(fork_server)) == 1, "the first spare")
+        (spare,) = _children(fork_server)
+        script = "import os, sys; print(os.getcwd(), os.environ['FRAY_TEST_VALUE'], file=sys.stderr)"
+        env = {**os.environ, "FRAY_TEST_VALUE": "from-the-request"}
+        request = {"env": env, "cwd": str(tmp_path), "argv": [sys.executable, "-c", script]}
+        first = server.launch(request)
+        assert first.pid == spare
+        assert first.stdout.read().decode().split() == [str(tmp_path), "from-the-request"]  # and end-of-file
+        assert first.wait(10) == 0
+
+        _wait_for(lambda: len(_children(fork_server) - {spare}) == 1, "a new spare")
+        (second_spare,) = _children(fork_server) - {spare}
+        os.kill(second_spare, signal.SIGKILL)
+        _wait_for(lambda: second_spare not in _children(fork_server), "the killed spare to be reaped")
+        second = server.launch({**request, "argv": [sys.executable, "-c", "import sys; sys.exit(3)"]})
+        assert second.pid != second_spare
+        assert second.stdout.read() == b""
+        assert second.wait(10) == 3
+    finally:
+        server.close()

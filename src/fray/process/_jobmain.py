@@ -43,16 +43,18 @@ def _write(failure_path: str, failure: Failure) -> None:
     write_private(failure_path, failure.encode())  # Fray's record of the replica, private like its directory
 
 
-def main(argv: list[str]) -> int:
-    """Run the entrypoint pickled in ``argv[1]``; report an exception to ``argv[2]``."""
+def main(argv: list[str], payload: bytes | None = None) -> int:
+    """Run the entrypoint pickled in ``argv[1]`` (or given as ``payload``); report an exception to ``argv[2]``."""
     global _failure_path
     payload_path, failure_path = argv[1], argv[2]
     _failure_path = failure_path
     try:
         import cloudpickle
 
-        with open(payload_path, "rb") as f:
-            entry = cloudpickle.load(f)
+        if payload is None:
+            with open(payload_path, "rb") as f:
+                payload = f.read()
+        entry = cloudpickle.loads(payload)
         entry.callable(*entry.args, **entry.kwargs)
     except BaseException as exc:
         from fray.core._lifecycle import Failure, exit_status  # only on this path: a job starts as fast as Python

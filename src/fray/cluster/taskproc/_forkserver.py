@@ -5,8 +5,8 @@ process that already did costs ~1 ms. The fork server stays single-threaded (so
 forking it is safe) and talks to its worker over a Unix socket:
 
 * worker -> server: one JSON line per task (``id``, ``env``, ``cwd`` and either
-  ``payload`` + ``failure`` for a callable task run in the forked child, or ``argv`` for
-  a program the child executes), with the write end of the task's output pipe attached
+  ``payload_data`` (base64; or the path of a large one in ``payload``) + ``failure`` for a
+  callable task run in the forked child, or ``argv`` for a program the child executes), with the write end of the task's output pipe attached
   (``SCM_RIGHTS``); and ``{"renew": seconds}`` lines, the worker's *lease*;
 * server -> worker: ``{"started": id, "pid": N}`` after the fork and
   ``{"exited": id, "code": N, "fenced": bool}`` when the child ends (negative: killed
@@ -14,6 +14,14 @@ forking it is safe) and talks to its worker over a Unix socket:
 
 Each child leads its own process group (so the worker can kill it with everything it
 starts) and dies with the fork server, which dies with the worker.
+
+A *spare* child is forked ahead of the next task and waits on its own socket pair: a task
+goes to it (its request, then the output pipe's write end) and starts without waiting for a
+fork (~1-2 ms on a small machine, most of a trivial task's start). The spare is forked again
+right after each task is handed over; it has already done what every child does first (its
+process group, the death signal, closing inherited descriptors), and it is not a task: the
+lease does not count it, and it ends with the fork server like any child. A spare that died
+or cannot be reached is replaced by a plain fork, so a task never waits on a broken spare.
 
 The lease is what keeps a frozen worker's tasks from running beside their
 replacements: the worker renews it several times a second from its own thread. If the
@@ -26,6 +34,7 @@ the worker lost and start them elsewhere.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -41,26 +50,41 @@ from fray.cluster.taskproc._launch import die_with_worker
 _MAX_MESSAGE = 1 << 20
 
 
-def _run_child(request: dict[str, Any], output: int) -> None:
+def _detach(keep: int = -1) -> None:
+    """In a forked child, before it knows its task: what every child does first.
+
+    Its own process group, so the worker can stop it with everything it starts (the parent
+    sets the group too, before it reports the pid: whichever runs first wins, and the group
+    exists by the time anyone may try to kill it). Then every inherited descriptor but
+    ``keep`` goes: the control socket, and above all the output pipes of other tasks received
+    in the same read, which would otherwise stay open here and keep their readers from ever
+    seeing end-of-file.
+    """
+    with contextlib.suppress(OSError):
+        os.setpgid(0, 0)
+    die_with_worker()
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    if keep < 0:
+        os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+    else:
+        os.closerange(3, keep)
+        os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX"))
+
+
+def _run_child(request: dict[str, Any], output: int, *, detached: bool = False) -> None:
     """In the forked child: become the task and never return."""
     code = 1
     try:
-        # Its own process group, so the worker can stop it with everything it starts. The
-        # parent sets the group too, before it reports the pid: whichever runs first wins,
-        # and the group exists by the time anyone may try to kill it.
-        with contextlib.suppress(OSError):
-            os.setpgid(0, 0)
-        die_with_worker()
-        signal.set_wakeup_fd(-1)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         os.dup2(output, 1)
         os.dup2(output, 2)
-        devnull = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(devnull, 0)
-        # Everything else goes: the control socket, and above all the output pipes of other
-        # tasks received in the same read, which would otherwise stay open here and keep
-        # their readers from ever seeing end-of-file.
-        os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+        if detached:  # a spare: its other descriptors went before the task came
+            if output > 2:
+                os.close(output)
+        else:
+            _detach()
         _replace_environment(request["env"])
         os.chdir(request["cwd"])
         argv = request.get("argv")
@@ -74,7 +98,9 @@ def _run_child(request: dict[str, Any], output: int) -> None:
         sys.path.insert(0, request["cwd"])
         from fray.process import _jobmain
 
-        code = _jobmain.main(["_jobmain", request["payload"], request["failure"]])
+        inline = request.get("payload_data")
+        payload = None if inline is None else base64.b64decode(inline)
+        code = _jobmain.main(["_jobmain", request.get("payload", ""), request["failure"]], payload=payload)
     except BaseException:
         import traceback
 
@@ -84,6 +110,23 @@ def _run_child(request: dict[str, Any], output: int) -> None:
             sys.stdout.flush()
             sys.stderr.flush()
         os._exit(code)
+
+
+def _run_spare(sock: socket.socket) -> None:
+    """In a spare child: wait for a task (its output descriptor, then its request) and become it; never return."""
+    try:
+        _detach(keep=sock.fileno())
+        _, fds, _, _ = socket.recv_fds(sock, 1, 1)
+        if not fds:  # the fork server ended, or let this spare go
+            os._exit(0)
+        chunks = []
+        while chunk := sock.recv(_MAX_MESSAGE):  # the request, up to the fork server's end-of-file
+            chunks.append(chunk)
+        sock.close()
+        request = json.loads(b"".join(chunks))
+    except BaseException:
+        os._exit(1)
+    _run_child(request, fds[0], detached=True)
 
 
 def _replace_environment(env: dict[str, str]) -> None:
@@ -111,18 +154,22 @@ class _Server:
         self.buffer = b""
         # A descriptor arrives with the first bytes of its request, which may be split over reads.
         self.pending_fds: list[int] = []
+        self.spare: tuple[int, socket.socket] | None = None  # (pid, our end of its socket pair)
 
     def send(self, message: dict[str, Any]) -> None:
         self.sock.sendall(json.dumps(message).encode() + b"\n")
 
     def reap(self) -> None:
-        while self.children:
+        while self.children or self.spare is not None:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
                 return
             if pid == 0:
                 return
+            if self.spare is not None and pid == self.spare[0]:  # died idle: the next task forks afresh
+                self.spare[1].close()
+                self.spare = None
             task = self.children.pop(pid, None)
             if task is not None:
                 code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
@@ -151,14 +198,46 @@ class _Server:
             self.lease_until = time.monotonic() + self.lease_seconds
             return
         output = self.pending_fds.pop(0)
-        pid = os.fork()
-        if pid == 0:
-            _run_child(request, output)
-        with contextlib.suppress(OSError):  # the child may have done it (or exited) already
-            os.setpgid(pid, pid)
+        pid = self.hand_to_spare(request, output)
+        if pid is None:
+            pid = os.fork()
+            if pid == 0:
+                _run_child(request, output)
+            with contextlib.suppress(OSError):  # the child may have done it (or exited) already
+                os.setpgid(pid, pid)
         os.close(output)
         self.children[pid] = request["id"]
         self.send({"started": request["id"], "pid": pid})
+
+    def hand_to_spare(self, request: dict[str, Any], output: int) -> int | None:
+        """Give the task to the waiting spare; its pid, or None (no spare, or it is gone: fork instead)."""
+        if self.spare is None:
+            return None
+        pid, sock = self.spare
+        self.spare = None
+        try:
+            socket.send_fds(sock, [b"t"], [output])
+            sock.sendall(json.dumps(request).encode())
+        except OSError:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)  # reaped as a stranger; it never became the task
+            return None
+        finally:
+            sock.close()
+        return pid
+
+    def fork_spare(self) -> None:
+        """Fork the child that the next task will go to, unless one waits already."""
+        if self.spare is not None:
+            return
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        pid = os.fork()
+        if pid == 0:
+            _run_spare(theirs)
+        theirs.close()
+        with contextlib.suppress(OSError):
+            os.setpgid(pid, pid)
+        self.spare = (pid, ours)
 
     def timeout(self) -> float | None:
         if self.lease_seconds is None or not self.children:
@@ -173,6 +252,7 @@ def serve(sock: socket.socket) -> None:
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda signum, frame: None)  # only to wake the selector
     server = _Server(sock)
+    server.fork_spare()
     selector = selectors.DefaultSelector()
     selector.register(sock, selectors.EVENT_READ)
     selector.register(wake_r, selectors.EVENT_READ)
@@ -192,6 +272,7 @@ def serve(sock: socket.socket) -> None:
         while b"\n" in server.buffer:
             line, server.buffer = server.buffer.split(b"\n", 1)
             server.handle(json.loads(line))
+        server.fork_spare()  # after the tasks of this read are on their way, not before
         server.expire_lease()
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -10,11 +11,41 @@ import socket
 import subprocess
 import sys
 import threading
+from pathlib import Path
 from typing import Any
 
+from fray.cluster.envs._environments import Prepared
+from fray.core._private_files import write_private
 from fray.process._process import die_with_parent as die_with_worker
 
-__all__ = ["ForkServer", "ForkedProcess", "die_with_worker"]
+__all__ = ["ForkServer", "ForkedProcess", "die_with_worker", "fork_request"]
+
+# A callable task's pickled entrypoint up to this size goes to its fork in the request; larger ones in a file.
+_INLINE_PAYLOAD_BYTES = 1 << 20
+
+
+def fork_request(
+    ready: Prepared, payload: bytes | None, payload_path: Path, failure_path: Path, *, forked_callable: bool
+) -> dict[str, Any]:
+    """What the fork server is asked to start for one task (see :mod:`._forkserver` for the fields).
+
+    ``ready`` is the prepared environment (``argv``, ``env``, ``cwd``). A callable task run in
+    a fork of the warm interpreter (``forked_callable``) gets a small entrypoint inside the
+    request: writing it to a file and reading it back is a third of a millisecond of a trivial
+    task's start. A large one, and the entrypoint of a callable task executed afresh, is
+    written to ``payload_path`` (0600) first.
+    """
+    request: dict[str, Any] = {"env": ready.env, "cwd": ready.cwd}
+    if forked_callable and len(payload or b"") <= _INLINE_PAYLOAD_BYTES:
+        request.update(payload_data=base64.b64encode(payload or b"").decode(), failure=str(failure_path))
+        return request
+    if payload is not None:
+        write_private(payload_path, payload)
+    if forked_callable:
+        request.update(payload=str(payload_path), failure=str(failure_path))
+    else:
+        request["argv"] = ready.argv
+    return request
 
 
 class ForkedProcess:

@@ -69,7 +69,7 @@ from fray.cluster.credentials import Credential, issued_id
 from fray.cluster.envs._environments import prepare as prepare_environment
 from fray.cluster.messages import TaskAssignment, TaskExit, WorkerCommands, WorkerReport
 from fray.cluster.records import TaskKey
-from fray.cluster.taskproc._launch import ForkedProcess, ForkServer, die_with_worker
+from fray.cluster.taskproc._launch import ForkedProcess, ForkServer, die_with_worker, fork_request
 from fray.cluster.worker._journal import OutcomeJournal
 from fray.cluster.worker._task_env import nul_problem, task_env
 from fray.cluster.worker._task_output import LAST_OUTPUT_LINES, OutputCap
@@ -380,10 +380,8 @@ class Worker:
         fresh_interpreter = any(k.startswith("PYTHON") and k != "PYTHONUNBUFFERED" for k in spec.environment.env_vars)
         if spec.argv is None:
             assert spec.payload is not None
-            write_private(payload, spec.payload)  # makes the task's private directory too
             argv = [sys.executable, "-m", "fray.process._jobmain", str(payload), str(failure_path)]
-        else:
-            private_dir(task_dir)
+        private_dir(task_dir)  # the failure file's, and the task's working directory by default
         assert argv is not None
         task = TaskProcess(assignment, None, failure_path)
         with self._lock:
@@ -401,14 +399,13 @@ class Worker:
         # callable task in the worker's own environment runs in a fork of the warm interpreter;
         # anything else (a program, another interpreter or venv, a container, interpreter
         # settings) is executed afresh by the forked child.
-        request: dict[str, Any] = {"env": env, "cwd": cwd}
-        if spec.argv is None and ready.forkable and not fresh_interpreter:
-            request.update(payload=str(payload), failure=str(failure_path))
-        else:
-            request["argv"] = argv
+        forked_callable = spec.argv is None and ready.forkable and not fresh_interpreter
+        request = fork_request(ready, spec.payload, payload, failure_path, forked_callable=forked_callable)
         proc: Process | None = self._fork(request)
         if proc is None:
             try:
+                if "payload_data" in request:  # the fresh interpreter reads it from its file
+                    write_private(payload, spec.payload or b"")
                 proc = subprocess.Popen(
                     argv,
                     stdout=subprocess.PIPE,
