@@ -50,6 +50,7 @@ _WAITING_TESTS = (
     "test_a_job_nothing_can_place_says_why_once_on_stderr",
     "test_info_carries_the_pending_reason",
     "test_timeouts_name_the_pending_job_and_why",
+    "test_a_burst_nothing_can_place_says_why_in_one_line",
 )
 _PREEMPT_TESTS = (
     "test_preempted_job_is_retried_within_its_preemption_budget",

@@ -123,3 +123,38 @@ def test_a_wait_all_timeout_names_each_unfinished_job_and_its_state(client, uid)
     finally:
         busy.terminate()
         busy.wait(timeout=120, raise_on_failure=False)
+
+
+def test_a_burst_nothing_can_place_says_why_in_one_line(client: Any, uid: str, quick_notice: None, capsys) -> None:
+    # A thousand jobs waiting for the same thing must not print a thousand lines: one counts them.
+    burst = 12
+    owner = client
+    started: list[JobHandle] = []
+    if isinstance(client, LocalClient):
+        owner = LocalClient(max_threads=1, echo_logs=False)
+        started.append(owner.submit(JobRequest(name=f"hog-{uid}", entrypoint=Entrypoint.from_callable(nap, (20,)))))
+        resources = ResourceConfig()
+        word = "max_threads=1"
+    else:
+        resources = ResourceConfig(cpu=_TOO_MANY_CORES)
+        word = str(_TOO_MANY_CORES)
+    requests = [
+        JobRequest(name=f"held{i}-{uid}", entrypoint=Entrypoint.from_callable(print, ("ran",)), resources=resources)
+        for i in range(burst)
+    ]
+    jobs = [owner.submit(request) for request in requests]
+    started.extend(jobs)
+    try:
+        text = _stderr_until(capsys, "still pending after", 60)
+        text += _stderr_until(capsys, "never printed", 2.0)  # anything printed about the others soon after
+        notices = [line for line in text.splitlines() if "still pending after" in line]
+        assert len(notices) == 1, text
+        assert f"{burst} jobs are still pending after" in notices[0] and word in notices[0], notices[0]
+        assert jobs[0].job_id in notices[0] and f"and {burst - 3} more" in notices[0], notices[0]
+    finally:
+        for handle in started:
+            handle.terminate()
+        for handle in started:
+            handle.wait(timeout=120, raise_on_failure=False)
+        if owner is not client:
+            owner.shutdown(wait=False)

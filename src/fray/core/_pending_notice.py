@@ -1,5 +1,7 @@
 """No silent waits: a job still PENDING after a while says so, once, on the driver's stderr, with the reason.
 
+Jobs that come due together and wait for the same reason share one line that counts them.
+
 Every backend calls :func:`watch` with each job it submits; the backend's only part is
 its handle's ``info()`` (is the job pending, and why). One daemon thread per process
 looks at each job once when it has waited ``FRAY_PENDING_NOTICE_SECONDS`` (10 s unless
@@ -38,6 +40,12 @@ _NO_REASON_TRIES = 5
 
 # Jobs looked at in one go (one batched status read per backend).
 _BATCH = 500
+
+# Jobs named in a notice about several that wait for the same reason.
+_NAMED = 3
+# How much longer than its due time a job waits for the jobs due soon after it (see _gathered_by).
+_GATHER_FRACTION = 0.2
+_GATHER_MAX = 2.0
 
 # The client that submitted a job, weakly (None: not known).
 _Owner = Callable[[], Any] | None
@@ -82,8 +90,8 @@ class _Watcher:
     def _run(self) -> None:
         while True:
             with self._lock:
-                while not self._due or self._due[0][0] > time.monotonic():
-                    self._lock.wait(None if not self._due else self._due[0][0] - time.monotonic())
+                while not self._due or _gathered_by(self._due[0]) > time.monotonic():
+                    self._lock.wait(None if not self._due else _gathered_by(self._due[0]) - time.monotonic())
                 now = time.monotonic()
                 due: list[_Entry] = []
                 while self._due and self._due[0][0] <= now and len(due) < _BATCH:
@@ -98,6 +106,13 @@ class _Watcher:
                     for job, submitted, tries in again:
                         when = time.monotonic() + _NO_REASON_RECHECK
                         heapq.heappush(self._due, (when, next(self._seq), job, submitted, tries + 1, owners[id(job)]))
+
+
+def _gathered_by(entry: _Entry) -> float:
+    # A burst of submits comes due over as long as the burst took: waiting a fifth of the notice's
+    # delay longer (at most 2 s) lets its jobs share one line instead of one line per wake-up.
+    due, submitted = entry[0], entry[3]
+    return due + min(_GATHER_MAX, _GATHER_FRACTION * max(0.0, due - submitted))
 
 
 def _open(owner: _Owner) -> bool:
@@ -129,14 +144,17 @@ def _statuses(jobs: list[JobHandle]) -> list[JobStatus | None]:
 
 
 def _look(due: list[tuple[JobHandle, float, int]]) -> list[tuple[JobHandle, float, int]]:
-    """Print the notice for each job still pending; the ones to look at again (pending, no reason yet).
+    """Print the notice for the jobs still pending; the ones to look at again (pending, no reason yet).
 
     Most jobs started long before they are due: one batched status read clears them, and
-    only a job still PENDING costs an ``info()``.
+    only a job still PENDING costs an ``info()``. Jobs due together that wait for the same
+    reason (a burst nothing can place yet) share one line, which counts and names them: a
+    thousand identical lines would bury what they say.
     """
     from fray.job import JobStatus
 
     again: list[tuple[JobHandle, float, int]] = []
+    waiting: dict[str, tuple[list[str], float]] = {}  # reason -> (job ids, longest wait)
     statuses = _statuses([job for job, _, _ in due])
     for (job, submitted, tries), status in zip(due, statuses, strict=True):
         if status != JobStatus.PENDING:
@@ -150,11 +168,22 @@ def _look(due: list[tuple[JobHandle, float, int]]) -> list[tuple[JobHandle, floa
         if not info.pending_reason and tries < _NO_REASON_TRIES:
             again.append((job, submitted, tries))
             continue
-        waited = time.monotonic() - submitted
         why = info.pending_reason or "the backend gives no reason"
+        ids, waited = waiting.get(why, ([], 0.0))
+        ids.append(info.job_id)
+        waiting[why] = (ids, max(waited, time.monotonic() - submitted))
+    for why, (ids, waited) in waiting.items():
         with contextlib.suppress(OSError, ValueError):  # stderr closed at interpreter exit
-            print(f"fray: job {info.job_id!r} is still pending after {waited:.0f}s: {why}", file=sys.stderr, flush=True)
+            print(_notice(ids, waited, why), file=sys.stderr, flush=True)
     return again
+
+
+def _notice(job_ids: list[str], waited: float, why: str) -> str:
+    if len(job_ids) == 1:
+        return f"fray: job {job_ids[0]!r} is still pending after {waited:.0f}s: {why}"
+    named = ", ".join(repr(job_id) for job_id in job_ids[:_NAMED])
+    more = f" and {len(job_ids) - _NAMED} more" if len(job_ids) > _NAMED else ""
+    return f"fray: {len(job_ids)} jobs are still pending after {waited:.0f}s: {why} ({named}{more})"
 
 
 _WATCHER = _Watcher()
