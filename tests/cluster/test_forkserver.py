@@ -74,3 +74,24 @@ def test_a_task_starts_in_the_waiting_spare_and_a_dead_spare_is_replaced(tmp_pat
         assert second.wait(10) == 3
     finally:
         server.close()
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="reads the process tree from Linux's /proc")
+def test_a_large_request_goes_to_a_fresh_fork_and_the_spare_waits_on(tmp_path: Path) -> None:
+    # Handing a request larger than the spare's socket buffer could block the fork server (which
+    # also keeps the lease) on a spare still starting: such a task is forked afresh instead.
+    server = ForkServer()
+    try:
+        fork_server = server._proc.pid
+        _wait_for(lambda: len(_children(fork_server)) == 1, "the spare")
+        (spare,) = _children(fork_server)
+        big = "x" * (200 << 10)
+        script = "import os, sys; print(len(os.environ['FRAY_TEST_BIG']), file=sys.stderr)"
+        env = {**os.environ, "FRAY_TEST_BIG": big}
+        task = server.launch({"env": env, "cwd": str(tmp_path), "argv": [sys.executable, "-c", script]})
+        assert task.pid != spare
+        assert task.stdout.read().decode().split() == [str(len(big))]
+        assert task.wait(10) == 0
+        assert spare in _children(fork_server)  # still waiting for the next task
+    finally:
+        server.close()

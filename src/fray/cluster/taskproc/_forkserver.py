@@ -48,6 +48,9 @@ from typing import Any
 from fray.cluster.taskproc._launch import die_with_worker
 
 _MAX_MESSAGE = 1 << 20
+# A request up to this size fits in the spare's empty socket buffer, so handing it over never blocks the
+# fork server (which also keeps the lease) on a spare still starting; a larger one goes to a fresh fork.
+_SPARE_REQUEST_BYTES = 64 << 10
 
 
 def _detach(keep: int = -1) -> None:
@@ -217,11 +220,14 @@ class _Server:
         """Give the task to the waiting spare; its pid, or None (no spare, or it is gone: fork instead)."""
         if self.spare is None:
             return None
+        line = json.dumps(request).encode()
+        if len(line) > _SPARE_REQUEST_BYTES:  # a fresh fork inherits it instead: never wait on the spare's reads
+            return None
         pid, sock = self.spare
         self.spare = None
         try:
             socket.send_fds(sock, [b"t"], [output])
-            sock.sendall(json.dumps(request).encode())
+            sock.sendall(line)
         except OSError:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)  # reaped as a stranger; it never became the task
