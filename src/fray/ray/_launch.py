@@ -11,10 +11,10 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import os
-import random
 import threading
 from typing import Any, Protocol
 
+from fray.core._ids import random_hex
 from fray.job import JobRequest
 from fray.ray._connection import prepare_token_auth
 from fray.ray.inside import _worker
@@ -23,14 +23,10 @@ from fray.resources import ResourceConfig
 
 __all__ = ["Launcher", "Watched", "unique_suffix", "user_env"]
 
-# Ids need uniqueness, not secrecy: a PRNG seeded once from the OS. os.urandom (and so
-# uuid4) can cost a fifth of a millisecond per call on some VMs, a tenth of a task's cost.
-_ids = random.Random()
-
 
 def unique_suffix() -> str:
     """Sixteen hex digits: unique across every client of a cluster."""
-    return f"{_ids.getrandbits(64):016x}"
+    return random_hex(16)
 
 
 def user_env(request: JobRequest) -> dict[str, str]:
