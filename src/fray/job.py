@@ -217,7 +217,8 @@ class Entrypoint:
         """A Python callable and its arguments."""
         if not callable(fn):
             raise ConfigError(f"Entrypoint.from_callable needs a callable, got {type(fn).__name__}: {fn!r}")
-        if isinstance(args, str | bytes) or not isinstance(args, Sequence):
+        # A tuple or list is the usual case, told apart without Sequence's slower ABC check.
+        if type(args) not in (tuple, list) and (isinstance(args, str | bytes) or not isinstance(args, Sequence)):
             raise ConfigError(f"Entrypoint.from_callable(args={args!r}) must be a tuple or list of arguments")
         if kwargs is not None and not isinstance(kwargs, Mapping):
             raise ConfigError(f"Entrypoint.from_callable(kwargs={kwargs!r}) must be a dict")
