@@ -91,6 +91,26 @@ def test_wait_times_out_on_an_unfinished_job():
         JobLifecycle("j").wait(timeout=0.01)
 
 
+def test_waiters_blocked_before_the_end_and_arriving_after_it_all_see_the_failure():
+    life = JobLifecycle("j")
+    seen: list[BaseException] = []
+
+    def waiter() -> None:
+        with pytest.raises(JobFailed) as caught:
+            life.wait(timeout=30)
+        seen.append(caught.value)
+
+    threads = [threading.Thread(target=waiter) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    life.start()
+    assert life.attempt_failed(Failure("E: boom")) is False
+    for thread in threads:
+        thread.join(timeout=30)
+    waiter()  # a late waiter finds the job finished without blocking
+    assert len(seen) == 4 and life.finished and life.wait_done(0)
+
+
 def test_failure_encoding_is_data_only_and_round_trips():
     failure = Failure.from_remote(capture(KeyError("k"))).in_replica(1, 3)
     decoded = Failure.decode(failure.encode())

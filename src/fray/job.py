@@ -50,7 +50,9 @@ class _Finished:
 
 def _is_finished(status: str) -> bool:
     """True once a job in ``status`` can no longer change state."""
-    return JobStatus(status) in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED)
+    # A status is what every waiting loop asks about, so it is answered without a lookup; a plain
+    # string goes through JobStatus, which refuses one that names no status.
+    return (status if type(status) is JobStatus else JobStatus(status)) in _FINAL
 
 
 class JobStatus(StrEnum):
@@ -64,6 +66,9 @@ class JobStatus(StrEnum):
 
     finished = _Finished()
     """True once the job can no longer change state: ``status.finished``, or ``JobStatus.finished(status)``."""
+
+
+_FINAL = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED})
 
 
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -212,7 +217,8 @@ class Entrypoint:
         """A Python callable and its arguments."""
         if not callable(fn):
             raise ConfigError(f"Entrypoint.from_callable needs a callable, got {type(fn).__name__}: {fn!r}")
-        if isinstance(args, str | bytes) or not isinstance(args, Sequence):
+        # A tuple or list is the usual case, told apart without Sequence's slower ABC check.
+        if type(args) not in (tuple, list) and (isinstance(args, str | bytes) or not isinstance(args, Sequence)):
             raise ConfigError(f"Entrypoint.from_callable(args={args!r}) must be a tuple or list of arguments")
         if kwargs is not None and not isinstance(kwargs, Mapping):
             raise ConfigError(f"Entrypoint.from_callable(kwargs={kwargs!r}) must be a dict")

@@ -34,7 +34,6 @@ import contextlib
 import importlib.metadata
 import re
 import threading
-import uuid
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -44,6 +43,7 @@ from fray.actor import ActorGroup, ActorHandle, HostedActor, check_actor_request
 from fray.actor_config import ActorConfig, check_actor_config_supported
 from fray.core._adopt import adopt_or_check, is_named
 from fray.core._driver_exit import ExitNotice, Leftovers, report, watch
+from fray.core._ids import random_hex
 from fray.core._pending_notice import watch as watch_pending
 from fray.core._runtime import check_terminated
 from fray.errors import ConfigError, FrayError
@@ -91,7 +91,7 @@ _REQUIREMENT_NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 
 def short_id() -> str:
     """Eight hex digits that make a job id unique: ``{name}-{short_id()}``."""
-    return uuid.uuid4().hex[:8]
+    return random_hex(8)
 
 
 @dataclass(frozen=True)

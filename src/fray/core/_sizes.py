@@ -15,6 +15,13 @@ __all__ = ["check_size", "format_size", "parse_size", "scaled_size"]
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)(i?b)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
 
+# Size texts already read, and those a ResourceConfig accepted: every job request makes a
+# ResourceConfig, nearly always with the same few sizes, and two regex matches per size were
+# a sizeable part of building one. Bounded, in case a program makes up sizes without end.
+_CACHE_LIMIT = 1024
+_bytes_of: dict[str, int] = {}
+_checked: set[str] = set()
+
 
 def parse_size(value: str | int, *, what: str = "size") -> int:
     """Parse a human size such as ``"512m"``, ``"4g"``, ``"1.5t"`` or ``"4GiB"`` into bytes.
@@ -31,6 +38,9 @@ def parse_size(value: str | int, *, what: str = "size") -> int:
         return value
     if not isinstance(value, str):
         raise ConfigError(f"{what} must be a size string like '512m', '4g' or '1.5t', got {value!r}")
+    known = _bytes_of.get(value)
+    if known is not None:
+        return known
     match = _SIZE_RE.match(value)
     if match is None:
         raise ConfigError(
@@ -38,7 +48,10 @@ def parse_size(value: str | int, *, what: str = "size") -> int:
             "(powers of 1024), e.g. '512m', '4g', '1.5t', '2GiB'"
         )
     number, unit, _ = match.groups()
-    return int(float(number) * _UNITS[unit.lower()])
+    result = int(float(number) * _UNITS[unit.lower()])
+    if len(_bytes_of) < _CACHE_LIMIT:
+        _bytes_of[value] = result
+    return result
 
 
 def format_size(num_bytes: int) -> str:
@@ -61,6 +74,8 @@ def scaled_size(num_bytes: int, factor: float) -> str:
 
 def check_size(name: str, value: str | int) -> None:
     """A ResourceConfig size must say its unit: a bare number is refused rather than guessed."""
+    if type(value) is str and value in _checked:
+        return
     bare = None
     if isinstance(value, int) and not isinstance(value, bool):
         bare = str(value)
@@ -74,3 +89,5 @@ def check_size(name: str, value: str | int) -> None:
             f"unit, e.g. {name}='4g' or '512m' ('{bare}b' for {bare} bytes)"
         )
     parse_size(value, what=f"ResourceConfig.{name}")
+    if type(value) is str and len(_checked) < _CACHE_LIMIT:
+        _checked.add(value)

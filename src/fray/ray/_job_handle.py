@@ -25,6 +25,9 @@ __all__ = ["LIVE", "RayJobHandle"]
 #: Every job handle of this process by id, so that an unpickled handle is the live one.
 LIVE: weakref.WeakValueDictionary[str, RayJobHandle] = weakref.WeakValueDictionary()
 
+# Seconds ``_fray_wait_some`` waits for more jobs to finish after the first one did (see there).
+_GATHER = 0.02
+
 
 class RayJobHandle:
     """Handle to a job submitted through a :class:`~fray.ray.RayClient`.
@@ -132,17 +135,37 @@ class RayJobHandle:
         No polling: each job tells the board when it may have moved on (a replica
         completed, an attempt started, the job finished), and only those jobs are
         looked at again.
+
+        Once one job finished, the others that finish within :data:`_GATHER` seconds are
+        returned with it (at once if one failed or all finished): each return costs the
+        caller a pass over every job it waits for, and a pass per finished job made
+        ``wait_all`` quadratic in the number of jobs.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         for job in jobs:
             if not job._on_board:
                 job._join_board()
-        look, seen = list(jobs), -1  # at first every job: some moved before they joined
+        seen = -1  # at first every job: some moved before they joined
+        distinct = len({id(job) for job in jobs})
+        finished: set[int] = set()
+        gather_until: float | None = None  # once a job finished: when to return at the latest
         while True:
             generation = BOARD.generation
-            if any([job._settle().finished for job in look if job._moved > seen]):  # a list: settle each
+            failed = False
+            for job in jobs:
+                if job._moved > seen:
+                    status = job._settle()
+                    if status.finished:
+                        finished.add(id(job))
+                        failed = failed or status == JobStatus.FAILED
+            if failed or len(finished) == distinct:
                 break
-            remaining = None if deadline is None else deadline - time.monotonic()
+            if finished and gather_until is None:
+                gather_until = time.monotonic() + _GATHER
+            until = deadline
+            if gather_until is not None and (until is None or gather_until < until):
+                until = gather_until
+            remaining = None if until is None else until - time.monotonic()
             if remaining is not None and remaining <= 0:
                 break
             BOARD.wait(generation, remaining)

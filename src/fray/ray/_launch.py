@@ -11,10 +11,11 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import os
-import random
 import threading
+import time
 from typing import Any, Protocol
 
+from fray.core._ids import random_hex
 from fray.job import JobRequest
 from fray.ray._connection import prepare_token_auth
 from fray.ray.inside import _worker
@@ -23,14 +24,10 @@ from fray.resources import ResourceConfig
 
 __all__ = ["Launcher", "Watched", "unique_suffix", "user_env"]
 
-# Ids need uniqueness, not secrecy: a PRNG seeded once from the OS. os.urandom (and so
-# uuid4) can cost a fifth of a millisecond per call on some VMs, a tenth of a task's cost.
-_ids = random.Random()
-
 
 def unique_suffix() -> str:
     """Sixteen hex digits: unique across every client of a cluster."""
-    return f"{_ids.getrandbits(64):016x}"
+    return random_hex(16)
 
 
 def user_env(request: JobRequest) -> dict[str, str]:
@@ -78,6 +75,7 @@ class Launcher:
     """The per-client state of starting jobs on Ray."""
 
     REAP_PERIOD = 0.1  # seconds; how soon a job nobody waits on notices it finished or must retry
+    REAP_LINGER = 2.0  # seconds the reaper outlives the last job: jobs run one at a time start no thread each
 
     def __init__(self, address: str | None, namespace: str, spec: str) -> None:
         self.address = address
@@ -92,6 +90,7 @@ class Launcher:
         self._watched: set[Watched] = set()
         self._reaper: threading.Thread | None = None
         self._reaper_wake = threading.Event()
+        self._closing = False
 
     def pin_resource(self) -> str:
         """The resource that pins work to the head node (see :func:`~fray.ray.resources.head_node_resource`)."""
@@ -167,13 +166,19 @@ class Launcher:
     def _reap(self) -> None:
         import ray
 
+        idle_since: float | None = None
         while True:
             with self._lock:
                 jobs = [j for j in self._watched if not j.finished]
                 self._watched = set(jobs)
-                if not jobs:  # watch() starts a new reaper with the next job
-                    self._reaper = None
-                    return
+                if jobs:
+                    idle_since = None
+                else:
+                    now = time.monotonic()
+                    idle_since = now if idle_since is None else idle_since
+                    if self._closing or now - idle_since >= self.REAP_LINGER:
+                        self._reaper = None  # watch() starts a new reaper with the next job
+                        return
             # Never let the reaper die: Ray may be shutting down under it.
             with contextlib.suppress(Exception):
                 # One ray.wait over every pending replica of every job: cheap even with thousands.
@@ -194,5 +199,6 @@ class Launcher:
 
     def shutdown(self) -> None:
         """Stop the reaper and the monitor thread."""
+        self._closing = True
         self._reaper_wake.set()
         self.monitor.shutdown(wait=True)

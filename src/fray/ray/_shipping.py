@@ -7,6 +7,7 @@ reuse them unpickled) and for the Ray actor classes that host Fray actors.
 
 from __future__ import annotations
 
+import pickle
 import types
 import weakref
 from typing import Any
@@ -20,6 +21,24 @@ from fray.job import CallableEntrypoint, JobRequest
 from fray.ray.inside._actor_host import CONTROL_GROUP, actor_class_for
 
 __all__ = ["Shipping"]
+
+# Values that pickle the same with or without cloudpickle, which only adds what plain pickle
+# cannot do (code, classes of __main__) and costs several microseconds per call to set up.
+_SCALARS = (type(None), bool, int, float, complex, str, bytes)
+
+
+def _plain(value: object, depth: int = 0) -> bool:
+    """True if ``value`` is made of scalars, tuples, lists and dicts only (then plain pickle suffices)."""
+    kind = type(value)
+    if kind in _SCALARS:
+        return True
+    if depth > 2:  # deep or large values are rare in arguments, and cloudpickle costs little next to them
+        return False
+    if isinstance(value, tuple | list) and kind in (tuple, list):
+        return len(value) <= 16 and all(_plain(item, depth + 1) for item in value)
+    if isinstance(value, dict) and kind is dict:
+        return len(value) <= 16 and all(type(k) is str and _plain(v, depth + 1) for k, v in value.items())
+    return False
 
 
 class Shipping:
@@ -37,7 +56,9 @@ class Shipping:
         try:
             # Pickled once here, both to check it and to ship it: Ray then moves plain bytes.
             # The callable travels apart from its arguments so workers can reuse it unpickled.
-            return self.callable(entry.callable), cloudpickle.dumps((entry.args, dict(entry.kwargs)))
+            call = (entry.args, dict(entry.kwargs))
+            arguments = pickle.dumps(call, pickle.HIGHEST_PROTOCOL) if _plain(call) else cloudpickle.dumps(call)
+            return self.callable(entry.callable), arguments
         except Exception:
             check_picklable(f"job {request.name!r}", call_parts(entry.callable, entry.args, entry.kwargs))
             raise

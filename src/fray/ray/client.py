@@ -150,7 +150,9 @@ class RayClient(ClientCore["RayJobHandle", "RayActorHandle"]):
         return isinstance(job, BinaryJob)
 
     def _submit(self, request: JobRequest) -> RayJobHandle:
-        request = dataclasses.replace(request, resources=self._placed(request.resources))
+        placed = self._placed(request.resources)
+        if placed is not request.resources:  # a copy checks the whole request again: only when a device was chosen
+            request = dataclasses.replace(request, resources=placed)
         job_id = self._child_job_id(request.name)
         if isinstance(request.resources.device, TpuConfig) or isinstance(request.entrypoint, CallableEntrypoint):
             kind = TpuJob if isinstance(request.resources.device, TpuConfig) else CallableJob
