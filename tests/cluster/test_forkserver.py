@@ -6,7 +6,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -47,52 +47,57 @@ def _wait_for(condition: Callable[[], bool], what: str, timeout: float = 10.0) -
         time.sleep(0.01)
 
 
-@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="reads the process tree from Linux's /proc")
-def test_a_task_starts_in_the_waiting_spare_and_a_dead_spare_is_replaced(tmp_path: Path) -> None:
-    # A task goes to the child forked ahead of it (no fork on its path); a spare that died idle
-    # costs the next task only a plain fork, never a lost or hung start.
+@pytest.fixture
+def spared() -> Iterator[tuple[ForkServer, int, int]]:
+    """A fork server with its first spare waiting: (the server, the fork server's pid, the spare's pid)."""
+    if not os.path.exists("/proc/self/task"):
+        pytest.skip("reads the process tree from Linux's /proc")
     server = ForkServer()
     try:
         fork_server = server._proc.pid
         _wait_for(lambda: len(_children(fork_server)) == 1, "the first spare")
         (spare,) = _children(fork_server)
-        script = "import os, sys; print(os.getcwd(), os.environ['FRAY_TEST_VALUE'], file=sys.stderr)"
-        env = {**os.environ, "FRAY_TEST_VALUE": "from-the-request"}
-        request = {"env": env, "cwd": str(tmp_path), "argv": [sys.executable, "-c", script]}
-        first = server.launch(request)
-        assert first.pid == spare
-        assert first.stdout.read().decode().split() == [str(tmp_path), "from-the-request"]  # and end-of-file
-        assert first.wait(10) == 0
-
-        _wait_for(lambda: len(_children(fork_server) - {spare}) == 1, "a new spare")
-        (second_spare,) = _children(fork_server) - {spare}
-        os.kill(second_spare, signal.SIGKILL)
-        _wait_for(lambda: second_spare not in _children(fork_server), "the killed spare to be reaped")
-        second = server.launch({**request, "argv": [sys.executable, "-c", "import sys; sys.exit(3)"]})
-        assert second.pid != second_spare
-        assert second.stdout.read() == b""
-        assert second.wait(10) == 3
+        yield server, fork_server, spare
     finally:
         server.close()
 
 
-@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="reads the process tree from Linux's /proc")
-def test_a_large_request_goes_to_a_fresh_fork_and_the_spare_waits_on(tmp_path: Path) -> None:
+def test_a_task_starts_in_the_waiting_spare_and_a_dead_spare_is_replaced(
+    spared: tuple[ForkServer, int, int], tmp_path: Path
+) -> None:
+    # A task goes to the child forked ahead of it (no fork on its path); a spare that died idle
+    # costs the next task only a plain fork, never a lost or hung start.
+    server, fork_server, spare = spared
+    script = "import os, sys; print(os.getcwd(), os.environ['FRAY_TEST_VALUE'], file=sys.stderr)"
+    env = {**os.environ, "FRAY_TEST_VALUE": "from-the-request"}
+    request = {"env": env, "cwd": str(tmp_path), "argv": [sys.executable, "-c", script]}
+    first = server.launch(request)
+    assert first.pid == spare
+    assert first.stdout.read().decode().split() == [str(tmp_path), "from-the-request"]  # and end-of-file
+    assert first.wait(10) == 0
+
+    _wait_for(lambda: len(_children(fork_server) - {spare}) == 1, "a new spare")
+    (second_spare,) = _children(fork_server) - {spare}
+    os.kill(second_spare, signal.SIGKILL)
+    _wait_for(lambda: second_spare not in _children(fork_server), "the killed spare to be reaped")
+    second = server.launch({**request, "argv": [sys.executable, "-c", "import sys; sys.exit(3)"]})
+    assert second.pid != second_spare
+    assert second.stdout.read() == b""
+    assert second.wait(10) == 3
+
+
+def test_a_large_request_goes_to_a_fresh_fork_and_the_spare_waits_on(
+    spared: tuple[ForkServer, int, int], tmp_path: Path
+) -> None:
     # Handing a request larger than the spare's socket buffer could block the fork server (which
     # also keeps the lease) on a spare still starting: such a task is forked afresh instead.
-    server = ForkServer()
-    try:
-        fork_server = server._proc.pid
-        _wait_for(lambda: len(_children(fork_server)) == 1, "the spare")
-        (spare,) = _children(fork_server)
-        # One variable may hold at most 128 KiB for exec: four of 50 KiB make a 200 KiB request.
-        big = {f"FRAY_TEST_BIG{i}": "x" * (50 << 10) for i in range(4)}
-        script = "import os, sys; print(sum(len(v) for k, v in os.environ.items() if 'BIG' in k), file=sys.stderr)"
-        env = {**os.environ, **big}
-        task = server.launch({"env": env, "cwd": str(tmp_path), "argv": [sys.executable, "-c", script]})
-        assert task.pid != spare
-        assert task.stdout.read().decode().split() == [str(4 * (50 << 10))]
-        assert task.wait(10) == 0
-        assert spare in _children(fork_server)  # still waiting for the next task
-    finally:
-        server.close()
+    server, fork_server, spare = spared
+    # One variable may hold at most 128 KiB for exec: four of 50 KiB make a 200 KiB request.
+    big = {f"FRAY_TEST_BIG{i}": "x" * (50 << 10) for i in range(4)}
+    script = "import os, sys; print(sum(len(v) for k, v in os.environ.items() if 'BIG' in k), file=sys.stderr)"
+    env = {**os.environ, **big}
+    task = server.launch({"env": env, "cwd": str(tmp_path), "argv": [sys.executable, "-c", script]})
+    assert task.pid != spare
+    assert task.stdout.read().decode().split() == [str(4 * (50 << 10))]
+    assert task.wait(10) == 0
+    assert spare in _children(fork_server)  # still waiting for the next task

@@ -6,8 +6,8 @@ forking it is safe) and talks to its worker over a Unix socket:
 
 * worker -> server: one JSON line per task (``id``, ``env``, ``cwd`` and either
   ``payload_data`` (base64; or the path of a large one in ``payload``) + ``failure`` for a
-  callable task run in the forked child, or ``argv`` for a program the child executes), with the write end of the task's output pipe attached
-  (``SCM_RIGHTS``); and ``{"renew": seconds}`` lines, the worker's *lease*;
+  callable task run in the forked child, or ``argv`` for a program the child executes),
+  with the write end of the task's output pipe attached (``SCM_RIGHTS``); and ``{"renew": seconds}`` lines, the worker's *lease*;
 * server -> worker: ``{"started": id, "pid": N}`` after the fork and
   ``{"exited": id, "code": N, "fenced": bool}`` when the child ends (negative: killed
   by that signal).
@@ -16,7 +16,7 @@ Each child leads its own process group (so the worker can kill it with everythin
 starts) and dies with the fork server, which dies with the worker.
 
 A *spare* child is forked ahead of the next task and waits on its own socket pair: a task
-goes to it (its request, then the output pipe's write end) and starts without waiting for a
+goes to it (the output pipe's write end, then its request) and starts without waiting for a
 fork (~1-2 ms on a small machine, most of a trivial task's start). The spare is forked again
 right after each task is handed over; it has already done what every child does first (its
 process group, the death signal, closing inherited descriptors), and it is not a task: the
