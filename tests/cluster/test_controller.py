@@ -10,9 +10,11 @@ import pytest
 
 from fray.cluster.capacity import WorkerInfo
 from fray.cluster.controller import ControllerService
+from fray.cluster.credentials import WORKER, Credential
 from fray.cluster.messages import JobSpec, TaskAssignment, TaskExit, WorkerReport
+from fray.cluster.records import WorkerState
 from fray.cluster.store import ClusterStore
-from fray.errors import ConfigError
+from fray.errors import AuthenticationError, ConfigError, PermissionDenied
 from fray.job import Entrypoint, JobRequest
 from fray.resources import ResourceConfig
 from support import wait_until
@@ -96,3 +98,24 @@ def test_the_pending_set_lives_in_memory_follows_retries_and_survives_a_restart(
         assert restarted._queue.reason(second.job_id) == reason
     finally:
         restarted.stop()
+
+
+def test_a_registration_under_way_when_its_worker_is_revoked_leaves_it_revoked(store: ClusterStore) -> None:
+    # The credential check at a call's start passed; the revocation landed before the registration was
+    # recorded. The registration checks again, atomically with revocations, and is refused.
+    service = ControllerService(store, master=b"k" * 32)
+    token, _ = service.create_token("worker")
+    worker = Credential.decode(service.join(token.principal, "w-1")).principal
+    info = WorkerInfo("w-1", 1000, 1 << 30, 1 << 30)
+    service.register_worker(info, "10.0.0.1:1", [], principal=worker)
+    assert service.revoke_worker("w-1").state == WorkerState.REVOKED
+    with pytest.raises(AuthenticationError, match="revoked"):
+        service.register_worker(info, "10.0.0.1:1", [], principal=worker)
+    with pytest.raises(PermissionDenied, match="new join token"):
+        service.register_worker(info, "10.0.0.1:1", [], principal=WORKER)
+    assert store.get_worker("w-1").state == WorkerState.REVOKED
+    # A credential from a join made after the revocation brings it back.
+    fresh_token, _ = service.create_token("worker")
+    fresh = Credential.decode(service.join(fresh_token.principal, "w-1")).principal
+    service.register_worker(info, "10.0.0.1:1", [], principal=fresh)
+    assert store.get_worker("w-1").state == WorkerState.ALIVE

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import threading
 import time
 from pathlib import Path
 
@@ -277,3 +278,40 @@ def test_logs_of_a_running_callable_job_come_from_rays_log_api(ray_client, uid, 
         wait_until(lambda: "hello while running" in handle.logs(), timeout=30, what="live log line")
     finally:
         handle.terminate()
+
+
+def test_shutdown_leaves_no_fray_thread_calling_ray(ray_cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A user's script ends with client.shutdown(); ray.shutdown(). A Ray call still in flight on one of
+    # Fray's threads when Ray shuts down ends the whole process, so shutdown() joins the threads it started.
+    from fray.ray import RayClient
+    from fray.ray.jobs import ActorJob
+
+    look = ActorJob.status
+
+    def slow_look(self: ActorJob) -> JobStatus:
+        if threading.current_thread().name.startswith("fray-actor-"):
+            time.sleep(2.0)  # the watcher's look at Ray takes a while: shutdown() must wait for it
+        return look(self)
+
+    monkeypatch.setattr(ActorJob, "status", slow_look)
+
+    client = RayClient(namespace=f"reaper-{os.getpid()}-{time.monotonic_ns()}")
+    actor_name = f"watched-{time.monotonic_ns()}"
+    recorder = client.create_actor(Recorder, name=actor_name)
+    assert recorder.add(1) == 1
+    [actor_job] = client._actor_jobs.values()
+    with pytest.raises(TimeoutError):
+        actor_job.wait(timeout=0.05)  # someone waiting on the actor starts its watcher
+    assert [t for t in threading.enumerate() if t.name == f"fray-actor-{actor_name}"]
+    handles = [
+        client.submit(JobRequest(name=f"quick-{i}", entrypoint=Entrypoint.from_callable(abs, args=(-i,))))
+        for i in range(3)
+    ]
+    reaper = client._launcher._reaper
+    assert reaper is not None, "a submitted job is watched by the reaper"
+    for handle in handles:
+        assert handle.wait(timeout=60) == JobStatus.SUCCEEDED
+    client.shutdown()
+    assert not reaper.is_alive(), "the reaper outlived shutdown() (it lingers 2 s between jobs otherwise)"
+    watchers = [t.name for t in threading.enumerate() if t.name == f"fray-actor-{actor_name}"]
+    assert watchers == [], "the actor's watcher outlived shutdown()"

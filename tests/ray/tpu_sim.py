@@ -22,6 +22,7 @@ import os
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +113,11 @@ def wait_for(predicate: Any, timeout: float, what: str) -> Any:
     raise TimeoutError(f"timed out waiting for {what}")
 
 
+def progress(step: str) -> None:
+    """Say on stderr how far the simulation got (the test shows it when the simulation fails)."""
+    print(f"tpu-sim {time.strftime('%H:%M:%S')}: {step}", file=sys.stderr, flush=True)
+
+
 def main(output: str) -> None:
     from ray.cluster_utils import Cluster
 
@@ -125,6 +131,7 @@ def main(output: str) -> None:
         head_node_args={"num_cpus": 1, "resources": {"head_node": 1}, "include_dashboard": False},
     )
     workdir = tempfile.mkdtemp(prefix="fray-tpu-sim-")
+    client: RayClient | None = None
     try:
         nodes: dict[tuple[str, int], Any] = {}
         for slice_name in ("slice-a", "slice-b"):
@@ -141,7 +148,9 @@ def main(output: str) -> None:
         }
         results["node_slices"] = node_slices
         client = RayClient(namespace="tpu-sim")
+        progress("connected")
 
+        progress("scenario 0")
         # 0. preemptible=False pins actors and jobs to the node advertising "head_node".
         results["head_node"] = next(n["NodeID"] for n in ray.nodes() if "head_node" in n["Resources"])
         results["pin_resource"] = client._launcher.pin_resource()
@@ -158,16 +167,19 @@ def main(output: str) -> None:
             entry = Entrypoint.from_callable(fn, args=(path,))
             return client.submit(JobRequest(name=name, entrypoint=entry, resources=tpu, **kwargs))
 
+        progress("scenario 1")
         # 1. One slice: one process per host, all on the hosts of one slice, host 0 on its head.
         path = os.path.join(workdir, "single.jsonl")
         results["single_status"] = str(job("single", record, path).wait(timeout=90))
         results["single"] = read_lines(path)
 
+        progress("scenario 2")
         # 2. Multislice: replicas=2 takes both slices at once, with the MEGASCALE_* variables.
         path = os.path.join(workdir, "multi.jsonl")
         results["multi_status"] = str(job("multi", record, path, replicas=2).wait(timeout=90))
         results["multi"] = read_lines(path)
 
+        progress("scenario 3")
         # 3. More slices than the pod has: stays PENDING (all or nothing), terminate releases them.
         path = os.path.join(workdir, "toomany.jsonl")
         toomany = job("toomany", record, path, replicas=3)
@@ -176,6 +188,7 @@ def main(output: str) -> None:
         results["toomany_status_after"] = str(toomany.wait(timeout=30, raise_on_failure=False))
         results["toomany_ran"] = read_lines(path)
 
+        progress("scenario 4")
         # 4. A preempted slice is retried under max_retries_preemption, on a replacement VM.
         path = os.path.join(workdir, "preempt.jsonl")
         handle = job("preempt", record_then_block_first_attempt, path, max_retries_preemption=1)
@@ -189,6 +202,7 @@ def main(output: str) -> None:
         results["preempt_status"] = str(handle.wait(timeout=120, raise_on_failure=False))
         results["preempt"] = read_lines(path)
 
+        progress("scenario 5")
         # 5. With no preemption budget left, the loss of a host fails the job.
         path = os.path.join(workdir, "nobudget.jsonl")
         handle = job("nobudget", record_then_block_first_attempt, path, max_retries_preemption=0)
@@ -201,11 +215,19 @@ def main(output: str) -> None:
             results["nobudget_error"] = str(exc)
         results["nobudget_status"] = str(handle.status())
         results["nobudget_ran"] = read_lines(path)
-        client.shutdown(wait=False)
+        progress("done")
+    except BaseException:
+        # Printed before Ray shuts down: a Ray call after ray.shutdown() (a Fray thread still at work)
+        # ends the process at once, and the traceback would be lost.
+        traceback.print_exc()
+        sys.stderr.flush()
+        raise
     finally:
+        if client is not None:
+            client.shutdown(wait=False)
+        Path(output).write_text(json.dumps(results, indent=1))
         ray.shutdown()
         cluster.shutdown()
-        Path(output).write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":

@@ -76,6 +76,7 @@ class Launcher:
 
     REAP_PERIOD = 0.1  # seconds; how soon a job nobody waits on notices it finished or must retry
     REAP_LINGER = 2.0  # seconds the reaper outlives the last job: jobs run one at a time start no thread each
+    _JOIN_TIMEOUT = 10.0  # seconds shutdown() waits for an idle reaper's last ray.wait (it takes milliseconds)
 
     def __init__(self, address: str | None, namespace: str, spec: str) -> None:
         self.address = address
@@ -195,10 +196,21 @@ class Launcher:
                     for job, refs_ready in by_job.items():
                         _, attempt, refs = owners[refs_ready[0]]
                         job._collect(attempt, refs, refs_ready)
-            self._reaper_wake.wait(self.REAP_PERIOD)
+            if self._reaper_wake.wait(self.REAP_PERIOD):
+                self._reaper_wake.clear()  # woken once by shutdown(); a job still running is then polled as before
 
     def shutdown(self) -> None:
-        """Stop the reaper and the monitor thread."""
-        self._closing = True
+        """Stop the monitor thread, and the reaper once no job it watches is running.
+
+        The reaper is joined when it has nothing left to watch: a Ray call still in flight
+        when the caller goes on to ``ray.shutdown()`` ends the whole process. A job that
+        outlives the client (detached) keeps the reaper until it finishes.
+        """
+        with self._lock:
+            self._closing = True
+            reaper = self._reaper
+            busy = any(not job.finished for job in self._watched)
         self._reaper_wake.set()
+        if reaper is not None and not busy and reaper is not threading.current_thread():
+            reaper.join(timeout=self._JOIN_TIMEOUT)
         self.monitor.shutdown(wait=True)

@@ -39,6 +39,7 @@ __all__ = ["ActorJob", "CallableJob", "RayJobHandle"]
 
 # How long preempt() waits for a replica that was just launched to report where it runs.
 _PREEMPT_WAIT = 60.0
+_JOIN_TIMEOUT = 10.0  # seconds terminate() waits for an actor watcher's last look at Ray (it takes milliseconds)
 
 
 # ----- callable jobs ---------------------------------------------------------------------------
@@ -538,6 +539,12 @@ class ActorJob(RayJobHandle):
                 ray.wait([ref], timeout=SHUTDOWN_GRACE + 5.0)
         self._handle._kill()
         self._lifecycle.stop()
+        with self._lock:
+            watcher = self._watcher
+        if watcher is not None and watcher is not threading.current_thread():
+            # Its look at Ray ends within one call: a caller may shut Ray down next, and a Ray call
+            # still in flight then ends the whole process.
+            watcher.join(timeout=_JOIN_TIMEOUT)
         if self._on_terminate is not None:
             self._on_terminate(self._job_id)
 

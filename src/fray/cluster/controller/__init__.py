@@ -38,7 +38,7 @@ from fray.cluster.controller._queues import QueueService
 from fray.cluster.controller._scheduling_loop import LEASE_FRACTION, SchedulingLoop
 from fray.cluster.controller._specs import DEFAULT_MAX_SPECS, SpecCache
 from fray.cluster.controller._worker_sessions import WorkerSessions
-from fray.cluster.credentials import Issued
+from fray.cluster.credentials import ADMIN, Issued, issued_id
 from fray.cluster.messages import (
     CONTROLLER_ACTOR,
     JobSpec,
@@ -61,7 +61,7 @@ from fray.cluster.records import (
 from fray.cluster.scheduler import PendingJob, SchedulingDecision, schedule
 from fray.cluster.store import ClusterStore
 from fray.cluster.store._database import ReadOnlyMode
-from fray.errors import FrayError, JobAlreadyExists, NotFound, StorageError
+from fray.errors import AuthenticationError, FrayError, JobAlreadyExists, NotFound, PermissionDenied, StorageError
 from fray.job import JobStatus
 from fray.rpc.datarpc import pack, unpack
 from fray.rpc.registry import EndpointRegistry
@@ -118,6 +118,10 @@ class ControllerService:
         # never lost between the two, never sent twice.
         self._placing = threading.Lock()
         self._stopping = threading.Event()
+        # Held by a revocation from revoking in the store until the issuer has reloaded, and by a
+        # registration from checking its caller's credential until it is recorded: a registration
+        # whose credential check passed just before a revocation cannot make the revoked worker ALIVE.
+        self._membership = threading.Lock()
         # Endpoints of servers that are not Fray tasks (registered through the registry API).
         self._external = EndpointRegistry()
         # Whether the store can be written: when it cannot, the controller serves reads only.
@@ -276,13 +280,25 @@ class ControllerService:
 
     def revoke_worker(self, worker_id: str) -> WorkerRecord:
         """Revoke ``worker_id``'s credentials at once; it is lost (its tasks get new attempts) and REVOKED."""
-        effects = self._store.revoke_worker(worker_id, self._clock())
-        self._issuer.reload()
+        with self._membership:
+            effects = self._store.revoke_worker(worker_id, self._clock())
+            self._issuer.reload()
         with self._lock:
             self._sessions.end_epoch(worker_id)
         self._apply(effects)
         logger.warning("worker %s was revoked", worker_id)
         return self._store.get_worker(worker_id)
+
+    def _check_may_register(self, principal: str, worker_id: str) -> None:
+        if not self._keys.valid(principal):
+            raise AuthenticationError(f"the credential {principal!r} was revoked or has expired")
+        # The shared worker credential cannot be revoked, so a revoked worker id stays refused to it;
+        # an issued credential made after the revocation (a new join) is valid and brings it back.
+        if issued_id(principal) is None and principal != ADMIN and self.worker_revoked(worker_id):
+            raise PermissionDenied(
+                f"worker {worker_id!r} was revoked: it joins again only with a new join token "
+                "(fray token create --role worker; fray worker --join TOKEN)"
+            )
 
     def worker_revoked(self, worker_id: str) -> bool:
         """Whether ``worker_id`` is REVOKED (only a credential issued since brings it back)."""
@@ -316,18 +332,29 @@ class ControllerService:
     # ----- workers ------------------------------------------------------------------------------
 
     def register_worker(
-        self, info: WorkerInfo, address: str, running: list[TaskKey], exited: list[TaskExit] | None = None
+        self,
+        info: WorkerInfo,
+        address: str,
+        running: list[TaskKey],
+        exited: list[TaskExit] | None = None,
+        *,
+        principal: str | None = None,
     ) -> WorkerCommands:
         """A worker (re)joins with the tasks it runs and the exits not yet acknowledged; returns its orders.
 
         The answer carries the worker's new epoch (its older reports are refused from now
-        on) and its lease; the exits are recorded exactly as reports would be.
+        on) and its lease; the exits are recorded exactly as reports would be. ``principal``
+        is the caller's: checked again here, atomically with revocations, so that a worker
+        revoked while its registration was on the way stays REVOKED.
         """
-        now = self._clock()
         exits = list(exited or ())
-        effects = self._store.register_worker(
-            info, address, now, running, [(e.key, e.exit_code, e.failure) for e in exits]
-        )
+        with self._membership:
+            if principal is not None:
+                self._check_may_register(principal, info.worker_id)
+            now = self._clock()
+            effects = self._store.register_worker(
+                info, address, now, running, [(e.key, e.exit_code, e.failure) for e in exits]
+            )
         epoch = self._store.worker_epoch(info.worker_id)
         with self._lock:
             self._sessions.registered(info.worker_id, epoch, now)

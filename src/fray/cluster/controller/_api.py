@@ -162,12 +162,14 @@ class ControllerAPI:
     def _register_worker(self, caller: Caller, info: Any, address: Any, running: Any, exited: Any = ()) -> Any:
         worker_info = codec.worker_info_from(info)
         self._own_worker(caller, worker_info.worker_id)
-        if caller.worker_id is None and not caller.admin and self._service.worker_revoked(worker_info.worker_id):
-            raise PermissionDenied(
-                f"worker {worker_info.worker_id!r} was revoked: it joins again only with a new join token "
-                "(fray token create --role worker; fray worker --join TOKEN)"
-            )
-        return self._methods["register_worker"](info, address, running, exited)
+        commands = self._service.register_worker(
+            worker_info,
+            str(address),
+            [codec.key_from(k) for k in running],
+            [codec.exit_from(e) for e in exited],
+            principal=caller.principal,
+        )
+        return codec.commands_data(commands)
 
     def _poll(self, caller: Caller, worker_id: Any, epoch: Any, wait: Any = 1.0) -> Any:
         return self._methods["poll"](self._own_worker(caller, worker_id), epoch, wait)
