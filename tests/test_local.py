@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import pickle
 import subprocess
 import sys
 import textwrap
 import threading
+import weakref
 from pathlib import Path
 
 import pytest
@@ -490,3 +492,20 @@ def test_check_pickling_refuses_what_another_backend_could_not_ship():
         assert not default.check_pickling
     with pytest.raises(ConfigError, match="pickle='yes' must be 1"):
         fray.client_from_spec("local?pickle=yes")
+
+
+def test_finished_jobs_are_not_kept_with_their_logs(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each LocalJob holds its captured output and its lifecycle: a client that kept every one would grow
+    # without bound in a driver that submits many short jobs.
+    from fray.core._owned import OwnedWork
+
+    monkeypatch.setattr(OwnedWork, "SWEEP_AT", 4)
+    monkeypatch.setenv("FRAY_PENDING_NOTICE_SECONDS", "off")
+    with LocalClient() as client:
+        handle = client.submit(job("talker", print, "x" * 1000))
+        assert handle.wait(timeout=60) == JobStatus.SUCCEEDED
+        let_go = weakref.ref(handle._job)
+        del handle
+        for i in range(2 * OwnedWork.SWEEP_AT):
+            assert client.submit(job(f"quiet-{i}", abs, -i)).wait(timeout=60) == JobStatus.SUCCEEDED
+        wait_until(lambda: gc.collect() >= 0 and let_go() is None, timeout=30, what="the finished job to be let go")

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import threading
+import weakref
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,7 @@ from fray import (
     current_job,
     wait_all,
 )
+from fray.core._owned import OwnedWork
 from support import alive, wait_until
 
 
@@ -92,6 +95,17 @@ def loop_forever() -> None:
 
 def read_env(recorder, name: str) -> None:
     recorder.add(os.environ.get(name))
+
+
+class Baggage:
+    """An argument a test can tell is still referenced (weakly referable, unlike bytes)."""
+
+    def __init__(self) -> None:
+        self.data = bytes(1000)
+
+
+def weigh(baggage: Baggage) -> int:
+    return len(baggage.data)
 
 
 def callable_job(name: str, fn, *args, **kwargs) -> JobRequest:
@@ -345,3 +359,20 @@ def test_unpicklable_argument_is_rejected_at_submit(client, uid):
 
 def test_current_job_is_none_outside_jobs():
     assert fray.current_job() is None
+
+
+@pytest.mark.parametrize("detached", [True, False])
+def test_a_client_keeps_no_finished_job_its_caller_let_go(client, uid, monkeypatch, detached: bool):
+    # A driver that submits a million short jobs must not hold a million requests (arguments, logs)
+    # for the client's life: the client forgets finished jobs as its records grow (fray.core._owned).
+    monkeypatch.setattr(OwnedWork, "SWEEP_AT", 4)  # a sweep after a few jobs instead of hundreds
+    monkeypatch.setenv("FRAY_PENDING_NOTICE_SECONDS", "off")  # the notice holds each job for its first 10 s
+    baggage = Baggage()
+    let_go = weakref.ref(baggage)
+    handle = client.submit(callable_job(f"heavy-{uid}", weigh, baggage), detached=detached)
+    assert handle.wait(timeout=120) == JobStatus.SUCCEEDED
+    del handle, baggage
+    for i in range(2 * OwnedWork.SWEEP_AT):
+        later = client.submit(callable_job(f"light-{uid}-{i}", add_numbers, i), detached=detached)
+        assert later.wait(timeout=120) == JobStatus.SUCCEEDED
+    wait_until(lambda: gc.collect() >= 0 and let_go() is None, timeout=30, what="the finished job to be let go")

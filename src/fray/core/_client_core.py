@@ -44,6 +44,7 @@ from fray.actor_config import ActorConfig, check_actor_config_supported
 from fray.core._adopt import adopt_or_check, is_named
 from fray.core._driver_exit import ExitNotice, Leftovers, report, watch
 from fray.core._ids import random_hex
+from fray.core._owned import OwnedWork
 from fray.core._pending_notice import watch as watch_pending
 from fray.core._runtime import check_terminated
 from fray.errors import ConfigError, FrayError
@@ -129,7 +130,8 @@ class ClientCore(Generic[J, A]):
         self._closed = False
         self._job_context: Any = None
         self._lock = threading.Lock()
-        self._attached: list[J] = []  # jobs submitted with detached=False: stopped at exit
+        # Jobs submitted with detached=False, stopped at exit; finished ones are dropped as it grows.
+        self._attached: OwnedWork[J] = OwnedWork(self._known_finished)
         self._exit_watched = False
 
     # ----- the protocol ---------------------------------------------------------------------------
@@ -164,7 +166,7 @@ class ClientCore(Generic[J, A]):
         self._watch_exit()
         if not detached:
             with self._lock:
-                self._attached.append(handle)
+                self._attached.add(id(handle), handle)  # not job_id: a coalesced submit may not know it yet
         watch_pending(handle, self)  # a job nothing can place says why, once (fray.core._pending_notice)
         return handle
 
@@ -360,13 +362,17 @@ class ClientCore(Generic[J, A]):
     def _exit_notice(self) -> ExitNotice | None:
         return ExitNotice(f"the {self.BACKEND} backend")
 
+    def _known_finished(self, job: J) -> bool:
+        """Whether ``job`` is known to have finished, without asking the engine (runs under the client's lock)."""
+        return False
+
     def _outlives_script(self, job: J) -> bool:
         return False
 
     def _leftovers_at_exit(self) -> Leftovers:
         """By default one handle at a time: a job still running keeps running, is stopped, or ends with the script."""
         with self._lock:
-            attached = {handle.job_id for handle in self._attached}
+            attached = {handle.job_id for handle in self._attached.values()}
         leftovers = Leftovers()
         for job in self._owned_work()[0]:
             with contextlib.suppress(Exception):  # the engine may be half gone at exit: best effort

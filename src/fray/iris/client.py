@@ -16,6 +16,7 @@ from iris.cluster.types import Entrypoint as IrisEntrypoint
 from fray.core._client_core import ActorStart, ClientCore
 from fray.core._codepickle import dumps
 from fray.core._driver_exit import ExitNotice
+from fray.core._owned import OwnedWork
 from fray.core._serialization import call_parts, check_picklable
 from fray.errors import ConfigError, SerializationError
 from fray.iris import _connect, _task
@@ -77,7 +78,9 @@ class IrisClient(ClientCore["IrisJobHandle", "IrisActorHandle"]):
             from iris.client import IrisClient as IrisLib
 
             self._iris = IrisLib.remote(_connect.controller_url(self.address or ""), workspace=Path(self.workspace))
-        self._owned: list[tuple[IrisJobHandle, bool]] = []  # (job, is an actor)
+        self._owned: OwnedWork[tuple[IrisJobHandle, bool]] = OwnedWork(
+            lambda owned: owned[0]._known_finished()
+        )  # (job, is an actor)
 
     @classmethod
     def from_spec(cls, spec: ClientSpec) -> IrisClient:
@@ -107,6 +110,9 @@ class IrisClient(ClientCore["IrisJobHandle", "IrisActorHandle"]):
         handle = self._launch(request, entrypoint, _label(request), binary=not isinstance(entry, CallableEntrypoint))
         self._own(handle, actor=False)
         return handle
+
+    def _known_finished(self, job: IrisJobHandle) -> bool:
+        return job._known_finished()
 
     def _exit_notice(self) -> ExitNotice | None:
         # Inside a task Iris ends its children with it, and its log is no place for advice.
@@ -176,11 +182,12 @@ class IrisClient(ClientCore["IrisJobHandle", "IrisActorHandle"]):
 
     def _own(self, job: IrisJobHandle, *, actor: bool) -> None:
         with self._lock:
-            self._owned.append((job, actor))
+            self._owned.add(job.job_id, (job, actor))
 
     def _owned_work(self) -> tuple[list[IrisJobHandle], list[IrisJobHandle]]:
         with self._lock:
-            return [job for job, actor in self._owned if not actor], [job for job, actor in self._owned if actor]
+            owned = self._owned.values()
+        return [job for job, actor in owned if not actor], [job for job, actor in owned if actor]
 
 
 def _label(request: JobRequest) -> str:

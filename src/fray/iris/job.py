@@ -128,6 +128,10 @@ class IrisJobHandle:
     def _name(self) -> JobName:
         return JobName.from_wire(self._job_id)
 
+    def _known_finished(self) -> bool:
+        """Whether a wait already saw the job finish (no call to Iris)."""
+        return self._final is not None
+
     def status(self) -> JobStatus:
         """The job's current status: one state query to the controller."""
         if self._final is not None:

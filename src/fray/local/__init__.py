@@ -21,6 +21,7 @@ from typing import Any, cast
 from fray.client import ClientSpec
 from fray.core._client_core import ActorStart, ClientCore, check_count, check_installed, short_id
 from fray.core._driver_exit import ExitNotice
+from fray.core._owned import OwnedWork
 from fray.core._serialization import call_parts, check_picklable
 from fray.errors import ConfigError, JobAlreadyExists
 from fray.job import (
@@ -94,7 +95,7 @@ class LocalClient(ClientCore["LocalJobHandle", "LocalActorHandle"]):
         #: Refuse what another backend could not pickle (off: values are passed as they are).
         self.check_pickling = bool(check_pickling)
         self._echo = echo_logs
-        self._jobs: dict[str, LocalJob] = {}
+        self._jobs: OwnedWork[LocalJob] = OwnedWork(lambda job: job.lifecycle.finished)
         self._actors_by_job: dict[str, LocalActor] = {}
         self._actors_by_name: dict[str, LocalActor] = {}
         self._runner = JobRunner(self, self._parent_namespace, max_threads)
@@ -162,7 +163,7 @@ class LocalClient(ClientCore["LocalJobHandle", "LocalActorHandle"]):
         with self._lock:
             if self._closed:
                 raise self._shut_down()
-            self._jobs[job_id] = job
+            self._jobs.add(job_id, job)
         return job
 
     def _parent_namespace(self) -> str:
@@ -194,7 +195,7 @@ class LocalClient(ClientCore["LocalJobHandle", "LocalActorHandle"]):
             )
             with self._lock:
                 if name in self._actors_by_name:  # lost a race with another creator
-                    self._jobs.pop(job.job_id, None)
+                    self._jobs.pop(job.job_id)
                     raise JobAlreadyExists(f"an actor named {name!r} is already running in this client")
                 self._actors_by_name[name] = actor
                 self._actors_by_job[job.job_id] = actor
@@ -236,6 +237,9 @@ class LocalClient(ClientCore["LocalJobHandle", "LocalActorHandle"]):
         # Detached actors outlive the client (not the process: nothing of this backend can).
         hosts = [LocalJobHandle(j) for j in jobs if j.job_id in actors and not actors[j.job_id].config.detached]
         return [LocalJobHandle(job) for job in jobs if job.job_id not in actors], hosts
+
+    def _known_finished(self, job: LocalJobHandle) -> bool:
+        return job._job.lifecycle.finished
 
     def _exit_notice(self) -> ExitNotice:
         # Its jobs end with the process (local._local_job's exit hook, which runs after the notice).

@@ -20,6 +20,7 @@ from typing import Any
 from fray.client import ClientSpec
 from fray.core._client_core import ActorStart, ClientCore, check_count, check_installed, short_id
 from fray.core._driver_exit import ExitNotice
+from fray.core._owned import OwnedWork
 from fray.core._serialization import call_parts, check_picklable
 from fray.errors import ConfigError, JobAlreadyExists
 from fray.job import CallableEntrypoint, EnvironmentConfig, JobRequest, current_job
@@ -102,7 +103,7 @@ class MonarchClient(ClientCore["MonarchJobHandle", "MonarchActorHandle"]):
         self._workdir = Path(tempfile.mkdtemp(prefix=f"fray-monarch-{self.client_id}-"))
         # Logs and payloads outlive shutdown() (a finished job's logs stay readable) and go with the client.
         weakref.finalize(self, shutil.rmtree, str(self._workdir), True)
-        self._jobs: list[MonarchJob] = []
+        self._jobs: OwnedWork[MonarchJob] = OwnedWork(lambda job: job.lifecycle.finished)
         self._actors: dict[str, ActorRecord] = {}  # live actors by name
         self._all_actors: list[ActorRecord] = []
         self._meshes: list[HostMesh] = []
@@ -142,9 +143,13 @@ class MonarchClient(ClientCore["MonarchJobHandle", "MonarchActorHandle"]):
         with self._lock:
             if self._closed:
                 raise self._shut_down()
-            self._jobs.append(job)
+            self._jobs.add(job_id, job)
         job.start()
         return MonarchJobHandle(job, job_id)
+
+    def _known_finished(self, job: MonarchJobHandle) -> bool:
+        tracked = job._tracked
+        return tracked is not None and tracked.lifecycle.finished
 
     def _exit_notice(self) -> ExitNotice:
         return _NOTICE
@@ -202,7 +207,7 @@ class MonarchClient(ClientCore["MonarchJobHandle", "MonarchActorHandle"]):
 
     def _owned_work(self) -> tuple[list[MonarchJobHandle], list[ActorRecord]]:
         with self._lock:
-            return [MonarchJobHandle(job, job.job_id) for job in self._jobs], list(self._all_actors)
+            return [MonarchJobHandle(job, job.job_id) for job in self._jobs.values()], list(self._all_actors)
 
     def _release(self) -> None:
         """Returns once the actors' processes are stopped."""

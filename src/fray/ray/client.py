@@ -141,6 +141,9 @@ class RayClient(ClientCore["RayJobHandle", "RayActorHandle"]):
     def _start_job(self, request: JobRequest, detached: bool) -> RayJobHandle:
         return self._submit(request)
 
+    def _known_finished(self, job: RayJobHandle) -> bool:
+        return job._lifecycle.finished
+
     def _exit_notice(self) -> ExitNotice:
         return _NOTICE
 
