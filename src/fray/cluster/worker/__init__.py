@@ -86,6 +86,10 @@ logger = logging.getLogger(__name__)
 
 # A report of log lines alone waits this long after the first, so a task's burst of lines costs one report.
 _REPORT_GATHER_SECONDS = 0.003
+# A start waits this long for the task's exit: a short task's start and exit then cost one report (one
+# controller transaction, one round trip), and its exit is not queued behind its own start's report. A
+# long task shows RUNNING this much later.
+_START_GATHER_SECONDS = 0.02
 
 
 def _total_memory() -> int:
@@ -455,8 +459,7 @@ class Worker:
         task.proc = proc
         with self._lock:
             self._pending.started.append(task.assignment.key)
-        self._report_urgent.set()
-        self._report_ready.set()
+        self._report_ready.set()  # not urgent: it waits for the exit a moment (_START_GATHER_SECONDS)
         name = f"fray-task-{task.assignment.key}"
         threading.Thread(target=self._watch, args=(task,), name=name, daemon=True).start()
 
@@ -513,9 +516,11 @@ class Worker:
             beat = min(self._heartbeat, self._lease_seconds / 4) if self._lease_seconds else self._heartbeat
             if self._report_ready.wait(beat):
                 # Log lines wait a moment for more (a chatty task costs one report per moment, not one
-                # per line); a start or an exit ends the wait. The starts and exits of a burst gather
-                # while a report is on its way: the next report carries them all.
-                self._report_urgent.wait(_REPORT_GATHER_SECONDS)
+                # per line), a start a little longer for its exit; an exit ends the wait. The starts and
+                # exits of a burst gather while a report is on its way: the next report carries them all.
+                with self._lock:
+                    gather = _START_GATHER_SECONDS if self._pending.started else _REPORT_GATHER_SECONDS
+                self._report_urgent.wait(gather)
             self._report_urgent.clear()
             self._report_ready.clear()
             if not self._registered:
