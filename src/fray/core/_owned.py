@@ -11,7 +11,7 @@ client's own reference goes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
 __all__ = ["OwnedWork"]
@@ -45,22 +45,9 @@ class OwnedWork(Generic[T]):
         """Forget ``key``; its entry, or None if there was none."""
         return self._items.pop(key, None)
 
-    def get(self, key: Hashable) -> T | None:
-        """The entry of ``key``, or None."""
-        return self._items.get(key)
-
     def values(self) -> list[T]:
         """Every entry still held, oldest first."""
         return list(self._items.values())
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._items
-
-    def __iter__(self) -> Iterator[Hashable]:
-        return iter(list(self._items))
 
     def _sweep(self) -> None:
         self._items = {key: item for key, item in self._items.items() if not self._finished(item)}

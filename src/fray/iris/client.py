@@ -78,9 +78,8 @@ class IrisClient(ClientCore["IrisJobHandle", "IrisActorHandle"]):
             from iris.client import IrisClient as IrisLib
 
             self._iris = IrisLib.remote(_connect.controller_url(self.address or ""), workspace=Path(self.workspace))
-        self._owned: OwnedWork[tuple[IrisJobHandle, bool]] = OwnedWork(
-            lambda owned: owned[0]._known_finished()
-        )  # (job, is an actor)
+        # (job, is an actor)
+        self._owned: OwnedWork[tuple[IrisJobHandle, bool]] = OwnedWork(lambda owned: self._known_finished(owned[0]))
 
     @classmethod
     def from_spec(cls, spec: ClientSpec) -> IrisClient:
