@@ -1,4 +1,5 @@
-"""The fork server: a child gets exactly the environment its worker sent, and a task starts in the waiting spare."""
+"""The fork server: a child gets exactly the environment its worker sent, a task starts in the waiting spare, and a
+small callable task reports its own exit before its teardown."""
 
 from __future__ import annotations
 
@@ -10,9 +11,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from tests.support import alive
 
+from fray import Entrypoint
+from fray.cluster.envs._environments import Prepared
 from fray.cluster.taskproc._forkserver import _replace_environment
-from fray.cluster.taskproc._launch import ForkServer
+from fray.cluster.taskproc._launch import ForkedProcess, ForkServer, fork_request
 
 
 def test_a_task_environment_is_exactly_what_the_worker_sent(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -101,3 +105,52 @@ def test_a_large_request_goes_to_a_fresh_fork_and_the_spare_waits_on(
     assert task.stdout.read().decode().split() == [str(4 * (50 << 10))]
     assert task.wait(10) == 0
     assert spare in _children(fork_server)  # still waiting for the next task
+
+
+def _launch_callable(
+    server: ForkServer, tmp_path: Path, entry: Entrypoint, *, holds_device: bool = False
+) -> ForkedProcess:
+    """Fork a callable task the way the worker asks for one (an inline payload)."""
+    import cloudpickle
+
+    ready = Prepared(argv=[], env=dict(os.environ), cwd=str(tmp_path), forkable=True)
+    payload = cloudpickle.dumps(entry)
+    request = fork_request(
+        ready, payload, tmp_path / "payload", tmp_path / "failure", forked_callable=True, holds_device=holds_device
+    )
+    return server.launch(request)
+
+
+def test_a_small_callable_task_reports_its_exit_before_its_teardown(
+    spared: tuple[ForkServer, int, int], tmp_path: Path
+) -> None:
+    # The kernel's teardown of a fork of the warm interpreter is the largest step of a trivial
+    # job: a small CPU-only task declares its exit code first, and that is what the worker hears.
+    server, _, _ = spared
+    task = _launch_callable(server, tmp_path, Entrypoint.from_callable(print, args=("from the task",)))
+    assert task.stdout.read() == b"from the task\n"
+    assert task.wait(10) == 0 and task.declared
+    failed = _launch_callable(server, tmp_path, Entrypoint.from_callable(sys.exit, args=(3,)))
+    assert b"SystemExit: 3" in failed.stdout.read()
+    assert failed.wait(10) == 1 and failed.declared  # what waitpid would have said: _jobmain's code for a failure
+    assert (tmp_path / "failure").exists()  # written before the exit was declared
+
+
+def test_a_task_holding_a_device_or_much_memory_is_reported_once_it_is_gone(
+    spared: tuple[ForkServer, int, int], tmp_path: Path
+) -> None:
+    # Its device and its memory are free only once the kernel tore the process down: the next task
+    # placed on them must find them free, so its exit is reported by waitpid, never declared.
+    server, _, _ = spared
+    device = _launch_callable(server, tmp_path, Entrypoint.from_callable(print, args=("gpu",)), holds_device=True)
+    assert device.stdout.read() == b"gpu\n"
+    assert device.wait(10) == 0 and not device.declared and not alive(device.pid)
+    # 300 MiB resident at its exit: more than a task may hold and still declare (_DECLARE_MAX_RSS).
+    ballast = "import sys; sys.fray_test_ballast = b'x' * (300 << 20)"
+    large = _launch_callable(server, tmp_path, Entrypoint.from_callable(exec, args=(ballast,)))
+    assert large.stdout.read() == b""
+    assert large.wait(10) == 0 and not large.declared and not alive(large.pid)
+    killed = _launch_callable(server, tmp_path, Entrypoint.from_callable(exec, args=("import time; time.sleep(60)",)))
+    os.kill(killed.pid, signal.SIGKILL)
+    assert killed.stdout.read() == b""
+    assert killed.wait(10) == -signal.SIGKILL and not killed.declared

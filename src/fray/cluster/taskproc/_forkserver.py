@@ -9,8 +9,8 @@ forking it is safe) and talks to its worker over a Unix socket:
   callable task run in the forked child, or ``argv`` for a program the child executes),
   with the write end of the task's output pipe attached (``SCM_RIGHTS``); and ``{"renew": seconds}`` lines, the worker's *lease*;
 * server -> worker: ``{"started": id, "pid": N}`` after the fork and
-  ``{"exited": id, "code": N, "fenced": bool}`` when the child ends (negative: killed
-  by that signal).
+  ``{"exited": id, "code": N, "fenced": bool, "declared": bool}`` when the child ends
+  (negative: killed by that signal).
 
 Each child leads its own process group (so the worker can kill it with everything it
 starts) and dies with the fork server, which dies with the worker.
@@ -22,6 +22,17 @@ right after each task is handed over; it has already done what every child does 
 process group, the death signal, closing inherited descriptors), and it is not a task: the
 lease does not count it, and it ends with the fork server like any child. A spare that died
 or cannot be reached is replaced by a plain fork, so a task never waits on a broken spare.
+
+A spare that became a small callable task (the request says ``declare_exit``: no device)
+*declares* its exit: after closing its output it writes its exit code on its socket pair,
+then calls ``_exit``, and the fork server reports that code at once (``declared``). The
+kernel's teardown of a fork of this large interpreter takes 1-2 ms, the largest single
+step of a trivial job; nothing the worker or the controller does depends on it, except
+freeing what the process holds. So a task that holds a device, or more than
+:data:`_DECLARE_MAX_RSS` of memory, never declares: its exit is reported after ``waitpid``
+as before, when its device and memory are free for the next task. A child that dies
+without declaring (killed, or an ``exec``: the socket is close-on-exec) is reported by
+``waitpid`` too.
 
 The lease is what keeps a frozen worker's tasks from running beside their
 replacements: the worker renews it several times a second from its own thread. If the
@@ -51,6 +62,18 @@ _MAX_MESSAGE = 1 << 20
 # A request up to this size fits in the spare's empty socket buffer, so handing it over never blocks the
 # fork server (which also keeps the lease) on a spare still starting; a larger one goes to a fresh fork.
 _SPARE_REQUEST_BYTES = 64 << 10
+# A task resident in more memory than this does not declare its exit: it is reported once the memory is free.
+_DECLARE_MAX_RSS = 256 << 20
+
+
+def _may_declare() -> bool:
+    """True if this process is small enough that its exit may be reported before the kernel tears it down."""
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            resident_pages = int(statm.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return False
+    return resident_pages * os.sysconf("SC_PAGE_SIZE") <= _DECLARE_MAX_RSS
 
 
 def _detach(keep: int = -1) -> None:
@@ -77,8 +100,14 @@ def _detach(keep: int = -1) -> None:
         os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX"))
 
 
-def _run_child(request: dict[str, Any], output: int, *, detached: bool = False) -> None:
-    """In the forked child: become the task and never return."""
+def _run_child(
+    request: dict[str, Any], output: int, *, detached: bool = False, declare: tuple[socket.socket, int] | None = None
+) -> None:
+    """In the forked child: become the task and never return.
+
+    ``declare`` is the socket to declare the exit code on, and the pid that may declare it (not a
+    process the task forked, which would come back here when its copy of the task returns).
+    """
     code = 1
     try:
         os.dup2(output, 1)
@@ -116,6 +145,9 @@ def _run_child(request: dict[str, Any], output: int, *, detached: bool = False) 
         # of a large interpreter (about a millisecond): it finishes the task's log meanwhile.
         with contextlib.suppress(OSError):
             os.closerange(0, 3)
+        if declare is not None and os.getpid() == declare[1] and _may_declare():
+            with contextlib.suppress(OSError):  # the fork server is gone: nobody to tell
+                declare[0].send(bytes([code & 0xFF]))  # what waitpid would say of _exit(code)
         os._exit(code)
 
 
@@ -129,11 +161,20 @@ def _run_spare(sock: socket.socket) -> None:
         chunks = []
         while chunk := sock.recv(_MAX_MESSAGE):  # the request, up to the fork server's end-of-file
             chunks.append(chunk)
-        sock.close()
         request = json.loads(b"".join(chunks))
+        declare = None
+        if _declares(request):
+            declare = (sock, os.getpid())
+        else:
+            sock.close()
     except BaseException:
         os._exit(1)
-    _run_child(request, fds[0], detached=True)
+    _run_child(request, fds[0], detached=True, declare=declare)
+
+
+def _declares(request: dict[str, Any]) -> bool:
+    """True if the task of ``request``, given to a spare, declares its exit (a callable task without a device)."""
+    return bool(request.get("declare_exit")) and "argv" not in request
 
 
 def _replace_environment(env: dict[str, str]) -> None:
@@ -162,6 +203,9 @@ class _Server:
         # A descriptor arrives with the first bytes of its request, which may be split over reads.
         self.pending_fds: list[int] = []
         self.spare: tuple[int, socket.socket] | None = None  # (pid, our end of its socket pair)
+        self.selector = selectors.DefaultSelector()
+        self.declaring: dict[socket.socket, int] = {}  # a task's socket pair -> its pid, until it declares or ends
+        self.declared: set[int] = set()  # tasks whose exit was reported from their declaration, not yet reaped
 
     def send(self, message: dict[str, Any]) -> None:
         self.sock.sendall(json.dumps(message).encode() + b"\n")
@@ -178,10 +222,26 @@ class _Server:
                 self.spare[1].close()
                 self.spare = None
             task = self.children.pop(pid, None)
-            if task is not None:
+            if task is not None and pid not in self.declared:
                 code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-                self.send({"exited": task, "code": code, "fenced": pid in self.fenced})
+                self.send({"exited": task, "code": code, "fenced": pid in self.fenced, "declared": False})
             self.fenced.discard(pid)
+            self.declared.discard(pid)
+
+    def take_declaration(self, sock: socket.socket) -> None:
+        """Report the exit code a task wrote on its socket pair (nothing: it ended otherwise, waitpid reports it)."""
+        pid = self.declaring.pop(sock)
+        self.selector.unregister(sock)
+        try:
+            data = sock.recv(1)
+        except OSError:
+            data = b""
+        sock.close()
+        task = self.children.get(pid)
+        # A task the lease fenced is reported fenced, by waitpid, whatever it wrote.
+        if data and task is not None and pid not in self.fenced:
+            self.declared.add(pid)
+            self.send({"exited": task, "code": data[0], "fenced": False, "declared": True})
 
     def expire_lease(self) -> None:
         """The worker stopped renewing its lease: kill every task before the controller replaces them."""
@@ -228,12 +288,17 @@ class _Server:
         try:
             socket.send_fds(sock, [b"t"], [output])
             sock.sendall(line)
+            if _declares(request):
+                sock.shutdown(socket.SHUT_WR)  # the end of the request; the spare's declaration comes back
+                self.declaring[sock] = pid
+                self.selector.register(sock, selectors.EVENT_READ)
+                return pid
         except OSError:
+            sock.close()
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)  # reaped as a stranger; it never became the task
             return None
-        finally:
-            sock.close()
+        sock.close()
         return pid
 
     def fork_spare(self) -> None:
@@ -263,13 +328,16 @@ def serve(sock: socket.socket) -> None:
     signal.signal(signal.SIGCHLD, lambda signum, frame: None)  # only to wake the selector
     server = _Server(sock)
     server.fork_spare()
-    selector = selectors.DefaultSelector()
+    selector = server.selector
     selector.register(sock, selectors.EVENT_READ)
     selector.register(wake_r, selectors.EVENT_READ)
     while True:
         events = {key.fileobj for key, _ in selector.select(server.timeout())}
         if wake_r in events:
             os.read(wake_r, 4096)
+        for declaring in [e for e in events if e in server.declaring]:  # before reap(): it reports only the rest
+            assert isinstance(declaring, socket.socket)
+            server.take_declaration(declaring)
         server.reap()
         if sock not in events:
             server.expire_lease()

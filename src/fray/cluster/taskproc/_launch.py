@@ -25,7 +25,13 @@ _INLINE_PAYLOAD_BYTES = 1 << 20
 
 
 def fork_request(
-    ready: Prepared, payload: bytes | None, payload_path: Path, failure_path: Path, *, forked_callable: bool
+    ready: Prepared,
+    payload: bytes | None,
+    payload_path: Path,
+    failure_path: Path,
+    *,
+    forked_callable: bool,
+    holds_device: bool = False,
 ) -> dict[str, Any]:
     """What the fork server is asked to start for one task (see :mod:`._forkserver` for the fields).
 
@@ -34,8 +40,14 @@ def fork_request(
     request: writing it to a file and reading it back is a third of a millisecond of a trivial
     task's start. A large one, and the entrypoint of a callable task executed afresh, is
     written to ``payload_path`` (0600) first.
+
+    A forked callable task that holds no device (``holds_device``) may declare its exit
+    before its process is torn down (see :mod:`._forkserver`); one that holds a device is
+    reported only once the device is free.
     """
     request: dict[str, Any] = {"env": ready.env, "cwd": ready.cwd}
+    if forked_callable and not holds_device:
+        request["declare_exit"] = True
     if forked_callable and len(payload or b"") <= _INLINE_PAYLOAD_BYTES:
         request.update(payload_data=base64.b64encode(payload or b"").decode(), failure=str(failure_path))
         return request
@@ -58,10 +70,13 @@ class ForkedProcess:
         self.returncode: int | None = None
         #: True when the fork server killed it because the worker's lease expired.
         self.fenced = False
+        #: True when the child declared its exit code itself, before the kernel tore it down.
+        self.declared = False
 
-    def _set_exit(self, code: int, fenced: bool = False) -> None:
+    def _set_exit(self, code: int, fenced: bool = False, declared: bool = False) -> None:
         self.returncode = code
         self.fenced = fenced
+        self.declared = declared
         self._exited.set()
 
     def poll(self) -> int | None:
@@ -144,7 +159,9 @@ class ForkServer:
                     with self._lock:
                         exited = self._children.pop(message["exited"], None)
                     if exited is not None:
-                        exited._set_exit(int(message["code"]), bool(message.get("fenced")))
+                        exited._set_exit(
+                            int(message["code"]), bool(message.get("fenced")), bool(message.get("declared"))
+                        )
         self.alive = False
         with self._lock:
             waiting, self._waiting = self._waiting, {}

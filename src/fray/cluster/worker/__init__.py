@@ -404,7 +404,10 @@ class Worker:
         # anything else (a program, another interpreter or venv, a container, interpreter
         # settings) is executed afresh by the forked child.
         forked_callable = spec.argv is None and ready.forkable and not fresh_interpreter
-        request = fork_request(ready, spec.payload, payload, failure_path, forked_callable=forked_callable)
+        request = fork_request(
+            ready, spec.payload, payload, failure_path, forked_callable=forked_callable,
+            holds_device=spec.resources.device_kind != "cpu",
+        )  # fmt: skip
         proc: Process | None = self._fork(request)
         if proc is None:
             try:
