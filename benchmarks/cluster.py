@@ -7,7 +7,8 @@ Prints one table: cluster start-up, trivial job submit -> SUCCEEDED, bursts of t
 jobs, 8 actors created until all answer, one actor call (p50 of sequential calls), and
 the idle memory of the cluster, each next to Ray's and Iris's figures from the same run
 and the ratios. Like is compared with like: Fray's callable jobs with Ray *tasks*, Fray's
-binary jobs with Ray *Jobs*.
+binary jobs with Ray *Jobs*. Then where a trivial Fray job's time goes, and the floor of
+one process per job on this machine (``_isolation_floor.py``).
 
 The Iris column is Fray on Iris (``fray.iris.client.IrisClient``): the same code, the same
 ``JobRequest``s and actor class as the Fray column, on a local Iris cluster of this run
@@ -39,6 +40,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import psutil
+from _isolation_floor import isolation_floor
 from _own_iris import IrisUnavailable, OwnIris, iris_python, print_json, run_json, stop_on_sigterm
 from _own_ray import OwnRay
 
@@ -322,6 +324,13 @@ def main() -> None:
         print(
             "Fray trivial callable job, where the time goes (medians): "
             + ", ".join(f"{label} {fray_results[key] * 1000:.1f} ms" for label, key in SPLIT)
+        )
+        floor = isolation_floor()
+        print(
+            f"Floor of a process per job on this machine (a fork of the fork server's modules, running nothing): "
+            f"fork() {floor.fork_wall * 1000:.2f} ms (a spare takes it off a job's path), "
+            f"exit -> reaped {floor.exit_wall * 1000:.2f} ms (a small task declares its exit before it), "
+            f"{floor.cpu * 1000:.2f} ms CPU"
         )
 
 

@@ -14,7 +14,10 @@ the forked task processes: on a 2-core machine their sum bounds the rate at 2 s 
 and the controller's RSS before, after the burst and after ``--rss-jobs`` more jobs (flat
 means no leak).
 Ray: the same number of trivial tasks on a private local Ray (own temp dir, ``address=
-"local"``, 2 CPUs), shut down afterwards. Only processes this script started are stopped.
+"local"``, 2 CPUs), shut down afterwards, with the CPU of every process of that Ray per task.
+Only processes this script started are stopped.
+Last, the floor: the CPU an isolated process per job costs by itself on this machine (a fork
+of a process with the fork server's modules, which exits at once; see ``_isolation_floor.py``).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from _isolation_floor import isolation_floor
 from rich.console import Console
 from rich.table import Table
 
@@ -142,7 +146,20 @@ def cpu_by_role(driver: psutil.Process) -> dict[str, float]:
     return times
 
 
-def ray_rate(jobs: int) -> float:
+def tree_cpu(root: psutil.Process) -> float:
+    """CPU seconds so far of ``root`` and every process under it."""
+    total = 0.0
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            cpu = proc.cpu_times()
+        except psutil.Error:
+            continue  # ended meanwhile
+        total += cpu.user + cpu.system
+    return total
+
+
+def ray_rate(jobs: int) -> tuple[float, float]:
+    """Ray tasks per second, and the CPU milliseconds per task of this script and the Ray it started."""
     import ray
 
     with tempfile.TemporaryDirectory(prefix="fray-bench-ray-") as directory:
@@ -150,9 +167,12 @@ def ray_rate(jobs: int) -> float:
         try:
             task = ray.remote(noop)
             ray.get([task.remote() for _ in range(50)])
+            me = psutil.Process()
+            cpu_before = tree_cpu(me)
             started = time.perf_counter()
             ray.get([task.remote() for _ in range(jobs)])
-            return jobs / (time.perf_counter() - started)
+            elapsed = time.perf_counter() - started
+            return jobs / elapsed, 1000 * (tree_cpu(me) - cpu_before) / jobs
         finally:
             ray.shutdown()
 
@@ -165,7 +185,8 @@ def main() -> None:
     parser.add_argument("--profile", default=None)
     args = parser.parse_args()
     fray = fray_rows(args.jobs, args.rss_jobs, args.profile)
-    ray = None if args.no_ray else ray_rate(args.jobs)
+    ray, ray_cpu = (None, None) if args.no_ray else ray_rate(args.jobs)
+    floor = isolation_floor()
     table = Table(title=f"Controller under a backlog: {args.jobs} queued trivial callable jobs, 2 workers")
     for column in ("measure", "fray", "ray tasks", "fray / ray"):
         table.add_column(column)
@@ -194,6 +215,14 @@ def main() -> None:
             f"CPU per job by process, {form} (ms): {split}; sum {total:.2f} ms "
             f"-> at most {cores / total * 1000:.0f} jobs/s on {cores} cores"
         )
+    if ray_cpu is not None:
+        print(
+            f"Ray, CPU per task of the driver and every Ray process: {ray_cpu:.2f} ms (warm workers, no process per task)"
+        )
+    print(
+        f"Floor of an isolated process per job on this machine: {floor.cpu * 1e3:.2f} ms CPU (fork and reap "
+        f"{floor.parent_cpu * 1e3:.2f}, the child's own {floor.child_cpu * 1e3:.2f}) for a child that runs nothing"
+    )
 
 
 if __name__ == "__main__":
