@@ -11,12 +11,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from tests.support import alive
 
 from fray import Entrypoint
 from fray.cluster.envs._environments import Prepared
 from fray.cluster.taskproc._forkserver import _replace_environment
 from fray.cluster.taskproc._launch import ForkedProcess, ForkServer, fork_request
+from support import alive
 
 
 def test_a_task_environment_is_exactly_what_the_worker_sent(monkeypatch: pytest.MonkeyPatch) -> None:

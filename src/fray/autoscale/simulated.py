@@ -470,7 +470,7 @@ class SimulatedProvider:
         child = self._children.get(identity.pid)
         if child is not None:
             return child.poll() is None
-        return bool(identity.start) and identity.alive()
+        return bool(identity.start) and not identity.ended()
 
 
 def _worker_argv(vm: _Vm, launch: WorkerLaunch) -> list[str]:

@@ -116,7 +116,7 @@ def _stop(processes: dict[str, ProcessIdentity]) -> list[str]:
             notes.append(f"pid {identity.pid} is no longer the cluster's {name} (another program has it): left alone")
     deadline = time.monotonic() + _STOP_GRACE
     for identity in ours.values():
-        while identity.alive() and time.monotonic() < deadline:
+        while not identity.ended() and time.monotonic() < deadline:
             time.sleep(0.02)  # polling another process's exit: there is nothing to block on
         if identity.alive():
             with contextlib.suppress(ProcessLookupError):

@@ -39,6 +39,16 @@ class ProcessIdentity:
         """True while a process with this PID, start time and command line runs (a zombie does not count)."""
         return identify(self.pid) == self
 
+    def ended(self) -> bool:
+        """True once this process is gone: no process with this PID and start time runs, or it is a zombie.
+
+        What to wait on after signalling it: a process on its way out has no command line any
+        more (the kernel releases its memory first) while it still holds its files and ports, so
+        it is no longer :meth:`alive` but has not ended yet.
+        """
+        current = identify(self.pid)
+        return current is None or current.start != self.start
+
 
 def _linux(pid: int) -> ProcessIdentity | None:
     proc = Path(f"/proc/{pid}")
