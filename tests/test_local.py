@@ -143,8 +143,10 @@ def test_a_thread_in_a_long_c_call_stops_when_the_call_returns(local_client, mon
     handle = local_client.submit(job("blocked", spinner.block_in_c))
     assert spinner.entered.wait(10)
     handle.terminate()  # returns after the grace: the thread cannot be interrupted inside the wait
-    assert handle.status() == JobStatus.RUNNING
+    assert handle.status() == JobStatus.STOPPED  # final when terminate() returns, as on every backend
+    assert threads_named(f"fray-{handle.job_id}-r") != []  # ... while the thread is still inside the C call
     spinner.release.set()
+    wait_until(lambda: threads_named(f"fray-{handle.job_id}-r") == [], what="the thread to exit")
     assert handle.wait(timeout=30) == JobStatus.STOPPED
     assert spinner.after == []  # the exception landed as soon as the C call returned
 
@@ -235,8 +237,8 @@ def test_concurrent_jobs_keep_separate_logs(local_client):
     a = local_client.submit(job("a", chatter, "alpha"))
     b = local_client.submit(job("b", chatter, "beta"))
     fray.wait_all([a, b], timeout=30)
-    assert a.logs() == [f"alpha {i}" for i in range(50)]
-    assert b.logs() == [f"beta {i}" for i in range(50)]
+    assert a.logs() == tuple(f"alpha {i}" for i in range(50))
+    assert b.logs() == tuple(f"beta {i}" for i in range(50))
 
 
 def test_docker_image_is_noted_as_ignored(local_client):

@@ -63,7 +63,10 @@ def test_one_type_per_concept() -> None:
     assert fray.types.ActorConfig is fray.ActorConfig
     assert fray.cluster.ResourceConfig is fray.ResourceConfig
     assert fray.client.JobAlreadyExists is fray.JobAlreadyExists and fray.client.JobFailed is fray.JobFailed
-    assert fray.local_backend.LocalClient is fray.local.LocalClient
+    # marin's LocalClient is the local backend with marin's local rules; Fray's default refines it.
+    assert fray.local_backend.LocalClient is fray.local.MarinLocalClient
+    assert issubclass(fray.local.LocalClient, fray.local_backend.LocalClient)
+    assert isinstance(fray.current_client(), fray.local_backend.LocalClient)
     assert fray.local_backend.LocalJobHandle is fray.local.LocalJobHandle
     assert fray.types.TpuTopologyInfo is fray.TpuTopology
 
@@ -103,8 +106,12 @@ def test_resource_builders_and_measures() -> None:
 
     either = ResourceConfig.with_tpu(["v5p-8", "v4-8"])
     assert either.device_choices == (TpuConfig("v5p-8"), TpuConfig("v4-8"))
-    with pytest.raises(ConfigError, match="same hosts"):
+    with pytest.raises(ConfigError, match="vm_count and chips_per_vm"):
         ResourceConfig.with_tpu(["v6e-4", "v6e-16"])
+    # marin's sizing: half the TPU host, and a task per TPU VM in replicas (a Fray replica is a slice).
+    pod = ResourceConfig.with_tpu("v5p-16", slice_count=2)
+    assert (pod.cpu, pod.ram, pod.replicas, pod.replica_count, pod.chip_count()) == (104, "224g", 4, 2, 16)
+    assert ResourceConfig.with_tpu("v5p-16", cpu=8).cpu == 8
 
 
 def test_scale() -> None:
@@ -122,7 +129,10 @@ def test_scale() -> None:
 def test_marin_resource_fields() -> None:
     from fray.types import ANY_REGION, Entrypoint, JobRequest, ResourceConfig, TpuConfig
 
-    assert ResourceConfig(regions=[ANY_REGION]).regions is None
+    assert ResourceConfig(regions=[ANY_REGION]).placement_regions is None  # anywhere, said explicitly
+    mixed = ResourceConfig(regions=[ANY_REGION, "us-central1"])  # refused where it is placed, as marin does
+    with pytest.raises(ConfigError, match="ANY_REGION cannot be combined"):
+        _ = mixed.placement_regions
     named = ResourceConfig(device=TpuConfig("v5p-8"), device_alternatives=["v4-8"])
     assert named.device_choices == (TpuConfig("v5p-8"), TpuConfig("v4-8"))
     assert ResourceConfig(device_alternatives=["tpu:v6e-8", "v5litepod-8"]).device == TpuConfig("v6e-8")
@@ -221,7 +231,13 @@ def test_current_client_both_ways() -> None:
             "x",
         )
     assert fray.current_client() is not fake
-    with pytest.raises(ConfigError, match="no submit"), set_current_client(object()):  # type: ignore[arg-type]
+    # marin's tests install bare markers too: accepted, and what a step running under it sees.
+    marker = object()
+    with set_current_client(marker):  # type: ignore[arg-type]
+        assert current_client() is marker
+    with pytest.raises(ConfigError, match="client_from_spec"), set_current_client("local"):  # type: ignore[arg-type]
+        pass
+    with pytest.raises(ConfigError, match="an instance"), set_current_client(FakeClient):  # type: ignore[arg-type]
         pass
 
 
@@ -249,8 +265,9 @@ def test_marin_settings_fray_cannot_honour_are_refused_by_name() -> None:
     with LocalClient() as client:
         with pytest.raises(ConfigError, match="priority=3"):
             client.submit(JobRequest("p", Entrypoint.from_binary("true"), priority=3))
-        with pytest.raises(ConfigError, match="extras"):
-            client.submit(JobRequest("e", Entrypoint.from_binary("true"), environment=create_environment(extras=["x"])))
+        with pytest.raises(ConfigError, match="secrets"):
+            secrets = create_environment(secrets={"HF_TOKEN": "env:HF_TOKEN"})
+            client.submit(JobRequest("e", Entrypoint.from_binary("true"), environment=secrets))
         with pytest.raises(ConfigError, match="target_cluster"):
             client.submit(JobRequest("t", Entrypoint.from_binary("true"), resources=ResourceConfig(target_cluster="c")))
         with pytest.raises(ConfigError, match="priority"):
@@ -266,7 +283,7 @@ def test_local_job_handle_from_a_future() -> None:
     assert handle.job_id == "marin-job" and handle.status() == JobStatus.PENDING
     threading.Timer(0.05, future.set_result, (None,)).start()
     assert wait_all([handle], timeout=10) == [JobStatus.SUCCEEDED]
-    assert handle.logs() == []
+    assert handle.logs() == ()
 
     failing: concurrent.futures.Future[None] = concurrent.futures.Future()
     failing.set_exception(ValueError("boom"))
@@ -316,48 +333,139 @@ def test_actor_group_method_submit_and_current_actor() -> None:
 
 # ----- marin's real signatures ------------------------------------------------------------------
 
-# Names of marin-fray 0.2.227 that Fray does not have yet; each is listed in docs/marin.md.
-KNOWN_GAPS = {"EnvironmentConfig.secret_behavior"}
+#: marin-fray's modules, all compared name by name with Fray's.
+SIGNATURE_MODULES = [
+    "fray.types",
+    "fray.client",
+    "fray.current_client",
+    "fray.local_backend",
+    "fray.actor",
+    "fray.cluster",
+    "fray.iris_backend",
+    "fray.device_flops",
+]
+#: marin's private names that marin's own tests and fixtures use: compared too.
+PRIVATE_HOOKS = {
+    "fray.actor": ["_current_actor_ctx", "_set_current_actor", "_reset_current_actor"],
+    "fray.current_client": ["_current_client_var"],
+    "fray.local_backend": ["_set_current_actor", "_reset_current_actor"],
+    "fray.iris_backend": ["_set_current_actor", "_reset_current_actor", "_host_actor"],
+}
+#: Where Fray's constructor differs from marin's on purpose, by name (in every module): why (docs/marin.md).
+SIGNATURE_DIFFERENCES: dict[str, str] = {
+    "GpuConfig": "Fray's positional parameters are (type, count): marin's are (variant, kind, count), so marin's "
+    "code names count; variant= and kind= are accepted as keywords",
+    "TpuConfig": "Fray's positional parameters are (type, topology): marin's are (variant, kind, topology); "
+    "variant= and kind= are accepted as keywords",
+    "TpuTopologyInfo": "Fray's TpuTopology, built from its own fields; marin's field names are its properties",
+    "Entrypoint": "a base class with from_callable/from_binary; marin's Entrypoint(callable_entrypoint=...) "
+    "constructor is not offered (every entrypoint reads both of marin's attributes)",
+    "FrayEntrypoint": "fray.iris_backend's name for Fray's Entrypoint (the same difference as Entrypoint)",
+    "LocalActorHandle": "built by the local backend from its actor (marin's from a registry endpoint name)",
+    "LocalActorMethod": "Fray's one RemoteMethod(handle, name) for every backend (marin's wraps a bound method)",
+}
 
+# Run in the marin venv twice: with marin-fray first on the path (SPEC is None: read marin's whole
+# public surface), then with Fray (SPEC is marin's reading: describe the same names).
+_DESCRIBE = r"""
+import importlib, inspect, json, sys
 
-_READ_SIGNATURES = r"""
-import dataclasses, inspect, json
-import fray.types as t, fray.client as c, fray.local_backend as lb
-out = {"fields": {}, "methods": {}}
-for name in ("ResourceConfig", "EnvironmentConfig", "JobRequest", "ActorConfig"):
-    out["fields"][name] = [f.name for f in dataclasses.fields(getattr(t, name))]
-for cls, names in ((t.ResourceConfig, ("with_cpu", "with_gpu", "with_tpu", "scale", "chip_count", "device_flops",
-                   "total_flops")), (c.Client, ("submit", "host_actor")), (lb.LocalJobHandle, ("wait", "terminate", "logs"))):
-    for name in names:
-        out["methods"][f"{cls.__name__}.{name}"] = list(inspect.signature(getattr(cls, name)).parameters)
-out["methods"]["LocalJobHandle.__init__"] = list(inspect.signature(lb.LocalJobHandle).parameters)
-out["status"] = [m.name for m in t.JobStatus]
-import importlib
-out["names"] = {}
-for path in NAMED_MODULES:
+def params(obj):
+    try:
+        sig = inspect.signature(obj)
+    except (TypeError, ValueError):
+        return None
+    return [[p.name, p.kind.name, p.default is not inspect.Parameter.empty] for p in sig.parameters.values()]
+
+def describe(obj, members=None):
+    info = {"callable": callable(obj), "class": inspect.isclass(obj)}
+    if callable(obj):
+        info["params"] = params(obj)
+    if inspect.isclass(obj):
+        if members is None:
+            members = [n for n in vars(obj) if not n.startswith("_") or n == "__init__"]
+        info["members"] = {}
+        for name in members:
+            raw = inspect.getattr_static(obj, name, None)
+            if raw is None and not hasattr(obj, name):
+                info["members"][name] = None
+            elif isinstance(raw, property):
+                info["members"][name] = {"property": True}
+            else:
+                value = getattr(obj, name, None)
+                info["members"][name] = {"callable": callable(value), "params": params(value) if callable(value) else None}
+    return info
+
+def public(module):
+    for name, value in vars(module).items():
+        if name.startswith("_") or inspect.ismodule(value):
+            continue
+        origin = getattr(value, "__module__", None) or ""
+        # Fray's own names, the engines' names marin re-exports (Iris, rigging), and constants.
+        if origin.startswith(("fray", "iris", "rigging", "connectrpc")) or isinstance(value, (str, int, float, dict, list, tuple)):
+            yield name
+
+out = {}
+for path in MODULES:
     module = importlib.import_module(path)
-    names = getattr(module, "__all__", None) or [
-        n for n, v in vars(module).items() if (getattr(v, "__module__", None) or "").startswith("fray")
-    ]
-    out["names"][path] = sorted(n for n in names if not n.startswith("_"))
+    wanted = SPEC[path] if SPEC is not None else {n: None for n in [*public(module), *HOOKS.get(path, [])]}
+    out[path] = {}
+    for name, marin in wanted.items():
+        if not hasattr(module, name):
+            out[path][name] = None
+            continue
+        members = list((marin or {}).get("members") or {}) if SPEC is not None else None
+        out[path][name] = describe(getattr(module, name), members)
 import fray
 print(fray.__file__)
 print(json.dumps(out))
 """
-# marin-fray's modules whose public names Fray offers too (fray.iris_backend: see test_iris_backend_path).
-NAMED_MODULES = ["fray.types", "fray.client", "fray.current_client", "fray.local_backend", "fray.actor", "fray.cluster"]
-# marin-fray's public names Fray does not offer; each is listed in docs/marin.md with its reason.
-KNOWN_NAME_GAPS = {
-    "fray.types": {"TpuHostResources"},
-}
+
+
+def _describe(python: str, pythonpath: str | None, spec: dict | None) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "FRAY_", "VIRTUAL_ENV"))}
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    code = f"MODULES = {SIGNATURE_MODULES!r}\nHOOKS = {PRIVATE_HOOKS!r}\nSPEC = {spec!r}\n{_DESCRIBE}"
+    run = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert run.returncode == 0, f"reading the fray surface failed: {run.stderr.strip().splitlines()[-8:]}"
+    first, *_, last = run.stdout.splitlines()
+    return {"file": first, "surface": json.loads(last)}
+
+
+def _signature_problems(where: str, marin: list | None, ours: list | None) -> list[str]:
+    """What marin's code could call that Fray's signature refuses: a missing name, order, or default."""
+    if marin is None or ours is None:
+        return [] if marin is None else [f"{where}: Fray's has no readable signature"]
+    mine = {name: (kind, default) for name, kind, default in ours}
+    open_kwargs = any(kind == "VAR_KEYWORD" for _, kind, _ in ours)
+    open_args = any(kind == "VAR_POSITIONAL" for _, kind, _ in ours)
+    problems = []
+    positional_ours = [name for name, kind, _ in ours if kind in ("POSITIONAL_ONLY", "POSITIONAL_OR_KEYWORD")]
+    positional_marin = [name for name, kind, _ in marin if kind in ("POSITIONAL_ONLY", "POSITIONAL_OR_KEYWORD")]
+    for name, kind, default in marin:
+        if kind in ("VAR_POSITIONAL", "VAR_KEYWORD") or name.startswith("_"):
+            continue
+        if name not in mine:
+            if not open_kwargs:
+                problems.append(f"{where}: no parameter {name!r}")
+            continue
+        if default and not mine[name][1]:
+            problems.append(f"{where}: {name!r} has a default in marin's, not in Fray's")
+        if name in positional_marin and not open_args:
+            at = positional_marin.index(name)
+            if at >= len(positional_ours) or positional_ours[at] != name:
+                problems.append(f"{where}: positional parameter {at} is {name!r} in marin's, not in Fray's")
+    return problems
 
 
 @pytest.mark.timeout(SUITE_TIMEOUT + INSTALL_TIMEOUT)
-def test_our_surface_covers_marins_public_signatures() -> None:
-    """Reads only names and parameters from marin-fray, in the cached Python 3.12 venv, and compares.
+def test_every_marin_name_imports_from_fray_with_marins_signature() -> None:
+    """marin-fray's whole public surface (and the private hooks its tests use), compared name by name.
 
-    marin-fray lives in a directory of its own in that venv (``marin_fray_dir``), put first on
-    ``PYTHONPATH`` here only, so that ``import fray`` there is marin's.
+    Both surfaces are read in the cached Python 3.12 venv (marin-fray needs 3.12, and its
+    ``fray.iris_backend`` imports Iris): marin-fray with its package first on ``PYTHONPATH``
+    (``marin_fray_dir``), Fray as installed there from this checkout.
     """
     python, found = find_python312()
     if python is None:
@@ -366,38 +474,34 @@ def test_our_surface_covers_marins_public_signatures() -> None:
         venv, _ = ensure_marin_venv(python)
     except VenvBuildError as exc:
         pytest.fail(str(exc), pytrace=False)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "FRAY_", "VIRTUAL_ENV"))}
-    env["PYTHONPATH"] = str(marin_fray_dir(venv))
-    run = subprocess.run(
-        [str(venv / "bin" / "python"), "-c", f"NAMED_MODULES = {NAMED_MODULES!r}\n{_READ_SIGNATURES}"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-    )
-    assert run.returncode == 0, f"marin-fray does not import in {venv}: {run.stderr.strip().splitlines()[-5:]}"
-    assert "marin-fray" in run.stdout.splitlines()[0], "the fray read was not marin's"
-    marin = json.loads(run.stdout.splitlines()[-1])
-    import fray.types as ours
-    from fray.client import Client
-    from fray.local_backend import LocalJobHandle
-
-    for name, fields in marin["fields"].items():
-        ours_fields = {f.name for f in dataclasses.fields(getattr(ours, name))}
-        ours_fields |= {gap.split(".")[1] for gap in KNOWN_GAPS if gap.startswith(f"{name}.")}
-        assert set(fields) <= ours_fields, f"{name} lacks {set(fields) - ours_fields}"
-    classes = {"ResourceConfig": ours.ResourceConfig, "Client": Client, "LocalJobHandle": LocalJobHandle}
-    import inspect
-
-    for qualified, params in marin["methods"].items():
-        cls_name, method = qualified.split(".")
-        target = classes[cls_name] if method == "__init__" else getattr(classes[cls_name], method)
-        mine = list(inspect.signature(target).parameters)
-        known = [p for p in params if p not in ("args", "kwargs")]
-        assert set(known) <= set(mine), f"{qualified}: marin has {params}, Fray has {mine}"
-    assert marin["status"] == [s.name for s in ours.JobStatus]
-    for path, names in marin["names"].items():
-        module = importlib.import_module(path)
-        missing = {name for name in names if not hasattr(module, name)} - KNOWN_NAME_GAPS.get(path, set())
-        assert not missing, f"marin's {path} has {sorted(missing)}, Fray's does not"
-        assert KNOWN_NAME_GAPS.get(path, set()) <= set(names), f"a known gap of {path} is not marin's any more"
+    interpreter = str(venv / "bin" / "python")
+    marin = _describe(interpreter, str(marin_fray_dir(venv)), None)
+    assert "marin-fray" in marin["file"], "the fray read was not marin's"
+    ours = _describe(interpreter, None, marin["surface"])
+    assert "marin-fray" not in ours["file"], "the fray read was not this checkout's"
+    problems: list[str] = []
+    compared = 0
+    for path, names in marin["surface"].items():
+        for name, theirs in names.items():
+            where = f"{path}.{name}"
+            mine = ours["surface"][path].get(name)
+            compared += 1
+            if mine is None:
+                problems.append(f"{where}: missing")
+                continue
+            if theirs["callable"] and not mine["callable"]:
+                problems.append(f"{where}: callable in marin's, not in Fray's")
+                continue
+            if theirs["callable"] and name not in SIGNATURE_DIFFERENCES:
+                problems += _signature_problems(where, theirs.get("params"), mine.get("params"))
+            for member, their_member in (theirs.get("members") or {}).items():
+                label = f"{where}.{member}"
+                my_member = (mine.get("members") or {}).get(member)
+                if their_member is None:
+                    continue
+                if my_member is None:
+                    problems.append(f"{label}: missing")
+                elif their_member.get("callable") and member != "__init__":
+                    problems += _signature_problems(label, their_member.get("params"), my_member.get("params"))
+    print(f"compared {compared} of marin-fray's names and their members")
+    assert not problems, "Fray differs from marin-fray where marin's code would notice:\n" + "\n".join(problems)

@@ -42,7 +42,7 @@ def replica(argv: list[str], logs: LogBuffer | None = None, **kwargs) -> Replica
 def test_success_streams_output_into_the_log():
     logs = LogBuffer(echo=False)
     assert replica(["bash", "-c", "echo one; echo two >&2; printf three"], logs).run() is None
-    assert logs.lines() == ["one", "two", "three"]
+    assert logs.lines() == ("one", "two", "three")
 
 
 def test_nonzero_exit_is_a_failure_quoting_the_last_lines():
@@ -118,4 +118,4 @@ def test_the_replica_runs_with_its_identity_and_the_users_variables():
     logs = LogBuffer(echo=False)
     script = 'echo "$FRAY_JOB_ID $FRAY_REPLICA_INDEX $FRAY_CLIENT_SPEC $COLOUR"'
     assert replica(["bash", "-c", script], logs, user_env={"COLOUR": "blue"}).run() is None
-    assert logs.lines() == ["job-1 0 local blue"]
+    assert logs.lines() == ("job-1 0 local blue",)

@@ -12,13 +12,18 @@ import concurrent.futures
 import inspect
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol, runtime_checkable
 
 from fray.actor_config import ActorConfig, check_actor_config
 from fray.actor_context import ActorContext, current_actor
+
+# marin's private hooks, which its test fixtures import from fray.actor (redundant aliases: re-exported).
+from fray.actor_context import _current_actor_ctx as _current_actor_ctx
+from fray.actor_context import _reset_current_actor as _reset_current_actor
+from fray.actor_context import _set_current_actor as _set_current_actor
 from fray.core._progress import watch_ready
 from fray.core._remote import actor_died
 from fray.core._runtime import check_terminated
@@ -157,10 +162,14 @@ def check_actor_request(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     actor_config: object = None,
+    honoured: Collection[str] = (),
 ) -> tuple[ResourceConfig, ActorConfig]:
     """Validate ``create_actor``'s arguments the same way on every backend; raise ConfigError/SerializationError.
 
     Returns what the actor reserves (:func:`actor_resources`) and its config (the default for None).
+    marin's ``ResourceConfig`` fields ``image``, ``target_cluster`` and ``container_profile`` are
+    refused by name unless the backend honours them for actors (``honoured``: its ``HONOURS``,
+    e.g. ``"ResourceConfig.image"``).
     """
     validate_name(name, "actor name")
     if not isinstance(actor_class, type):
@@ -171,12 +180,14 @@ def check_actor_request(
     refused = [
         f"{field}={getattr(resources, field)!r}"
         for field in ("image", "target_cluster", "container_profile")
-        if isinstance(resources, ResourceConfig) and getattr(resources, field) is not None
+        if isinstance(resources, ResourceConfig)
+        and getattr(resources, field) is not None
+        and f"ResourceConfig.{field}" not in honoured
     ]
     if refused:
         raise ConfigError(
-            f"actor {name!r}: ResourceConfig({', '.join(refused)}) cannot be honoured for an actor on Fray's "
-            "backends (see docs/marin.md); leave it unset"
+            f"actor {name!r}: ResourceConfig({', '.join(refused)}) cannot be honoured for an actor on this "
+            "backend (see docs/marin.md); leave it unset"
         )
     check_picklable(f"actor {name!r}", call_parts(actor_class, args, kwargs, "the class"))
     return actor_resources(resources), config

@@ -60,8 +60,8 @@ class ActorConfig:
     max_concurrency: int = 1
     max_restarts: int = None  # type: ignore[assignment]  # None: 0, or max_task_retries; an int once built
     max_task_retries: int = 0
-    lifetime: str = "owned"
     priority: int = 0
+    lifetime: str = "owned"
 
     def __post_init__(self) -> None:
         retries = 0 if self.max_task_retries is None else self.max_task_retries

@@ -22,7 +22,14 @@ from typing import Any
 from fray.errors import ActorContextError
 from fray.job import current_job
 
-__all__ = ["SHUTDOWN_GRACE", "ActorContext", "ActorEnd", "bind_actor", "current_actor", "set_process_actor"]
+__all__ = [
+    "SHUTDOWN_GRACE",
+    "ActorContext",
+    "ActorEnd",
+    "bind_actor",
+    "current_actor",
+    "set_process_actor",
+]
 
 SHUTDOWN_GRACE = 2.0
 """Seconds a terminated actor's running method is given, after ``shutdown_requested`` is set, before it is
@@ -55,17 +62,38 @@ class ActorContext:
 
     After ``exit()`` or ``fail()`` no new call starts (each fails with
     ``ActorDiedError``) and the actor is not restarted.
+
+    ``ActorContext(handle, index, group_name, shutdown_event=None)`` is marin's constructor,
+    for tests that run actor code outside an actor (make it current with
+    ``fray.actor._set_current_actor``); backends build theirs with :meth:`of_actor`.
     """
 
-    def __init__(self, name: str, group_name: str | None, index: int, handle: Callable[[], Any]) -> None:
-        self._name = name
+    def __init__(
+        self,
+        handle: Any = None,
+        index: int = 0,
+        group_name: str | None = None,
+        shutdown_event: threading.Event | None = None,
+        *,
+        name: str | None = None,
+    ) -> None:
+        # marin's constructor (its test fixtures build contexts for code that calls
+        # current_actor() outside an actor); backends use ActorContext.of_actor.
+        self._name = name if name is not None else (f"{group_name}-{index}" if group_name else "actor")
         self._group_name = group_name
         self._index = index
-        self._handle_source = handle
-        self._handle: Any = None
-        self.shutdown_requested = threading.Event()
+        self._handle_source: Callable[[], Any] | None = None
+        self._handle: Any = handle
+        self.shutdown_requested = shutdown_event if shutdown_event is not None else threading.Event()
         self._lock = threading.Lock()
         self._end: ActorEnd | None = None
+
+    @classmethod
+    def of_actor(cls, name: str, group_name: str | None, index: int, handle: Callable[[], Any]) -> ActorContext:
+        """The context a backend makes for one actor instance; ``handle()`` builds its handle on first use."""
+        context = cls(None, index, group_name, name=name)
+        context._handle_source = handle
+        return context
 
     def __repr__(self) -> str:
         group = f", group={self._group_name!r}, index={self._index}" if self._group_name is not None else ""
@@ -98,7 +126,7 @@ class ActorContext:
     def handle(self) -> Any:
         """A picklable handle to this actor (an :class:`~fray.actor.ActorHandle`)."""
         with self._lock:
-            if self._handle is None:
+            if self._handle is None and self._handle_source is not None:
                 self._handle = self._handle_source()  # built on first use: it may connect to a controller
             return self._handle
 
@@ -130,13 +158,16 @@ class ActorContext:
             return self._end
 
 
-_current: contextvars.ContextVar[ActorContext | None] = contextvars.ContextVar("fray_current_actor", default=None)
+#: The actor of the running code, where actors are threads of a shared process (marin's name).
+_current_actor_ctx: contextvars.ContextVar[ActorContext | None] = contextvars.ContextVar(
+    "fray_current_actor", default=None
+)
 _process_actor: ActorContext | None = None
 
 
 def current_actor() -> ActorContext:
     """The actor whose constructor or method is running; :class:`~fray.errors.ActorContextError` elsewhere."""
-    context = _current.get() or _process_actor
+    context = _current_actor_ctx.get() or _process_actor
     if context is None:
         job = current_job()
         where = f"job {job.name!r}, which is not an actor" if job is not None else "code outside any actor"
@@ -149,7 +180,20 @@ def current_actor() -> ActorContext:
 
 def bind_actor(context: ActorContext | None) -> contextvars.Token[ActorContext | None]:
     """Make ``context`` the current actor in this context (None: no actor, e.g. a job started from an actor)."""
-    return _current.set(context)
+    return _current_actor_ctx.set(context)
+
+
+def _set_current_actor(ctx: ActorContext) -> contextvars.Token[ActorContext | None]:
+    """Make ``ctx`` what :func:`current_actor` returns in this context; undo with :func:`_reset_current_actor`.
+
+    marin's private hook, which its test fixtures use to run actor code outside an actor.
+    """
+    return _current_actor_ctx.set(ctx)
+
+
+def _reset_current_actor(token: contextvars.Token[ActorContext | None]) -> None:
+    """Undo a :func:`_set_current_actor` (marin's private hook)."""
+    _current_actor_ctx.reset(token)
 
 
 def set_process_actor(context: ActorContext | None) -> None:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextvars
 import importlib
 import os
+import sys
 import threading
+import types
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -212,9 +214,9 @@ def client_from_spec(text: str) -> Client:
     return client
 
 
-_CORE_METHODS = ("submit", "create_actor", "create_actor_group", "shutdown")
 _current: contextvars.ContextVar[Client | None] = contextvars.ContextVar("fray_current_client", default=None)
 _defaults: dict[str, Client] = {}
+_iris_clients: dict[int, tuple[object, Client]] = {}
 _defaults_lock = threading.Lock()
 
 
@@ -223,14 +225,20 @@ def current_client() -> Client:
 
     In order: the client set with :func:`set_current_client` (or the one running the
     current job or actor), else one built from ``FRAY_CLIENT_SPEC``, else the engine
-    this process runs inside (an Iris task), else the embedded local backend. Clients
+    context the calling code runs in (an Iris context made current with Iris's
+    ``iris_ctx_scope``, or an Iris task), else the embedded local backend. Clients
     built from the environment are made once per process and spec.
     """
     check_terminated()
     client = _current.get()
     if client is not None:
         return client
-    spec = os.environ.get("FRAY_CLIENT_SPEC", "").strip() or detect_spec() or "local"
+    spec = os.environ.get("FRAY_CLIENT_SPEC", "").strip()
+    if not spec:
+        found = _engine_context_client()
+        if found is not None:
+            return found
+    spec = spec or detect_spec() or "local"
     with _defaults_lock:
         client = _defaults.get(spec)
         # A default client someone shut down is replaced rather than handed out dead.
@@ -240,18 +248,47 @@ def current_client() -> Client:
         return client
 
 
+def _engine_context_client() -> Client | None:
+    """A client for the Iris context the calling code runs in (Iris's ``iris_ctx()``), else None.
+
+    Only looked up when the program already imported Iris's client: finding nothing costs
+    nothing and imports no engine. One Fray client per Iris client, so that jobs submitted
+    through it are shut down together.
+    """
+    module = sys.modules.get("iris.client.client")
+    get_ctx = getattr(module, "get_iris_ctx", None)
+    if get_ctx is None:
+        return None
+    ctx = get_ctx()
+    iris = getattr(ctx, "client", None)
+    if iris is None:
+        return None
+    with _defaults_lock:
+        held = _iris_clients.get(id(iris))
+        if held is not None and held[0] is iris and not getattr(held[1], "closed", False):
+            return held[1]
+        backend = getattr(importlib.import_module(_BACKENDS["iris"][0]), _BACKENDS["iris"][1])
+        client: Client = backend.from_iris_client(iris)
+        _iris_clients[id(iris)] = (iris, client)  # the Iris client is held, so its id is not reused
+        return client
+
+
 @contextmanager
 def set_current_client(client: Client) -> Iterator[Client]:
     """Make ``client`` the current client inside the ``with`` block; the previous one is restored on exit.
 
-    Any object with the protocol's job and actor methods (``submit``, ``create_actor``,
-    ``create_actor_group``, ``shutdown``) is accepted, e.g. a test's fake client.
+    Clients are checked by what they are, not by their class: any object may stand for a
+    client (marin's tests install fakes that only record what they are asked, or are mere
+    markers), so only what is certainly a mistake is refused with a ``ConfigError``: None,
+    a spec string (use :func:`client_from_spec`), a class instead of an instance, a module.
     """
-    missing = [name for name in _CORE_METHODS if not callable(getattr(client, name, None))]
-    if missing:
-        raise ConfigError(
-            f"set_current_client needs a fray Client, got {type(client).__name__} (no {', '.join(missing)})"
-        )
+    if client is None or isinstance(client, str | bytes | type | types.ModuleType):
+        hint = ""
+        if isinstance(client, str):
+            hint = f"; to make a client from a spec use set_current_client(client_from_spec({client!r}))"
+        elif isinstance(client, type):
+            hint = f"; pass an instance, e.g. {client.__name__}()"
+        raise ConfigError(f"set_current_client needs a client object, got {client!r}{hint}")
     token = _current.set(client)
     try:
         yield client

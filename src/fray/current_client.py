@@ -14,7 +14,7 @@ import types
 
 from fray.client import Client, current_client, set_current_client
 from fray.client import _current as _current_client_var
-from fray.local import LocalClient
+from fray.local import MarinLocalClient as LocalClient
 
 # LocalClient: marin's module offers the client it falls back to, which is Fray's too.
 __all__ = ["Client", "LocalClient", "current_client", "set_current_client"]

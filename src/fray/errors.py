@@ -105,26 +105,36 @@ class RemoteTraceback(Exception):
         return f'\n"""\n{self.text.rstrip()}\n"""'
 
 
-class JobFailed(_Remote):
+class JobFailed(_Remote, RuntimeError):
     """A job ended in the FAILED state; raised by ``wait()`` and ``wait_all()``.
 
     When the job's Python code raised, the instance is also of that exception's class
-    (``except ValueError`` works) and ``cause`` is the original exception. ``exit_code``
-    is the process exit code for binary jobs; ``message`` the reason without the job id.
+    (``except ValueError`` works) and the original exception is both ``cause`` and
+    ``__cause__`` (its own ``__cause__`` holds the remote traceback when it crossed a process
+    boundary). ``status`` is the job's final status (marin's ``JobFailed(job_id, status)``),
+    ``exit_code`` the process exit code for binary jobs, ``message`` the reason without the
+    job id. It is a ``RuntimeError`` too, as marin's is.
     """
 
     def __init__(
         self,
         job_id: str,
-        message: str,
+        status: str = "failed",
         *,
+        message: str = "",
         cause: BaseException | None = None,
         traceback_text: str = "",
         exit_code: int | None = None,
         type_name: str = "",
     ) -> None:
+        # marin builds JobFailed(job_id, status); Fray's earlier form gave the message second:
+        # a string that names no status is that message.
+        if status not in _STATUS_NAMES:
+            status, message = "failed", message or str(status)
+        message = message or f"status {status}"
         super().__init__(f"job {job_id!r} failed: {message}")
         self._init_job(job_id, message, cause=cause, traceback_text=traceback_text, exit_code=exit_code)
+        self.status = str(status)
         self.type_name = type_name or (_qualified(type(cause)) if cause is not None else "")
 
     def _init_job(
@@ -141,9 +151,10 @@ class JobFailed(_Remote):
         self.cause = cause
         self.traceback_text = traceback_text
         self.exit_code = exit_code
+        # The job's final status, as a plain string: it equals the JobStatus member (a StrEnum).
+        self.status = "failed"
         self._text = f"job {job_id!r} failed: {message}"
-        if traceback_text:
-            self.__cause__ = RemoteTraceback(traceback_text)
+        _chain(self, cause, traceback_text)
 
 
 class RemoteError(_Remote):
@@ -165,8 +176,26 @@ class RemoteError(_Remote):
         self.traceback_text = traceback_text
         self.cause = cause
         self._text = f"{_short(type_name)}: {message}" if message else _short(type_name)
+        _chain(self, cause, traceback_text)
+
+
+_STATUS_NAMES = frozenset({"pending", "running", "succeeded", "failed", "stopped"})
+
+
+def _chain(err: BaseException, cause: BaseException | None, traceback_text: str) -> None:
+    """Make the original exception ``err.__cause__`` (Ray's and marin's rule), with the remote traceback under it.
+
+    Code that inspects ``__cause__`` finds the user's own exception; printing the error still
+    shows where it was raised: the remote traceback is chained under the original when the
+    original crossed a process boundary (it has no traceback of its own here).
+    """
+    if cause is None:
         if traceback_text:
-            self.__cause__ = RemoteTraceback(traceback_text)
+            err.__cause__ = RemoteTraceback(traceback_text)
+        return
+    if traceback_text and cause.__traceback__ is None and cause.__cause__ is None:
+        cause.__cause__ = RemoteTraceback(traceback_text)
+    err.__cause__ = cause
 
 
 def _plain_job_failed(
@@ -178,7 +207,7 @@ def _plain_job_failed(
     type_name: str,
 ) -> JobFailed:
     return JobFailed(
-        job_id, message, cause=cause, traceback_text=traceback_text, exit_code=exit_code, type_name=type_name
+        job_id, message=message, cause=cause, traceback_text=traceback_text, exit_code=exit_code, type_name=type_name
     )
 
 
@@ -194,34 +223,53 @@ def _short(type_name: str) -> str:
     return type_name.rsplit(".", 1)[-1]
 
 
-class JobAlreadyExists(FrayError):
+class JobAlreadyExists(FrayError, RuntimeError):
     """A job or actor with this name is already live where the backend requires unique names.
 
-    ``handle`` is the live job's handle when the backend knows it (``submit(request,
-    adopt_existing=False)`` found it), else None.
+    ``job_name`` is the name that clashed; ``handle`` the live job's handle when the backend
+    knows it (``submit(request, adopt_existing=False)`` found it), else None; ``reason`` says
+    where the clash was and what to do. marin's constructor, ``JobAlreadyExists(job_name,
+    handle=None)``, and its ``RuntimeError`` base, are kept.
     """
 
-    def __init__(self, *args: object, handle: Any = None) -> None:
-        super().__init__(*args)
+    job_name: str = ""
+    handle: Any = None
+    reason: str = ""
+
+    def __init__(self, job_name: str, handle: Any = None, *, reason: str = "") -> None:
+        self.job_name = job_name
         self.handle = handle
+        self.reason = reason
+        super().__init__(f"job {job_name!r} already exists" + (f": {reason}" if reason else ""))
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (_rebuild_already_exists, (self.args, self.handle))
+        return (_rebuild_already_exists, (self.job_name, self.handle, self.reason))
 
 
-def _rebuild_already_exists(args: tuple[object, ...], handle: Any) -> JobAlreadyExists:
-    return JobAlreadyExists(*args, handle=handle)
+def _rebuild_already_exists(job_name: str, handle: Any, reason: str) -> JobAlreadyExists:
+    return JobAlreadyExists(job_name, handle, reason=reason)
 
 
 class JobTerminated(FrayError):
     """Raised inside a job (at its next Fray call) after the job was terminated from outside."""
 
 
-class ActorDiedError(FrayError):
-    """The actor is gone: its constructor raised, its process died, or it was shut down.
+class ActorUnavailableError(FrayError, RuntimeError):
+    """The actor cannot serve the call: it could not be reached, was replaced by a new instance, or is dead.
+
+    marin's contract (and its ``RuntimeError`` base): every failure to reach an actor is one
+    of these, so ``except ActorUnavailableError`` also catches :class:`ActorDiedError`, the
+    permanent kind. When raised for a call already sent, the call may or may not have run;
+    :class:`CallNotSentError` says it did not.
+    """
+
+
+class ActorDiedError(ActorUnavailableError):
+    """The actor is gone for good: its constructor raised, its process died, or it was shut down.
 
     Calls to it will never succeed; ``__cause__`` holds the original error when known
-    (and travels with it when it is pickled, e.g. from an actor's process).
+    (and travels with it when it is pickled, e.g. from an actor's process). A call made
+    after the death was known never ran.
     """
 
     def __str__(self) -> str:
@@ -247,13 +295,6 @@ class ActorContextError(FrayError, RuntimeError):
     """
 
 
-class ActorUnavailableError(FrayError):
-    """The actor could not be reached, or was replaced by a new instance under the same name.
-
-    When raised for a call already sent, the call may or may not have run.
-    """
-
-
 class RpcTimeoutError(ActorUnavailableError, TimeoutError):
     """A call did not complete within ``RpcOptions.timeout``; if it was sent, it may or may not have run."""
 
@@ -261,7 +302,7 @@ class RpcTimeoutError(ActorUnavailableError, TimeoutError):
 class CallNotSentError(ActorUnavailableError):
     """The call provably never reached the actor: it did not run, and sending it again is safe.
 
-    Every other :class:`ActorUnavailableError` about a call means it may or may not have run.
+    Every other :class:`ActorUnavailableError` about a call in flight means it may or may not have run.
     """
 
 

@@ -7,7 +7,7 @@ import dataclasses
 import os
 import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol, overload, runtime_checkable
@@ -19,6 +19,7 @@ from fray.resources import ResourceConfig
 __all__ = [
     "BinaryEntrypoint",
     "CallableEntrypoint",
+    "Duration",
     "Entrypoint",
     "EnvironmentConfig",
     "JobHandle",
@@ -26,6 +27,7 @@ __all__ = [
     "JobRequest",
     "JobStatus",
     "JobSummary",
+    "SecretBehavior",
     "create_environment",
     "current_job",
     "wait_all",
@@ -74,14 +76,75 @@ _FINAL = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED})
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
+class SecretBehavior(StrEnum):
+    """Whether a job inherits the credentials its submitter has, or sees only its own ``secrets`` (marin's)."""
+
+    INHERIT = "inherit"
+    ISOLATE = "isolate"
+
+
+@dataclass(frozen=True)
+class Duration:
+    """A length of time, in whole milliseconds (marin's ``fray.types.Duration``).
+
+    ``JobRequest.timeout`` takes one, or a number of seconds, or any object with a
+    ``to_seconds()`` method (marin's own ``rigging.timing.Duration``).
+    """
+
+    milliseconds: int
+
+    @classmethod
+    def from_ms(cls, milliseconds: float) -> Duration:
+        """``milliseconds`` milliseconds."""
+        return cls(int(milliseconds))
+
+    @classmethod
+    def from_seconds(cls, seconds: float) -> Duration:
+        """``seconds`` seconds."""
+        return cls(int(seconds * 1000))
+
+    @classmethod
+    def from_minutes(cls, minutes: float) -> Duration:
+        """``minutes`` minutes."""
+        return cls(int(minutes * 60_000))
+
+    @classmethod
+    def from_hours(cls, hours: float) -> Duration:
+        """``hours`` hours."""
+        return cls(int(hours * 3_600_000))
+
+    def to_ms(self) -> int:
+        """The length in milliseconds."""
+        return self.milliseconds
+
+    def to_seconds(self) -> float:
+        """The length in seconds."""
+        return self.milliseconds / 1000
+
+
+def seconds_of(value: object, what: str) -> float | None:
+    """``value`` (None, seconds, a :class:`Duration` or anything with ``to_seconds()``) in seconds; ConfigError else."""
+    if value is None:
+        return None
+    to_seconds = getattr(value, "to_seconds", None)
+    seconds = to_seconds() if callable(to_seconds) else value
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds > 0:
+        raise ConfigError(f"{what}={value!r} must be a number of seconds > 0, a Duration, or None")
+    return float(seconds)
+
+
 @dataclass(frozen=True)
 class EnvironmentConfig:
     """Where and with what a job runs: a workspace directory or a docker image, extra pip packages, env vars.
 
     ``secrets``, ``extras``, ``setup_scripts`` and ``sync_packages`` are marin's fields
-    (Iris's uv-based environments, see ``docs/marin.md``): they may be written, and
-    Fray's backends refuse a job that sets them (empty ``setup_scripts`` is Fray's
-    behaviour anyway: no setup runs) rather than run it in another environment.
+    (Iris's uv-based environments, see ``docs/marin.md``): they may be written, and a
+    backend that does not honour one refuses a job that sets it (empty ``setup_scripts``
+    is Fray's behaviour anyway: no setup runs) rather than run it in another environment.
+    ``extras`` names extras (``[project.optional-dependencies]``) or, failing that,
+    dependency groups (``[dependency-groups]``) of the job's project: on ``fray://`` the
+    workspace's, installed into the job's environment; on the local backend the
+    workspace's or the current directory's, checked to be installed here.
     """
 
     workspace: str | None = None
@@ -89,17 +152,22 @@ class EnvironmentConfig:
     pip_packages: Sequence[str] = ()
     env_vars: Mapping[str, str] = field(default_factory=dict)
     secrets: Mapping[str, str] = field(default_factory=dict)
+    secret_behavior: SecretBehavior = SecretBehavior.INHERIT
     extras: Sequence[str] = ()
     setup_scripts: Sequence[str] | None = None
     sync_packages: Sequence[str] = ()
 
-    def unsupported(self) -> list[str]:
-        """marin's settings made here that no Fray backend honours yet (``[]`` when none)."""
-        found = [
-            f"{name}={getattr(self, name)!r}" for name in ("secrets", "extras", "sync_packages") if getattr(self, name)
-        ]
+    def marin_settings(self) -> dict[str, object]:
+        """marin's settings made here, away from their defaults: ``{"EnvironmentConfig.extras": [...], ...}``."""
+        found: dict[str, object] = {
+            f"EnvironmentConfig.{name}": getattr(self, name)
+            for name in ("secrets", "extras", "sync_packages")
+            if getattr(self, name)
+        }
         if self.setup_scripts:
-            found.append(f"setup_scripts={self.setup_scripts!r}")
+            found["EnvironmentConfig.setup_scripts"] = self.setup_scripts
+        if self.secret_behavior != SecretBehavior.INHERIT:
+            found["EnvironmentConfig.secret_behavior"] = self.secret_behavior
         return found
 
     def __post_init__(self) -> None:
@@ -115,6 +183,13 @@ class EnvironmentConfig:
         if not isinstance(self.secrets, Mapping):
             raise ConfigError(f"EnvironmentConfig(secrets={self.secrets!r}) must be a mapping of str to str")
         object.__setattr__(self, "secrets", dict(self.secrets))
+        try:
+            object.__setattr__(self, "secret_behavior", SecretBehavior(self.secret_behavior))
+        except ValueError:
+            raise ConfigError(
+                f"EnvironmentConfig(secret_behavior={self.secret_behavior!r}) must be one of "
+                f"{[b.value for b in SecretBehavior]}"
+            ) from None
         if isinstance(self.pip_packages, str):
             raise ConfigError(
                 f"EnvironmentConfig(pip_packages={self.pip_packages!r}) must be a list, e.g. [{self.pip_packages!r}]"
@@ -151,6 +226,7 @@ def create_environment(
     setup_scripts: Sequence[str] | None = None,
     sync_packages: Sequence[str] | None = None,
     secrets: Mapping[str, str] | None = None,
+    secret_behavior: SecretBehavior = SecretBehavior.INHERIT,
 ) -> EnvironmentConfig:
     """An :class:`EnvironmentConfig` from optional parts (marin's ``fray.types.create_environment``)."""
     return EnvironmentConfig(
@@ -159,70 +235,47 @@ def create_environment(
         pip_packages=tuple(pip_packages or ()),
         env_vars=dict(env_vars or {}),
         secrets=dict(secrets or {}),
+        secret_behavior=secret_behavior,
         extras=tuple(extras or ()),
         setup_scripts=setup_scripts,
         sync_packages=tuple(sync_packages or ()),
     )
 
 
-@dataclass(frozen=True)
-class CallableEntrypoint:
-    """Run ``callable(*args, **kwargs)`` in Python; the job fails if it raises."""
-
-    callable: Callable[..., Any]
-    args: tuple[Any, ...] = ()
-    kwargs: Mapping[str, Any] = field(default_factory=dict)
-
-    @property
-    def callable_entrypoint(self) -> CallableEntrypoint:
-        """This entrypoint (marin's ``Entrypoint`` holds one of two parts; this is the callable one)."""
-        return self
-
-    @property
-    def binary_entrypoint(self) -> None:
-        """None: this entrypoint runs a callable."""
-        return None
-
-
-@dataclass(frozen=True)
-class BinaryEntrypoint:
-    """Run ``command`` with ``args`` as a process; the job fails if it exits non-zero."""
-
-    command: str
-    args: tuple[str, ...] = ()
-
-    @property
-    def argv(self) -> list[str]:
-        """The full argument vector."""
-        return [self.command, *self.args]
-
-    @property
-    def callable_entrypoint(self) -> None:
-        """None: this entrypoint runs a program."""
-        return None
-
-    @property
-    def binary_entrypoint(self) -> BinaryEntrypoint:
-        """This entrypoint (marin's ``Entrypoint`` holds one of two parts; this is the binary one)."""
-        return self
-
-
 class Entrypoint:
-    """Factory for the two kinds of entrypoint."""
+    """What a job runs: a Python callable (:class:`CallableEntrypoint`) or a program (:class:`BinaryEntrypoint`).
+
+    Build one with :meth:`from_callable` or :meth:`from_binary`. Every entrypoint is an
+    ``Entrypoint`` and reads both of marin's attributes (``callable_entrypoint``,
+    ``binary_entrypoint``: itself, or None); marin's ``Entrypoint(callable_entrypoint=...)``
+    constructor is not offered (see ``docs/marin.md``).
+    """
+
+    __slots__ = ()
+
+    @property
+    def callable_entrypoint(self) -> CallableEntrypoint | None:
+        """This entrypoint if it runs a callable, else None (marin's attribute)."""
+        return self if isinstance(self, CallableEntrypoint) else None
+
+    @property
+    def binary_entrypoint(self) -> BinaryEntrypoint | None:
+        """This entrypoint if it runs a program, else None (marin's attribute)."""
+        return self if isinstance(self, BinaryEntrypoint) else None
 
     @staticmethod
     def from_callable(
-        fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None
+        c: Callable[..., Any], args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None
     ) -> CallableEntrypoint:
-        """A Python callable and its arguments."""
-        if not callable(fn):
-            raise ConfigError(f"Entrypoint.from_callable needs a callable, got {type(fn).__name__}: {fn!r}")
+        """A Python callable ``c`` and its arguments."""
+        if not callable(c):
+            raise ConfigError(f"Entrypoint.from_callable needs a callable, got {type(c).__name__}: {c!r}")
         # A tuple or list is the usual case, told apart without Sequence's slower ABC check.
         if type(args) not in (tuple, list) and (isinstance(args, str | bytes) or not isinstance(args, Sequence)):
             raise ConfigError(f"Entrypoint.from_callable(args={args!r}) must be a tuple or list of arguments")
         if kwargs is not None and not isinstance(kwargs, Mapping):
             raise ConfigError(f"Entrypoint.from_callable(kwargs={kwargs!r}) must be a dict")
-        return CallableEntrypoint(fn, tuple(args), dict(kwargs or {}))
+        return CallableEntrypoint(c, tuple(args), dict(kwargs or {}))
 
     @staticmethod
     def from_binary(command: str, args: Sequence[str] = ()) -> BinaryEntrypoint:
@@ -232,6 +285,28 @@ class Entrypoint:
         if isinstance(args, str) or not all(isinstance(a, str) for a in args):
             raise ConfigError(f"Entrypoint.from_binary(args={args!r}) must be a list of strings")
         return BinaryEntrypoint(command, tuple(args))
+
+
+@dataclass(frozen=True)
+class CallableEntrypoint(Entrypoint):
+    """Run ``callable(*args, **kwargs)`` in Python; the job fails if it raises."""
+
+    callable: Callable[..., Any]
+    args: tuple[Any, ...] = ()
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class BinaryEntrypoint(Entrypoint):
+    """Run ``command`` with ``args`` as a process; the job fails if it exits non-zero."""
+
+    command: str
+    args: tuple[str, ...] = ()
+
+    @property
+    def argv(self) -> list[str]:
+        """The full argument vector."""
+        return [self.command, *self.args]
 
 
 EntrypointType = CallableEntrypoint | BinaryEntrypoint
@@ -258,9 +333,18 @@ class JobRequest:
     the request is built. ``resources.image``, when set, becomes the environment's
     ``docker_image``. ``max_task_failures`` is marin's name for the failure budget: it
     raises ``max_retries_failure`` to its value (a job tolerates that many failed
-    attempts). ``processes_per_task``, ``priority`` and ``timeout`` are marin's fields
-    that Fray's backends refuse away from the default, by name, at submit (see
-    ``docs/marin.md``).
+    attempts). ``priority`` and ``timeout`` are marin's fields that a backend refuses
+    away from the default, by name, at submit unless it honours them (see ``docs/marin.md``).
+
+    ``processes_per_task=N`` (marin's) runs N processes of the entrypoint in each replica
+    (on ``fray://``, local and Monarch; refused by name elsewhere). Each process sees its
+    rank in ``current_job()`` and in ``FRAY_PROCESS_INDEX`` (``replica_index * N + local``),
+    ``FRAY_PROCESS_COUNT`` (``replicas * N``), ``FRAY_LOCAL_PROCESS_INDEX`` and
+    ``FRAY_LOCAL_PROCESS_COUNT``; N must divide a replica's GPUs, and each process gets its
+    contiguous share in ``CUDA_VISIBLE_DEVICES``. The replica fails as soon as one process
+    fails (the others are stopped: SIGTERM, then SIGKILL) with that process's error, and
+    succeeds when all succeed; each output line is prefixed ``[proc I] ``, I the local
+    index. Retries apply to the replica as a whole.
     """
 
     name: str
@@ -268,34 +352,47 @@ class JobRequest:
     resources: ResourceConfig = field(default_factory=ResourceConfig)
     environment: EnvironmentConfig | None = None
     replicas: int = None  # type: ignore[assignment]  # None: resources.replicas; an int once built
+    processes_per_task: int = 1
     max_retries_failure: int = 0
     max_retries_preemption: int = 100
-    processes_per_task: int = 1
     max_task_failures: int = 0
     priority: int = 0
-    timeout: Any = None
+    timeout: float | Duration | None = None
 
-    def unsupported(self) -> list[str]:
-        """marin's settings made here that no Fray backend honours yet (``[]`` when none)."""
-        found = [
-            f"JobRequest({name}={getattr(self, name)!r})"
-            for name, default in (
-                ("processes_per_task", 1),
-                ("priority", 0),
-                ("timeout", None),
-            )
+    @property
+    def timeout_seconds(self) -> float | None:
+        """``timeout`` in seconds (None: no limit)."""
+        return seconds_of(self.timeout, "JobRequest.timeout")
+
+    def marin_settings(self) -> dict[str, object]:
+        """marin's settings made here, away from their defaults, by qualified field name.
+
+        ``{"JobRequest.priority": 1, "ResourceConfig.target_cluster": "x", ...}``: what a
+        backend must honour or refuse by name (its ``HONOURS``, see ``docs/marin.md``).
+        """
+        found: dict[str, object] = {
+            f"JobRequest.{name}": getattr(self, name)
+            for name, default in (("processes_per_task", 1), ("priority", 0), ("timeout", None))
             if getattr(self, name) != default
-        ]
+        }
         for name in ("target_cluster", "container_profile"):
             if getattr(self.resources, name) is not None:
-                found.append(f"ResourceConfig({name}={getattr(self.resources, name)!r})")
+                found[f"ResourceConfig.{name}"] = getattr(self.resources, name)
         if self.environment is not None:
-            found.extend(f"EnvironmentConfig({item})" for item in self.environment.unsupported())
+            found.update(self.environment.marin_settings())
         return found
+
+    def unsupported(self, honoured: Collection[str] = ()) -> list[str]:
+        """The marin settings made here that a backend honouring ``honoured`` must refuse (``[]`` when none)."""
+        return [
+            f"{field.replace('.', '(', 1)}={value!r})"
+            for field, value in self.marin_settings().items()
+            if field not in honoured
+        ]
 
     def __post_init__(self) -> None:
         if self.replicas is None and isinstance(self.resources, ResourceConfig):
-            object.__setattr__(self, "replicas", self.resources.replicas)
+            object.__setattr__(self, "replicas", self.resources.replica_count)
         if isinstance(self.resources, ResourceConfig) and self.resources.image is not None:
             env = self.environment if isinstance(self.environment, EnvironmentConfig) else EnvironmentConfig()
             if env.docker_image not in (None, self.resources.image):
@@ -325,6 +422,9 @@ class JobRequest:
             least = 1 if name in ("replicas", "processes_per_task") else 0
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ConfigError(f"JobRequest({name}={value!r}) must be a whole number >= {least}")
+        if isinstance(self.priority, bool) or not isinstance(self.priority, int):
+            raise ConfigError(f"JobRequest(priority={self.priority!r}) must be a whole number (a priority band)")
+        seconds_of(self.timeout, "JobRequest.timeout")
         # One failure budget: marin's max_task_failures counts failed attempts, as max_retries_failure does.
         object.__setattr__(self, "max_retries_failure", max(self.max_retries_failure, self.max_task_failures))
 
@@ -393,8 +493,8 @@ class JobHandle(Protocol):
         """Stop the job (all replicas). A no-op for a finished job."""
         ...
 
-    def logs(self, max_lines: int | None = None) -> list[str]:
-        """The job's stdout and stderr lines so far (the last ``max_lines`` if given)."""
+    def logs(self, max_lines: int | None = None) -> tuple[str, ...]:
+        """The job's stdout and stderr lines so far: the last ``max_lines``, or all for None or 0."""
         ...
 
 
@@ -461,7 +561,14 @@ def _wait_all(
 
 @dataclass(frozen=True)
 class JobInfo:
-    """Who the running code is: returned by :func:`current_job` inside a job or actor."""
+    """Who the running code is: returned by :func:`current_job` inside a job or actor.
+
+    A replica of a job with ``processes_per_task=N`` runs N processes; each has its rank:
+    ``local_process_index`` (0..N-1) among its replica's, ``local_process_count`` (N), and
+    across the job ``process_index`` (``replica_index * N + local_process_index``) and
+    ``process_count`` (``replica_count * N``). Left out, they are those of a replica's only
+    process: ``process_index == replica_index``, ``process_count == replica_count``.
+    """
 
     job_id: str
     name: str
@@ -470,6 +577,17 @@ class JobInfo:
     namespace: str = ""
     attempt: int = 0
     device: str = ""  #: the device this replica got (``"cpu"``, ``"gpu:H100:8"``, ``"tpu:v6e-16"``), "" if unknown
+    process_index: int = None  # type: ignore[assignment]  # None: from the replica and local index
+    process_count: int = None  # type: ignore[assignment]  # None: replica_count * local_process_count
+    local_process_index: int = 0
+    local_process_count: int = 1
+
+    def __post_init__(self) -> None:
+        if self.process_index is None:
+            index = self.replica_index * self.local_process_count + self.local_process_index
+            object.__setattr__(self, "process_index", index)
+        if self.process_count is None:
+            object.__setattr__(self, "process_count", self.replica_count * self.local_process_count)
 
 
 _current_job: contextvars.ContextVar[JobInfo | None] = contextvars.ContextVar("fray_current_job", default=None)
@@ -481,7 +599,9 @@ def current_job() -> JobInfo | None:
     Backends that run jobs in threads set it in the job's context; process-based
     backends pass it through the ``FRAY_JOB_ID``, ``FRAY_JOB_NAME``,
     ``FRAY_REPLICA_INDEX``, ``FRAY_REPLICA_COUNT``, ``FRAY_NAMESPACE`` and
-    ``FRAY_ATTEMPT`` environment variables.
+    ``FRAY_ATTEMPT`` environment variables, and a process of a multi-process replica
+    (``JobRequest.processes_per_task``) its rank through ``FRAY_PROCESS_INDEX``,
+    ``FRAY_PROCESS_COUNT``, ``FRAY_LOCAL_PROCESS_INDEX`` and ``FRAY_LOCAL_PROCESS_COUNT``.
     """
     from fray.core._runtime import check_terminated
 
@@ -492,6 +612,11 @@ def current_job() -> JobInfo | None:
     job_id = os.environ.get("FRAY_JOB_ID")
     if not job_id:
         return None
+
+    def _env_int(name: str) -> int | None:
+        value = os.environ.get(name)
+        return int(value) if value else None
+
     return JobInfo(
         job_id=job_id,
         name=os.environ.get("FRAY_JOB_NAME", job_id.rsplit("/", 1)[-1]),
@@ -500,6 +625,10 @@ def current_job() -> JobInfo | None:
         namespace=os.environ.get("FRAY_NAMESPACE", ""),
         attempt=int(os.environ.get("FRAY_ATTEMPT", "0")),
         device=os.environ.get("FRAY_DEVICE", ""),
+        process_index=_env_int("FRAY_PROCESS_INDEX"),  # type: ignore[arg-type]  # None: this replica's only
+        process_count=_env_int("FRAY_PROCESS_COUNT"),  # type: ignore[arg-type]
+        local_process_index=_env_int("FRAY_LOCAL_PROCESS_INDEX") or 0,
+        local_process_count=_env_int("FRAY_LOCAL_PROCESS_COUNT") or 1,
     )
 
 

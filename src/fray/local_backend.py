@@ -12,9 +12,13 @@ from __future__ import annotations
 
 from fray.actor import ActorContext, ActorFuture, ActorGroup, ActorHandle, HostedActor, RemoteMethod
 from fray.actor_config import ActorConfig
+
+# marin's private hooks, re-exported here as marin's module does (redundant aliases: re-exported).
+from fray.actor_context import _reset_current_actor as _reset_current_actor
+from fray.actor_context import _set_current_actor as _set_current_actor
 from fray.errors import ActorUnavailableError
 from fray.job import BinaryEntrypoint, CallableEntrypoint, EnvironmentConfig, JobRequest, JobStatus
-from fray.local import LocalClient
+from fray.local import MarinLocalClient as LocalClient
 from fray.local._local_actor import LocalActorHandle
 from fray.local._local_job import LocalJobHandle
 from fray.resources import ResourceConfig

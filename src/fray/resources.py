@@ -10,20 +10,26 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import Literal
 
 from fray.core._sizes import check_size, format_size, parse_size, scaled_size
 from fray.errors import ConfigError
 
 __all__ = [
     "ANY_REGION",
+    "DEFAULT_TPU_HOST_FRACTION",
     "GPU_TYPES",
     "TPU_HBM_BYTES_PER_CHIP",
+    "TPU_HOST_RESOURCES",
     "TPU_TOPOLOGIES",
     "CpuConfig",
     "DeviceConfig",
+    "DeviceNames",
     "GpuConfig",
     "ResourceConfig",
     "TpuConfig",
+    "TpuFamily",
+    "TpuHostResources",
     "TpuTopology",
     "device_name",
     "format_size",
@@ -48,14 +54,18 @@ def _one_spelling(what: str, type: str | None, variant: str | None, default: str
 
 @dataclass(frozen=True)
 class CpuConfig:
-    """No accelerator: the task runs on CPUs only."""
+    """No accelerator: the task runs on CPUs only. (``kind`` and ``variant`` are marin's fields: always "cpu".)"""
 
-    kind: str = field(default="cpu", init=False)
+    kind: str = "cpu"
+    variant: str = "cpu"
 
-    @property
-    def variant(self) -> str:
-        """Always ``"cpu"`` (marin's field of the same name)."""
-        return "cpu"
+    def __post_init__(self) -> None:
+        if (self.kind, self.variant) != ("cpu", "cpu"):
+            raise ConfigError(f"CpuConfig(kind={self.kind!r}, variant={self.variant!r}): both are always 'cpu'")
+
+    def default_env_vars(self) -> dict[str, str]:
+        """What a job on this device gets in its environment unless it sets them: JAX runs on the CPU."""
+        return {"JAX_PLATFORMS": "cpu"}
 
     def chip_count(self) -> int:
         """No accelerator chips: 0."""
@@ -81,6 +91,8 @@ GPU_TYPES: tuple[str, ...] = (
     "A100-80G",
     "B100",
     "B200",
+    "GB200",
+    "GB300",
     "H100",
     "H200",
     "L4",
@@ -88,6 +100,15 @@ GPU_TYPES: tuple[str, ...] = (
     "T4",
     "V100",
 )
+
+
+def _canonical_gpu(name: str) -> str:
+    """A GPU type as :data:`GPU_TYPES` spells it (``"a100-80g"`` is ``"A100-80G"``, as marin's names are)."""
+    if isinstance(name, str) and name not in GPU_TYPES:
+        for known in GPU_TYPES:
+            if known.lower() == name.lower():
+                return known
+    return name
 
 
 @dataclass(frozen=True, init=False)
@@ -102,11 +123,19 @@ class GpuConfig:
     count: int = 1
     kind: str = field(default="gpu", init=False)
 
-    def __init__(self, type: str | None = None, count: int = 1, *, variant: str | None = None) -> None:
-        object.__setattr__(self, "type", _one_spelling("GpuConfig", type, variant, "auto"))
+    def __init__(
+        self, type: str | None = None, count: int = 1, *, variant: str | None = None, kind: str = "gpu"
+    ) -> None:
+        if kind != "gpu":
+            raise ConfigError(f"GpuConfig(kind={kind!r}): a GpuConfig's kind is always 'gpu'")
+        object.__setattr__(self, "type", _canonical_gpu(_one_spelling("GpuConfig", type, variant, "auto")))
         object.__setattr__(self, "count", count)
         object.__setattr__(self, "kind", "gpu")
         self.__post_init__()
+
+    def default_env_vars(self) -> dict[str, str]:
+        """What a job on this device gets in its environment unless it sets them: JAX picks the GPU."""
+        return {"JAX_PLATFORMS": ""}
 
     @property
     def variant(self) -> str:
@@ -129,18 +158,14 @@ class GpuConfig:
 
     def __post_init__(self) -> None:
         if self.type not in GPU_TYPES:
-            close = [t for t in GPU_TYPES if t.lower() == str(self.type).lower()]
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(
-                f"GpuConfig(type={self.type!r}) is not a known GPU type{hint}; known: {', '.join(GPU_TYPES)}"
-            )
+            raise ConfigError(f"GpuConfig(type={self.type!r}) is not a known GPU type; known: {', '.join(GPU_TYPES)}")
         if isinstance(self.count, bool) or not isinstance(self.count, int) or self.count < 1:
             raise ConfigError(f"GpuConfig(count={self.count!r}) must be a whole number >= 1")
 
 
 @dataclass(frozen=True)
 class TpuTopology:
-    """One TPU slice shape: how many chips, over how many hosts."""
+    """One TPU slice shape: how many chips, over how many hosts (TPU VMs, the unit that is scheduled)."""
 
     name: str
     family: str
@@ -148,8 +173,10 @@ class TpuTopology:
     hosts: int
     chips_per_host: int
     topology: str
+    machines: int = 0
+    """Physical machines when they differ from :attr:`hosts` (a v5e machine holds two 4-chip VMs); 0: the same."""
 
-    # marin's names for the same facts (its ``TpuTopologyInfo``); a TPU VM is one host.
+    # marin's names for the same facts (its ``TpuTopologyInfo``).
     @property
     def chip_count(self) -> int:
         """marin's name for :attr:`chips`."""
@@ -157,12 +184,12 @@ class TpuTopology:
 
     @property
     def host_count(self) -> int:
-        """marin's name for :attr:`hosts`."""
-        return self.hosts
+        """Physical machines of the slice (marin's ``host_count``)."""
+        return self.machines or self.hosts
 
     @property
     def vm_count(self) -> int:
-        """Hosts (TPU VMs) in the slice: :attr:`hosts`."""
+        """TPU VMs in the slice (marin's name for :attr:`hosts`)."""
         return self.hosts
 
     @property
@@ -179,18 +206,49 @@ def _tpu_table() -> dict[str, TpuTopology]:
         for topo in cube:
             chips = math.prod(int(d) for d in topo.split("x"))
             rows.append(TpuTopology(f"{prefix}-{chips * 2}", family, chips, max(1, chips // 4), min(chips, 4), topo))
+    # v5p also comes in every multiple of 128 TensorCores up to 12288 (marin's list): a 4x4xN torus
+    # where no cube has that size (GCP picks the actual shape when it creates the slice).
+    cubes = {row.name for row in rows}
+    for cores in range(384, 12289, 128):
+        if f"v5p-{cores}" not in cubes:
+            chips = cores // 2
+            rows.append(TpuTopology(f"v5p-{cores}", "v5p", chips, chips // 4, 4, f"4x4x{chips // 16}"))
     # v5e and v6e: the name counts chips; single-host slices hold up to 8 chips,
-    # multi-host slices put 4 chips on each host, 2D torus.
+    # multi-host slices put 4 chips on each host (VM), 2D torus. A v5e machine holds two such VMs.
     flat = [(1, "1x1"), (4, "2x2"), (8, "2x4"), (16, "4x4"), (32, "4x8"), (64, "8x8"), (128, "8x16"), (256, "16x16")]
     for family, prefix in (("v5e", "v5litepod"), ("v6e", "v6e")):
-        for chips, topo in flat:
+        for chips, topo in [(2, "1x2"), *flat] if family == "v5e" else flat:
             hosts = 1 if chips <= 8 else chips // 4
-            rows.append(TpuTopology(f"{prefix}-{chips}", family, chips, hosts, chips // hosts, topo))
+            machines = chips // 8 if family == "v5e" and hosts > 1 else 0
+            rows.append(TpuTopology(f"{prefix}-{chips}", family, chips, hosts, chips // hosts, topo, machines))
     return {row.name: row for row in rows}
 
 
 TPU_TOPOLOGIES: dict[str, TpuTopology] = _tpu_table()
 """Known TPU slice types (``"v4-8"``, ``"v5litepod-16"``, ``"v5p-64"``, ``"v6e-256"``, ...)."""
+
+
+@dataclass(frozen=True)
+class TpuHostResources:
+    """The cpu and RAM of one host VM of a TPU family (marin's sizing of ``with_tpu``)."""
+
+    cpu: int
+    ram_gb: int
+
+
+TPU_HOST_RESOURCES: dict[str, TpuHostResources] = {
+    "v4": TpuHostResources(cpu=240, ram_gb=400),
+    "v5e": TpuHostResources(cpu=112, ram_gb=192),
+    "v5p": TpuHostResources(cpu=208, ram_gb=448),
+    "v6e": TpuHostResources(cpu=180, ram_gb=720),
+}
+"""One host VM of each TPU family: what ``ResourceConfig.with_tpu`` sizes cpu and ram from."""
+
+DEFAULT_TPU_HOST_FRACTION = 0.5
+"""The share of a TPU host's cpu and RAM that ``ResourceConfig.with_tpu`` asks for by default."""
+
+TpuFamily = Literal["v4", "v5e", "v5p", "v6e"]
+"""The TPU families Fray knows (marin's ``fray.types.TpuFamily``)."""
 
 TPU_HBM_BYTES_PER_CHIP: dict[str, int] = {"v4": 32 << 30, "v5e": 16 << 30, "v5p": 95 << 30, "v6e": 32 << 30}
 """High-bandwidth memory of one chip of each TPU family, in bytes (the vendor's published sizes)."""
@@ -231,7 +289,11 @@ class TpuConfig:
     topology: str | None = None
     kind: str = field(default="tpu", init=False)
 
-    def __init__(self, type: str | None = None, topology: str | None = None, *, variant: str | None = None) -> None:
+    def __init__(
+        self, type: str | None = None, topology: str | None = None, *, variant: str | None = None, kind: str = "tpu"
+    ) -> None:
+        if kind != "tpu":
+            raise ConfigError(f"TpuConfig(kind={kind!r}): a TpuConfig's kind is always 'tpu'")
         object.__setattr__(self, "type", _one_spelling("TpuConfig", type, variant, None))
         object.__setattr__(self, "topology", topology)
         object.__setattr__(self, "kind", "tpu")
@@ -241,6 +303,13 @@ class TpuConfig:
     def variant(self) -> str:
         """marin's name for :attr:`type`."""
         return self.type
+
+    def default_env_vars(self) -> dict[str, str]:
+        """What a job on this device gets in its environment unless it sets them (as marin sets them).
+
+        JAX picks the TPU, and libtpu gets the larger scoped VMEM limit marin's training runs use.
+        """
+        return {"JAX_PLATFORMS": "", "LIBTPU_INIT_ARGS": "--xla_tpu_scoped_vmem_limit_kib=50000"}
 
     def chip_count(self) -> int:
         """Chips in the slice (all its hosts)."""
@@ -285,8 +354,28 @@ class TpuConfig:
 
 DeviceConfig = CpuConfig | GpuConfig | TpuConfig
 
+
+class DeviceNames(tuple[str, ...]):
+    """``ResourceConfig.device_alternatives`` as kept: device names, a tuple that also equals the same list.
+
+    marin's code compares the field with a list (``rc.device_alternatives == ["v5p-8"]``); a
+    tuple keeps the frozen ``ResourceConfig`` hashable.
+    """
+
+    __slots__ = ()
+
+    def __eq__(self, other: object) -> bool:
+        return tuple.__eq__(self, tuple(other) if isinstance(other, list) else other)
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    __hash__ = tuple.__hash__
+
+
 ANY_REGION = "*"
-"""``regions=[ANY_REGION]`` is the same as ``regions=None``: anywhere (marin's spelling)."""
+"""``regions=[ANY_REGION]``: anywhere, said explicitly (marin's spelling). ``regions=None`` leaves it unset:
+anywhere too, except on Iris, where a child job then inherits its parent's region."""
 
 _REGION_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 
@@ -362,10 +451,10 @@ class ResourceConfig:
     preemptible: bool = True
     regions: Sequence[str] | None = None
     zone: str | None = None
-    device_alternatives: Sequence[DeviceConfig] | None = None
-    replicas: int = 1
-    image: str | None = None
     target_cluster: str | None = None
+    replicas: int = 1
+    device_alternatives: Sequence[DeviceConfig | str] | None = None
+    image: str | None = None
     container_profile: str | None = None
 
     def __post_init__(self) -> None:
@@ -381,15 +470,15 @@ class ResourceConfig:
             )
         if not isinstance(self.preemptible, bool):
             raise ConfigError(f"ResourceConfig(preemptible={self.preemptible!r}) must be True or False")
-        if self.regions is not None and not isinstance(self.regions, str) and list(self.regions) == [ANY_REGION]:
-            object.__setattr__(self, "regions", None)  # marin's "anywhere"
         if self.regions is not None:
             if isinstance(self.regions, str):
                 raise ConfigError(
                     f"ResourceConfig(regions={self.regions!r}) must be a list of regions, e.g. [{self.regions!r}]"
                 )
             regions = tuple(self.regions)
-            bad = [r for r in regions if not isinstance(r, str) or not _REGION_RE.match(r)]
+            # ANY_REGION beside a region is kept as given and refused where the work is placed
+            # (placement_regions), as marin refuses it: code may build such a request and never place it.
+            bad = [r for r in regions if not isinstance(r, str) or not (r == ANY_REGION or _REGION_RE.match(r))]
             if bad or not regions:
                 raise ConfigError(
                     f"ResourceConfig(regions={self.regions!r}): give a non-empty list of region names "
@@ -399,9 +488,10 @@ class ResourceConfig:
         if self.zone is not None:
             if not isinstance(self.zone, str) or not _REGION_RE.match(self.zone):
                 raise ConfigError(f"ResourceConfig(zone={self.zone!r}) must be a zone name such as 'us-central1-a'")
-            if self.regions is not None and not any(self.zone.startswith(f"{r}-") for r in self.regions):
+            places = [r for r in self.regions or () if r != ANY_REGION]
+            if places and not any(self.zone.startswith(f"{r}-") for r in places):
                 raise ConfigError(
-                    f"ResourceConfig(zone={self.zone!r}, regions={list(self.regions)!r}): the zone is in none of "
+                    f"ResourceConfig(zone={self.zone!r}, regions={list(self.regions or ())!r}): the zone is in none of "
                     "the regions; drop one of them or make them agree"
                 )
         if isinstance(self.replicas, bool) or not isinstance(self.replicas, int) or self.replicas < 1:
@@ -411,47 +501,54 @@ class ResourceConfig:
             if value is not None and (not isinstance(value, str) or not value):
                 raise ConfigError(f"ResourceConfig({name}={value!r}) must be a non-empty string or None")
         if self.device_alternatives is not None:
-            self._named_alternatives()
-            self._check_alternatives()
+            self._alternatives()
 
-    def _named_alternatives(self) -> None:
-        """marin's form: alternatives given by name, besides ``device`` (which comes first when it is not a CPU)."""
-        given = self.device_alternatives
-        if isinstance(given, str) or not isinstance(given, Sequence):
-            return  # _check_alternatives explains what is wanted
-        if not any(isinstance(d, str) for d in given):
-            return
-        choices = [_device_from_name(d) if isinstance(d, str) else d for d in given]
-        if not isinstance(self.device, CpuConfig) and self.device not in choices:
-            choices.insert(0, self.device)
-        elif not isinstance(self.device, CpuConfig):
-            choices.remove(self.device)
-            choices.insert(0, self.device)
-        object.__setattr__(self, "device_alternatives", tuple(choices))
+    def _alternatives(self) -> None:
+        """Keep ``device_alternatives`` in marin's form: the names of the devices that would do besides ``device``.
 
-    def _check_alternatives(self) -> None:
+        Given as devices (Fray's form: every choice, the first most wanted, ``device`` left
+        default or equal to the first) or as names (marin's: the choices besides ``device``).
+        """
         given = self.device_alternatives
-        if isinstance(given, CpuConfig | GpuConfig | TpuConfig | str) or given is None:
+        if isinstance(given, CpuConfig | GpuConfig | TpuConfig | str) or not isinstance(given, Sequence):
             raise ConfigError(
                 f"ResourceConfig(device_alternatives={given!r}) must be a list of devices, e.g. "
-                "[TpuConfig('v5litepod-16'), TpuConfig('v6e-16')]"
+                "[TpuConfig('v5litepod-16'), TpuConfig('v6e-16')], or of names besides device, e.g. ['v6e-16']"
             )
-        choices = tuple(given)
-        bad = [d for d in choices if not isinstance(d, CpuConfig | GpuConfig | TpuConfig)]
-        if bad or not choices:
+        items = list(given)
+        bad = [d for d in items if not isinstance(d, CpuConfig | GpuConfig | TpuConfig | str)]
+        if bad or not items:
             raise ConfigError(
                 f"ResourceConfig(device_alternatives={given!r}): give a non-empty list of CpuConfig, GpuConfig or "
-                "TpuConfig values"
+                "TpuConfig values, or of device names"
             )
+        names = [d for d in items if isinstance(d, str)]
+        if len(names) == len(items) and not isinstance(self.device, CpuConfig):
+            choices = [self.device, *(self._device_named(d) for d in names)]  # marin's form: besides device
+        else:
+            choices = [self._device_named(d) if isinstance(d, str) else d for d in items]
+            if not isinstance(self.device, CpuConfig) and self.device != choices[0]:
+                raise ConfigError(
+                    f"ResourceConfig(device={self.device!r}, device_alternatives=...): give the devices in "
+                    "device_alternatives only (the first is the one most wanted)"
+                )
         if len(set(choices)) != len(choices):
             raise ConfigError(f"ResourceConfig(device_alternatives={given!r}) names a device twice")
-        if not isinstance(self.device, CpuConfig) and self.device != choices[0]:
-            raise ConfigError(
-                f"ResourceConfig(device={self.device!r}, device_alternatives=...): give the devices in "
-                "device_alternatives only (the first is the one most wanted)"
-            )
-        object.__setattr__(self, "device_alternatives", choices)
         object.__setattr__(self, "device", choices[0])
+        object.__setattr__(self, "device_alternatives", DeviceNames(self._name_of(d) for d in choices[1:]))
+
+    def _device_named(self, name: str) -> DeviceConfig:
+        # A bare GPU type beside a GPU device means as many GPUs of that type (marin's "GB300" beside 4 GB200s).
+        if isinstance(self.device, GpuConfig) and _canonical_gpu(name) in GPU_TYPES:
+            return GpuConfig(name, self.device.count)
+        return _device_from_name(name)
+
+    def _name_of(self, device: DeviceConfig) -> str:
+        if isinstance(device, TpuConfig):
+            return device.type
+        if isinstance(device, GpuConfig) and isinstance(self.device, GpuConfig) and device.count == self.device.count:
+            return device.type
+        return device_name(device)
 
     # ----- marin's builders and measures (fray.types.ResourceConfig) -------------------------
 
@@ -467,27 +564,39 @@ class ResourceConfig:
 
     @staticmethod
     def with_tpu(tpu_type: str | Sequence[str], *, slice_count: int = 1, **kwargs: object) -> ResourceConfig:
-        """One TPU slice of ``tpu_type`` per replica, ``slice_count`` replicas (slices).
+        """``slice_count`` TPU slices of ``tpu_type``, sized as marin sizes them.
 
-        A list of types is a choice, the first most wanted (``device_alternatives``).
-        cpu and ram keep Fray's defaults unless given: Fray does not size them from the
-        TPU host (marin reserves half of it).
+        A list of types is a choice, the first most wanted (``device_alternatives``); they must
+        share their VM count and chips per VM (a TPU VM is what is scheduled). ``replicas`` is
+        the number of tasks, one per TPU VM of every slice (marin's count); a job of these
+        resources runs ``slice_count`` Fray replicas, one per slice (:attr:`replica_count`).
+        ``cpu`` and ``ram`` default to :data:`DEFAULT_TPU_HOST_FRACTION` of the first type's
+        host (:data:`TPU_HOST_RESOURCES`), ``disk`` to 50g; give them to override.
         """
         names = [tpu_type] if isinstance(tpu_type, str) else list(tpu_type)
         if not names:
-            raise ConfigError("ResourceConfig.with_tpu needs a TPU type, e.g. 'v5litepod-16'")
+            raise ConfigError("ResourceConfig.with_tpu needs a non-empty TPU type or list of types, e.g. 'v5p-8'")
+        if isinstance(slice_count, bool) or not isinstance(slice_count, int) or slice_count < 1:
+            raise ConfigError(f"ResourceConfig.with_tpu(slice_count={slice_count!r}) must be a whole number >= 1")
         devices = [TpuConfig(name) for name in names]
-        shapes = {(d.slice.hosts, d.slice.chips_per_host) for d in devices}
+        shapes = {(d.slice.vm_count, d.slice.chips_per_vm) for d in devices}
         if len(shapes) > 1:
             raise ConfigError(
-                f"ResourceConfig.with_tpu({names!r}): alternatives must have the same hosts and chips per host"
+                f"ResourceConfig.with_tpu({names!r}): the types must share vm_count and chips_per_vm (a TPU VM is "
+                "what is scheduled, so slices of other shapes cannot stand in for each other)"
             )
-        alternatives = devices if len(devices) > 1 else None
+        host = TPU_HOST_RESOURCES[devices[0].slice.family]
+        sized: dict[str, object] = {
+            "cpu": max(1, int(host.cpu * DEFAULT_TPU_HOST_FRACTION)),
+            "ram": f"{int(host.ram_gb * DEFAULT_TPU_HOST_FRACTION)}g",
+            "disk": "50g",
+        }
+        sized.update(kwargs)
         return ResourceConfig(
             device=devices[0],
-            device_alternatives=alternatives,
-            replicas=slice_count,
-            **kwargs,  # type: ignore[arg-type]
+            device_alternatives=names[1:] or None,
+            replicas=slice_count * devices[0].slice.vm_count,
+            **sized,  # type: ignore[arg-type]
         )
 
     def scale(
@@ -501,7 +610,9 @@ class ResourceConfig:
     ) -> ResourceConfig:
         """A copy with cpu, ram and disk multiplied: all by ``factor``, or each by its own keyword."""
         if factor is not None and (cpu, ram, disk) != (None, None, None):
-            raise ConfigError("ResourceConfig.scale: give one factor for all, or cpu=/ram=/disk= factors, not both")
+            raise ConfigError(
+                "ResourceConfig.scale: give either a single factor for all, or cpu=/ram=/disk= factors, not both"
+            )
         if factor is not None:
             cpu = ram = disk = factor
         for name, value in (("factor", factor), ("cpu", cpu), ("ram", ram), ("disk", disk)):
@@ -515,8 +626,28 @@ class ResourceConfig:
         )
 
     def chip_count(self) -> int:
-        """Accelerator chips over all :attr:`replicas`: GPUs, or each TPU slice's chips; 0 for CPU."""
-        return self.device.chip_count() * self.replicas
+        """Accelerator chips over all replicas (:attr:`replica_count`): GPUs, or each TPU slice's chips; 0 for CPU."""
+        return self.device.chip_count() * self.replica_count
+
+    @property
+    def replica_count(self) -> int:
+        """The Fray replicas :attr:`replicas` makes: whole slices for a multi-VM TPU, else the same number.
+
+        ``replicas`` counts tasks, one per TPU VM (marin's count, what ``with_tpu`` sets); a
+        Fray replica of a TPU job is a whole slice. What a :class:`~fray.job.JobRequest` runs
+        when it gives no ``replicas`` of its own.
+        """
+        if not isinstance(self.device, TpuConfig):
+            return self.replicas
+        vms = self.device.slice.vm_count
+        if self.replicas <= vms:
+            return 1
+        if self.replicas % vms:
+            raise ConfigError(
+                f"ResourceConfig(replicas={self.replicas}) counts tasks, one per TPU VM, and a {self.device.type} "
+                f"slice has {vms} VMs: give a multiple of {vms} (ResourceConfig.with_tpu(..., slice_count=N) does)"
+            )
+        return self.replicas // vms
 
     def device_flops(self, dtype: str = "bf16") -> float:
         """Peak FLOP/s of one chip of :attr:`device` (0.0 for CPU or an unrated device)."""
@@ -527,9 +658,30 @@ class ResourceConfig:
         return self.device_flops(dtype) * self.chip_count()
 
     @property
+    def placement_regions(self) -> tuple[str, ...] | None:
+        """The regions the work may be placed in, None for anywhere (``regions`` None or ``[ANY_REGION]``).
+
+        Every backend places by this; ``ANY_REGION`` beside another region is a ConfigError here.
+        """
+        if self.regions is None:
+            return None
+        regions = tuple(self.regions)
+        if ANY_REGION not in regions:
+            return regions
+        if len(regions) > 1:
+            raise ConfigError(
+                f"ResourceConfig(regions={list(regions)!r}): ANY_REGION cannot be combined with other regions; give "
+                "[ANY_REGION] for anywhere, or only the regions you want"
+            )
+        return None
+
+    @property
     def device_choices(self) -> tuple[DeviceConfig, ...]:
         """The devices the work may run on, most wanted first (just ``device`` without alternatives)."""
-        return tuple(self.device_alternatives) if self.device_alternatives else (self.device,)
+        if not self.device_alternatives:
+            return (self.device,)
+        # Kept as names once built (_alternatives).
+        return (self.device, *(self._device_named(str(name)) for name in self.device_alternatives))
 
     def with_device(self, device: DeviceConfig) -> ResourceConfig:
         """The same request for exactly ``device`` (what a backend places once it chose an alternative)."""

@@ -13,26 +13,36 @@ from fray.actor_config import ActorConfig
 from fray.job import (
     BinaryEntrypoint,
     CallableEntrypoint,
+    Duration,
     Entrypoint,
     EnvironmentConfig,
     JobRequest,
     JobStatus,
+    SecretBehavior,
     create_environment,
 )
 from fray.resources import (
     ANY_REGION,
+    DEFAULT_TPU_HOST_FRACTION,
     TPU_HBM_BYTES_PER_CHIP,
+    TPU_HOST_RESOURCES,
     CpuConfig,
     DeviceConfig,
     GpuConfig,
     ResourceConfig,
     TpuConfig,
+    TpuFamily,
+    TpuHostResources,
     get_tpu_topology,
     tpu_family,
     tpu_hbm_bytes_per_chip,
     tpu_hbm_capacity_bytes,
 )
+from fray.resources import TPU_TOPOLOGIES as _TOPOLOGIES
 from fray.resources import TpuTopology as TpuTopologyInfo
+
+#: marin's list of the known TPU slices (``fray.TPU_TOPOLOGIES`` is the same facts as a dict by name).
+TPU_TOPOLOGIES: list[TpuTopologyInfo] = list(_TOPOLOGIES.values())
 
 #: marin's annotation for a device kind.
 DeviceKind: TypeAlias = Literal["cpu", "gpu", "tpu"]
@@ -43,13 +53,17 @@ TpuType: TypeAlias = str
 
 __all__ = [
     "ANY_REGION",
+    "DEFAULT_TPU_HOST_FRACTION",
     "TPU_HBM_BYTES_PER_CHIP",
+    "TPU_HOST_RESOURCES",
+    "TPU_TOPOLOGIES",
     "ActorConfig",
     "BinaryEntrypoint",
     "CallableEntrypoint",
     "CpuConfig",
     "DeviceConfig",
     "DeviceKind",
+    "Duration",
     "Entrypoint",
     "EnvironmentConfig",
     "GpuConfig",
@@ -57,7 +71,10 @@ __all__ = [
     "JobRequest",
     "JobStatus",
     "ResourceConfig",
+    "SecretBehavior",
     "TpuConfig",
+    "TpuFamily",
+    "TpuHostResources",
     "TpuTopologyInfo",
     "TpuType",
     "create_environment",

@@ -30,11 +30,17 @@ _MONARCH_NO_RESTARTS = (
     "kill_actor are refused by name (tests/monarch/test_monarch_actor_config.py)"
 )
 _IRIS_NO_ALTERNATIVES = (
-    "Fray does not map ResourceConfig(device_alternatives) onto Iris's device variants yet: it is refused by name"
+    "Iris places a job on one kind of device: a choice among variants of one kind becomes Iris's device-variant "
+    "constraint (tests/iris_backend/test_mapping.py), but a choice between a GPU and the CPU cannot be placed by "
+    "one Iris job and is refused by name"
 )
 _MONARCH_NO_PREEMPT = (
     "fray.testing.preempt is refused by name on Monarch: Monarch 0.7.0 exits the client's process about 30 s "
     "after a process that had called an actor dies abruptly (tests/conformance/test_fault_injection.py)"
+)
+_IRIS_KILL_LAGS = (
+    "Iris reports a cancelled job KILLED when its controller records the cancel; the worker kills "
+    "the process on its next reconcile tick (about 1 s later) and Iris exposes no signal of the exit"
 )
 _IRIS_NO_PREEMPT = "Fray does not preempt Iris tasks: fray.testing.preempt is refused by name there"
 _MONARCH_NEVER_WAITS = (
@@ -81,10 +87,8 @@ NOT_APPLICABLE: dict[str, dict[str, str]] = {
             "Iris's process runtime stops a task with SIGKILL at once, so nothing reaches the actor first: "
             "current_actor().shutdown_requested is never set on Iris"
         ),
-        "test_terminated_callable_job_stops_running": (
-            "Iris reports a cancelled job KILLED when its controller records the cancel; the worker kills "
-            "the process on its next reconcile tick (about 1 s later) and Iris exposes no signal of the exit"
-        ),
+        "test_terminated_callable_job_stops_running": _IRIS_KILL_LAGS,
+        "test_terminate_stops_every_process_of_a_replica": _IRIS_KILL_LAGS,
     },
 }
 

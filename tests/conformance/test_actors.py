@@ -10,6 +10,7 @@ import pytest
 from fray import (
     ActorDiedError,
     ActorFuture,
+    ActorUnavailableError,
     Entrypoint,
     JobAlreadyExists,
     JobRequest,
@@ -190,11 +191,15 @@ def test_actor_group_shutdown_stops_members(client, uid):
     group = client.create_actor_group(Counter, name=f"stop-{uid}", count=2)
     handles = group.wait_ready(timeout=120)
     group.shutdown()
+    assert group.statuses() == [JobStatus.STOPPED] * 2  # terminal once shutdown() returns
     for job in group.jobs:
         job.wait(timeout=60, raise_on_failure=False)
-    assert group.statuses() == [JobStatus.STOPPED] * 2
-    with pytest.raises(ActorDiedError):
+    # marin's contract: a call to a shut-down actor raises ActorUnavailableError; Fray's ActorDiedError is one.
+    with pytest.raises(ActorUnavailableError) as info:
         handles[0].add(1)
+    assert isinstance(info.value, ActorDiedError)
+    with pytest.raises(ActorUnavailableError):
+        handles[1].add.remote(1).result(timeout=60)
 
 
 def test_group_with_dead_members_reports_them(client, uid):

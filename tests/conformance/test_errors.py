@@ -6,6 +6,7 @@ import pickle
 import sys
 import threading
 import time
+import traceback
 from pathlib import Path
 
 import pytest
@@ -86,7 +87,11 @@ def test_failed_job_is_both_job_failed_and_the_users_exception(client, uid):
     assert "raise_value_error" in err.traceback_text
     # The trimmed traceback starts at the user's code: none of Fray's machinery above it.
     assert "fray/" not in err.traceback_text.split("raise_value_error")[0]
-    assert isinstance(err.__cause__, fray.errors.RemoteTraceback)
+    # The original is the __cause__ (Ray's RayTaskError and marin's rule): code that checks it finds the
+    # user's ValueError; printed, the error still shows where the job raised it.
+    assert err.__cause__ is err.cause
+    printed = "".join(traceback.format_exception(err))
+    assert "raise_value_error" in printed and "widget broke" in printed
 
 
 def test_user_exception_state_survives_and_the_error_pickles(client, uid):

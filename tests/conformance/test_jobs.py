@@ -6,6 +6,7 @@ import gc
 import os
 import sys
 import threading
+import time
 import weakref
 from pathlib import Path
 
@@ -141,6 +142,10 @@ def test_binary_job_output_is_in_its_logs(client, uid):
     lines = wait_until(lambda: job.logs() if "second line" in job.logs() else None, what="logs")
     assert "hello-from-binary" in lines
     assert job.logs(max_lines=1) == lines[-1:]
+    # marin's form on every backend: a tuple of lines, max_lines=0 meaning every line.
+    assert isinstance(lines, tuple) and job.logs(max_lines=0) == lines
+    with pytest.raises(fray.ConfigError, match="max_lines"):
+        job.logs(max_lines=-1)
 
 
 def test_binary_job_nonzero_exit_fails_with_exit_code(client, uid):
@@ -168,7 +173,7 @@ def test_a_binary_jobs_last_partial_line_is_kept(client, uid):
     job = client.submit(shell_job(f"partial-{uid}", "echo first line; printf 'last words, no newline'"))
     assert job.wait(timeout=60) == JobStatus.SUCCEEDED
     logs = wait_until(lambda: job.logs() if any("last words" in line for line in job.logs()) else None, what="logs")
-    assert logs[-2:] == ["first line", "last words, no newline"], logs
+    assert logs[-2:] == ("first line", "last words, no newline"), logs
 
 
 def test_a_callable_jobs_last_partial_line_is_kept(client, uid):
@@ -262,8 +267,24 @@ def test_terminate_stops_a_running_callable_job(client, uid):
     job = client.submit(callable_job(f"loop-{uid}", loop_forever))
     wait_until(lambda: job.status() == JobStatus.RUNNING, what="the job to start")
     job.terminate()
+    assert job.status() == JobStatus.STOPPED  # terminal once terminate() returns (marin's rule)
     assert job.wait(timeout=60) == JobStatus.STOPPED
     assert job.status() == JobStatus.STOPPED
+
+
+def sleep_in_c(seconds: float) -> None:
+    time.sleep(seconds)  # one C call: nothing interrupts it between Python instructions
+
+
+def test_terminate_leaves_the_status_terminal_when_it_returns(client, uid):
+    # Even a job blocked inside one C call, and a binary, read STOPPED the moment terminate() returns.
+    blocked = client.submit(callable_job(f"blocked-{uid}", sleep_in_c, 300))
+    binary = client.submit(shell_job(f"bin-{uid}", "exec sleep 300"))
+    wait_until(lambda: blocked.status() == binary.status() == JobStatus.RUNNING, what="both jobs to start")
+    for job in (blocked, binary):
+        job.terminate()
+        assert job.status() == JobStatus.STOPPED
+        assert job.wait(timeout=60) == JobStatus.STOPPED
 
 
 def test_terminate_after_success_changes_nothing(client, uid):

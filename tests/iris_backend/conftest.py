@@ -7,7 +7,7 @@ import pytest
 
 from backends.iris import iris_installed
 
-collect_ignore = [] if iris_installed() else ["test_mapping.py", "test_iris_backend.py"]
+collect_ignore = [] if iris_installed() else ["test_mapping.py", "test_iris_backend.py", "test_actor_wire.py"]
 
 
 @pytest.fixture

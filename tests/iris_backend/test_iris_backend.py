@@ -15,7 +15,16 @@ from iris.cluster.types import Entrypoint as IrisEntrypoint
 from iris.cluster.types import EnvironmentSpec, JobName, ResourceSpec
 
 import fray
-from fray import ConfigError, Entrypoint, JobAlreadyExists, JobFailed, JobRequest, JobStatus, ResourceConfig
+from fray import (
+    ActorDiedError,
+    ConfigError,
+    Entrypoint,
+    JobAlreadyExists,
+    JobFailed,
+    JobRequest,
+    JobStatus,
+    ResourceConfig,
+)
 from fray.core._lifecycle import Failure, RetryBudget
 from fray.iris._task import END_TAG, FAILURE_TAG
 from fray.iris.client import IrisClient
@@ -137,7 +146,7 @@ def test_logs_show_the_traceback_but_not_frays_own_lines(iris_client, uid):
     lines = job.logs()
     assert "about to fail" in lines and "ValueError: x" in lines
     assert not [line for line in lines if FAILURE_TAG.strip() in line or END_TAG in line]
-    assert job.logs(max_lines=1) == ["ValueError: x"]
+    assert job.logs(max_lines=1) == ("ValueError: x",)
 
 
 def test_a_binary_that_exits_non_zero_quotes_its_last_output(iris_client, uid):
@@ -170,7 +179,7 @@ def test_a_binary_under_tmp_runs_as_written(iris_client, uid, under_tmp):
         JobRequest(name=f"tmp-ok-{uid}", entrypoint=Entrypoint.from_binary(str(python), [str(script), "0", "/tmp/x"]))
     )
     assert ok.wait(timeout=120) == JobStatus.SUCCEEDED
-    assert ok.logs() == ["ran ['0', '/tmp/x']"]
+    assert ok.logs() == ("ran ['0', '/tmp/x']",)
     bad = iris_client.submit(
         JobRequest(name=f"tmp-bad-{uid}", entrypoint=Entrypoint.from_binary(str(python), [str(script), "3"]))
     )
@@ -203,6 +212,67 @@ def test_a_job_iris_does_not_know_is_not_found(iris_client, uid):
     from fray.iris.job import IrisJobHandle, JobMeta
 
     meta = JobMeta(f"gone-{uid}", "gone", False, 1, 1, 0, 0)
-    job = IrisJobHandle(f"/nobody/gone-{uid}", meta, iris_client.address)
+    job = IrisJobHandle(iris_client.iris.job(JobName.from_wire(f"/nobody/gone-{uid}")), meta)
     with pytest.raises(NotFound, match=f"gone-{uid}"):
         job.status()
+
+
+# ----- actor groups are one Iris job; marin's fields --------------------------------------------
+
+
+def test_an_actor_group_is_one_iris_job_with_a_task_per_member(iris_client, uid):
+    from fray.iris.group import IrisActorGroup
+
+    group = iris_client.create_actor_group(Counter, 5, name=f"one-{uid}", count=3)
+    assert isinstance(group, IrisActorGroup)
+    handles = group.wait_ready(timeout=120)
+    assert [h.add(i) for i, h in enumerate(handles)] == [5, 6, 7]
+    job_id = group.job.job_id
+    assert len(iris_client.iris.list_tasks(JobName.from_wire(job_id))) == 3
+    members = [f"{job_id}/one-{uid}-{i}" for i in range(3)]
+    assert [job.job_id for job in group.jobs] == members
+    assert {e.name for e in iris_client.iris.list_endpoints(f"{job_id}/")} == set(members)
+    assert handles[0].add.submit(10).result(timeout=60) == 15  # .submit(): one of Iris's long-running operations
+    # marin's constructor finds the same members from the job's id; a pickled group works where it is unpickled.
+    for again in (
+        IrisActorGroup(f"one-{uid}", 3, JobName.from_wire(job_id), iris_client.iris),
+        pickle.loads(pickle.dumps(group)),
+    ):
+        assert sorted(h.add(0) for h in again.wait_ready(timeout=60)) == [6, 7, 15]
+    group.jobs[1].terminate()  # one member alone
+    assert group.jobs[1].status() == JobStatus.STOPPED
+    with pytest.raises(ActorDiedError):
+        handles[1].add(1)
+    assert handles[2].add(1) == 8 and group.jobs[2].status() == JobStatus.RUNNING
+    group.shutdown()
+    wait_until(group.is_done, timeout=120, what="the group's job to end")
+    assert group.statuses()[0] == JobStatus.STOPPED
+
+
+def report_env(out: str) -> None:
+    import os
+
+    Path(out).write_text(os.environ.get("JAX_PLATFORMS", "unset"))
+
+
+def test_a_cpu_job_gets_the_device_defaults(iris_client, uid, tmp_path: Path):
+    out = tmp_path / "env"
+    job = iris_client.submit(
+        JobRequest(name=f"env-{uid}", entrypoint=Entrypoint.from_callable(report_env, args=(str(out),)))
+    )
+    assert job.wait(timeout=120) == JobStatus.SUCCEEDED
+    assert out.read_text() == "cpu"
+
+
+def test_a_timeout_ends_the_job(iris_client, uid):
+    job = iris_client.submit(
+        JobRequest(name=f"late-{uid}", entrypoint=Entrypoint.from_binary("sleep", ["300"]), timeout=2)
+    )
+    assert job.wait(timeout=120, raise_on_failure=False) == JobStatus.FAILED
+
+
+def test_a_wrapped_iris_client_runs_jobs(iris_client, uid):
+    wrapped = IrisClient.from_iris_client(iris_client.iris)
+    job = wrapped.submit(JobRequest(name=f"wrapped-{uid}", entrypoint=Entrypoint.from_callable(add, args=(1, 2))))
+    assert job.wait(timeout=120) == JobStatus.SUCCEEDED
+    wrapped.shutdown()

@@ -6,18 +6,33 @@ from dataclasses import dataclass
 
 import pytest
 from iris.cluster.constraints import ConstraintOp, WellKnownAttribute
-from iris.resources.state import JobState
+from iris.resources.state import JobState, TaskState
 from iris.rpc import job_pb2
 
-from fray import ConfigError, EnvironmentConfig, GpuConfig, JobStatus, ResourceConfig, TpuConfig
+from fray import ConfigError, CpuConfig, EnvironmentConfig, GpuConfig, JobStatus, ResourceConfig, TpuConfig
 from fray.core._remote import RemoteFailure
 from fray.iris import _task
 from fray.iris.job import _visible
-from fray.iris.mapping import JOB_STATES, environment_spec, fray_status, placement
+from fray.iris.mapping import (
+    ANY_REGION,
+    JOB_STATES,
+    TASK_STATES,
+    convert_constraints,
+    convert_container_profile,
+    convert_environment,
+    convert_resources,
+    environment_spec,
+    fray_status,
+    group_coscheduling,
+    iris_timeout,
+    placement,
+    resolve_coscheduling,
+)
 
 
 def test_every_iris_job_state_has_one_fray_status():
     assert set(JOB_STATES) == set(JobState)
+    assert set(TASK_STATES) == set(TaskState)  # an actor-group member's status is its task's
     assert fray_status("killed") == JobStatus.STOPPED
     assert fray_status(JobState.BUILDING) == JobStatus.RUNNING
     assert {fray_status(s) for s in ("failed", "worker_failed", "unschedulable")} == {JobStatus.FAILED}
@@ -108,3 +123,96 @@ def test_task_identity_reads_the_environment_as_iris_does(monkeypatch, task_id):
     assert mine.name == iris_view.job_id.name
     assert (mine.replica_index, mine.attempt) == (iris_view.task_index // 2, iris_view.attempt_id)
     assert mine.replica_count == 4
+
+
+# ----- marin's fields, honoured on Iris -----------------------------------------------------------
+
+
+def test_a_choice_of_variants_of_one_kind_is_one_device_variant_constraint():
+    resources = ResourceConfig(device_alternatives=[TpuConfig("v5litepod-16"), TpuConfig("v6e-16")])
+    (variant,) = [c for c in convert_constraints(resources) if c.key == "device-variant"]
+    assert variant.op == ConstraintOp.IN and [v.value for v in variant.values] == ["v5litepod-16", "v6e-16"]
+    assert [
+        c for c in convert_constraints(ResourceConfig(device=TpuConfig("v5p-8"))) if c.key == "device-variant"
+    ] == []
+    with pytest.raises(ConfigError, match="one kind of device"):
+        convert_constraints(ResourceConfig(device_alternatives=[GpuConfig("H100", 8), CpuConfig()]))
+
+
+def test_any_region_target_cluster_and_container_profile():
+    (anywhere,) = convert_constraints(ResourceConfig(regions=[ANY_REGION]))
+    assert anywhere.key == "region" and anywhere.op == ConstraintOp.EXISTS
+    with pytest.raises(ConfigError, match="ANY_REGION cannot be combined"):
+        convert_constraints(ResourceConfig(regions=[ANY_REGION, "us-central1"]))
+    (cluster,) = convert_constraints(ResourceConfig(target_cluster="cw-us-east"))
+    assert (cluster.key, cluster.op, cluster.values[0].value) == ("cluster", ConstraintOp.EQ, "cw-us-east")
+    assert convert_container_profile(ResourceConfig()) == job_pb2.CONTAINER_PROFILE_UNSPECIFIED
+    for name in ("privileged", "CONTAINER_PROFILE_PRIVILEGED"):
+        assert convert_container_profile(ResourceConfig(container_profile=name)) == job_pb2.CONTAINER_PROFILE_PRIVILEGED
+    with pytest.raises(ConfigError, match="sandbox"):
+        convert_container_profile(ResourceConfig(container_profile="root"))
+
+
+def test_a_timeout_is_irises_per_task_duration():
+    from rigging.timing import Duration
+
+    assert iris_timeout(None) is None
+    assert iris_timeout(90) == Duration.from_seconds(90)
+    assert iris_timeout(Duration.from_minutes(2)) == Duration.from_seconds(120)
+    with pytest.raises(ConfigError, match="timeout"):
+        iris_timeout(-1)
+
+
+def test_gpu_gangs_and_gpu_actor_groups_are_coscheduled():
+    h100 = ResourceConfig(device=GpuConfig("H100", 8))
+    assert resolve_coscheduling(h100, 1) is None
+    gang = resolve_coscheduling(h100, 2)
+    assert gang is not None and gang.group_by == "leafgroup"
+    group = group_coscheduling(ResourceConfig(device=GpuConfig("H100", 1)), 4)
+    assert group is not None and group.group_by == "leafgroup"
+    assert group_coscheduling(ResourceConfig(), 4) is None
+
+
+def test_device_defaults_are_under_the_jobs_own_variables():
+    spec, _ = environment_spec(
+        EnvironmentConfig(), {"B": "2"}, workspace=None, in_task=False, device=TpuConfig("v5p-8")
+    )
+    assert spec.env_vars["JAX_PLATFORMS"] == "" and "LIBTPU_INIT_ARGS" in spec.env_vars and spec.env_vars["B"] == "2"
+    spec, _ = environment_spec(
+        EnvironmentConfig(), {"JAX_PLATFORMS": "tpu"}, workspace=None, in_task=False, device=CpuConfig()
+    )
+    assert spec.env_vars["JAX_PLATFORMS"] == "tpu"
+    converted = convert_environment(EnvironmentConfig(env_vars={"A": "1"}, secrets={"S": "x"}), GpuConfig("H100"))
+    assert converted is not None and converted.env_vars == {"JAX_PLATFORMS": "", "A": "1"}
+    assert converted.secrets == {"S": "x"}
+    assert converted.secret_behavior == "inherit"
+    isolated = convert_environment(EnvironmentConfig(secrets={"S": "x"}, secret_behavior="isolate"))
+    assert isolated is not None and isolated.secret_behavior == "isolate"
+    assert convert_environment(None) is None
+
+
+def test_extras_need_a_workspace_as_pip_packages_do():
+    with pytest.raises(ConfigError, match="extras"):
+        environment_spec(EnvironmentConfig(extras=["gpu"]), {}, workspace=None, in_task=False)
+    spec, _ = environment_spec(
+        EnvironmentConfig(extras=["gpu"], sync_packages=["tpu"]), {}, workspace="/ws", in_task=False
+    )
+    assert list(spec.extras or []) == ["gpu"] and list(spec.sync_packages or []) == ["tpu"]
+
+
+def test_processes_per_task_needs_gpus_it_divides(monkeypatch):
+    from iris.cluster.types import Entrypoint as IrisEntrypoint
+
+    from fray.iris.entrypoints import NSYS_TASKS_ENV, check_processes_per_task, wrap_multiprocess, wrap_nsys
+
+    with pytest.raises(ConfigError, match="processes_per_task=2"):
+        check_processes_per_task(2, convert_resources(ResourceConfig()), "train")
+    gpus = convert_resources(ResourceConfig(device=GpuConfig("H100", 8)))
+    check_processes_per_task(4, gpus, "train")
+    wrapped = wrap_multiprocess(IrisEntrypoint.from_command("python", "x.py"), gpus, 4)
+    assert wrapped.command[:6] == ["python", "-m", "iris.jax.multigpu_main", "--nproc", "4", "--devices-per-proc"]
+    fray_binary = IrisEntrypoint.from_command(*_task.binary_command(["python", "x.py"]))
+    monkeypatch.delenv(NSYS_TASKS_ENV, raising=False)
+    assert wrap_nsys(fray_binary).command == fray_binary.command
+    monkeypatch.setenv(NSYS_TASKS_ENV, "all")
+    assert wrap_nsys(fray_binary).command[:6] == ["$IRIS_PYTHON", "-m", "iris.hooks.nsys_main", "--tasks", "all", "--"]

@@ -9,9 +9,11 @@ marin's code only as marin's users do, through its public API, and unchanged:
   the job's current client (marin's usual shape: a step that processes data with zephyr).
   The same steps run a second time (they must be skipped: their outputs exist), and a
   failing ``@remote`` step runs in a runner of its own;
-* zephyr: a ``Dataset`` map/filter/write_jsonl over 300 records in 3 shards, executed from
-  the driver by a ``ZephyrContext`` given the client (its coordinator and workers are
-  Fray actors).
+* zephyr: a ``Dataset`` map/filter/write_jsonl over 300 records in 3 shards, then the
+  pipelines zephyr's README publishes -- its Quick Start (``from_files`` of a glob,
+  ``flat_map(load_jsonl)``, ``filter``, ``map``, gzipped ``write_jsonl``) and its
+  ``group_by`` example (a shuffle) -- on gzipped JSONL files, executed from the driver by a
+  ``ZephyrContext`` given the client (its coordinator and workers are Fray actors).
 
 Every step and pipeline writes what it did under OUT; the test reads those files. The
 last line printed is a JSON summary of what was raised and how long each part took.
@@ -20,6 +22,7 @@ last line printed is a JSON summary of what was raised and how long each part to
 from __future__ import annotations
 
 import contextlib
+import gzip
 import json
 import os
 import sys
@@ -34,6 +37,7 @@ from marin.execution.step_runner import StepRunner
 from marin.execution.step_spec import StepSpec
 from zephyr.context import ZephyrContext
 from zephyr.dataset import Dataset
+from zephyr.readers import load_jsonl
 
 import fray
 from fray.current_client import set_current_client
@@ -55,6 +59,41 @@ def _pipeline(out_dir: str) -> Dataset:
         .map(lambda r: {"i": r["i"], "square": r["i"] ** 2})
         .filter(lambda r: r["i"] % 3 == 0)
         .write_jsonl(out_dir + "/part-{shard:05d}.jsonl")
+    )
+
+
+def _write_inputs(directory: Path) -> None:
+    """Three gzipped JSONL files in nested folders: 90 scored documents in all."""
+    for part in range(3):
+        folder = directory / f"crawl-{part}" / "docs"
+        folder.mkdir(parents=True, exist_ok=True)
+        with gzip.open(folder / f"part-{part}.jsonl.gz", "wt") as f:
+            for n in range(30):
+                doc = part * 30 + n
+                f.write(json.dumps({"id": doc, "score": (doc % 10) / 10, "text": f"doc {doc} from {part}"}) + "\n")
+
+
+def _quick_start(input_dir: str, out_dir: str) -> Dataset:
+    """zephyr's README Quick Start, on local files: glob, load_jsonl, filter, map, gzipped JSONL.
+
+    (The README writes ``from_files(dir, "**/*.jsonl.gz")``; the published ``from_files`` takes one
+    glob pattern, its second parameter being ``empty_glob_ok``.)
+    """
+    return (
+        Dataset.from_files(input_dir + "/**/*.jsonl.gz")
+        .flat_map(load_jsonl)
+        .filter(lambda x: x["score"] > 0.5)
+        .map(lambda x: {"id": x["id"], "words": len(x["text"].split())})
+        .write_jsonl(out_dir + "/data-{shard:05d}-of-{total:05d}.jsonl.gz")
+    )
+
+
+def _counts_by_score(input_dir: str) -> Dataset:
+    """zephyr's group_by example (a shuffle between workers): documents counted per score."""
+    return (
+        Dataset.from_files(input_dir + "/**/*.jsonl.gz")
+        .flat_map(load_jsonl)
+        .group_by(key=lambda x: x["score"], reducer=lambda key, items: {"score": key, "count": sum(1 for _ in items)})
     )
 
 
@@ -118,7 +157,16 @@ def run_zephyr(client: Any, out: Path) -> dict[str, Any]:
     started = time.monotonic()
     ctx = ZephyrContext(client=client, max_workers=2, chunk_storage_prefix=str(out / "chunks"), name="driver")
     result = ctx.execute(_pipeline(str(out / "zephyr")))
-    return {"zephyr_results": list(result.results), "zephyr_seconds": round(time.monotonic() - started, 1)}
+    inputs = out / "inputs"
+    _write_inputs(inputs)
+    quick = ctx.execute(_quick_start(str(inputs), str(out / "quick-start")))
+    counts = ctx.execute(_counts_by_score(str(inputs)))
+    return {
+        "zephyr_results": list(result.results),
+        "quick_start_results": list(quick.results),
+        "counts_by_score": sorted(counts.results, key=lambda row: row["score"]),
+        "zephyr_seconds": round(time.monotonic() - started, 1),
+    }
 
 
 @contextlib.contextmanager

@@ -9,6 +9,7 @@ where no Python 3.12 exists.
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import subprocess
@@ -24,6 +25,8 @@ RUN_TIMEOUT = 15 * 60
 CLIENTS = {"local": "LocalClient", "cluster": "ClusterClient", "ray": "RayClient", "iris": "IrisClient"}
 # What the pipeline writes: of 0..299, every third number, with its square.
 EXPECTED_ROWS = [{"i": i, "square": i * i} for i in range(0, 300, 3)]
+# zephyr's Quick Start over run_marin's 90 documents: those scored above 0.5, with their word count.
+QUICK_START_ROWS = [{"id": doc, "words": 4} for doc in range(90) if (doc % 10) / 10 > 0.5]
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +45,11 @@ def marin_python() -> Path:
 def _rows(paths: list[str]) -> list[dict]:
     rows = [json.loads(line) for path in paths for line in Path(path).read_text().splitlines()]
     return sorted(rows, key=lambda row: row["i"])
+
+
+def _gunzip_lines(path: str) -> list[str]:
+    with gzip.open(path, "rt") as f:
+        return f.read().splitlines()
 
 
 def _status(step_path: str) -> str:
@@ -97,3 +105,15 @@ def test_marin_steps_and_zephyr_pipelines_run_on_fray(backend: str, marin_python
     # The zephyr pipeline the driver ran with the client: its coordinator and workers are Fray actors.
     assert len(summary["zephyr_results"]) == 3
     assert _rows(summary["zephyr_results"]) == EXPECTED_ROWS
+
+    # zephyr's published pipelines (its README): the Quick Start over gzipped files, and group_by.
+    quick = sorted(
+        (json.loads(line) for path in summary["quick_start_results"] for line in _gunzip_lines(path)),
+        key=lambda row: row["id"],
+    )
+    assert quick == QUICK_START_ROWS
+    assert all(
+        Path(path).name.endswith(f"-of-{len(summary['quick_start_results']):05d}.jsonl.gz")
+        for path in summary["quick_start_results"]
+    )
+    assert summary["counts_by_score"] == [{"score": score / 10, "count": 9} for score in range(10)]

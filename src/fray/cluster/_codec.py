@@ -164,6 +164,9 @@ def spec_from(data: Any) -> JobSpec:
             values["argv"] = tuple(_str(a) for a in values["argv"])
         values["payload"] = _opt_bytes(values.get("payload"))
         values["command"] = _str(values.get("command", ""))
+        processes = values["processes_per_task"] = _int(values.get("processes_per_task", 1))
+        if processes < 1:  # workers start that many processes a task
+            raise ValueError(f"processes_per_task {processes} must be >= 1")
         digest = values["workspace_digest"] = _str(values.get("workspace_digest", ""))
         if digest and _DIGEST.fullmatch(digest) is None:  # workers make a directory name of it
             raise ValueError(f"workspace_digest {digest[:80]!r} is not sha256:<64 hex digits>")

@@ -189,7 +189,7 @@ class TaskResources:
             device_type=dtype,
             device_count=count,
             preemptible=config.preemptible,
-            regions=tuple(config.regions) if config.regions is not None else None,
+            regions=config.placement_regions,
         )
 
     @property

@@ -61,6 +61,8 @@ class JobSpec:
     command: str = ""
     #: The packed workspace stored by the controller (``sha256:<hex>``), when the job has one.
     workspace_digest: str = ""
+    #: How many processes each task runs (``JobRequest.processes_per_task``; see :mod:`fray.process._ranks`).
+    processes_per_task: int = 1
 
     @classmethod
     def from_request(cls, request: JobRequest, *, actor_name: str = "", command: str | None = None) -> JobSpec:
@@ -87,6 +89,7 @@ class JobSpec:
             payload=payload,
             actor_name=actor_name,
             command=command if command is not None else describe_entrypoint(entry),
+            processes_per_task=request.processes_per_task,
         )
 
 

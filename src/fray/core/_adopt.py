@@ -15,7 +15,7 @@ may both submit.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import TypeVar
 
 from fray.errors import ConfigError, JobAlreadyExists
@@ -38,15 +38,19 @@ def is_named(job_id: str, name: str) -> bool:
 
 
 def adopt_or_check(
-    backend: str, request: JobRequest, adopt_existing: bool | None, find: Callable[[JobRequest], H | None] | None
+    backend: str,
+    request: JobRequest,
+    adopt_existing: bool | None,
+    find: Callable[[JobRequest], H | None] | None,
+    honoured: Collection[str] = (),
 ) -> H | None:
     """The live job ``submit`` should return instead of submitting, or None to go on and submit.
 
-    Raises ConfigError for a setting of ``request`` no Fray backend honours yet (marin's
-    ``priority``, ``timeout``, ...), and :class:`JobAlreadyExists` (with ``handle``) when
+    Raises ConfigError for a marin setting of ``request`` the backend does not honour (not in
+    ``honoured``, its ``HONOURS``), and :class:`JobAlreadyExists` (with ``handle``) when
     ``adopt_existing=False`` finds a live job of the same name.
     """
-    refused = request.unsupported() if isinstance(request, JobRequest) else []
+    refused = request.unsupported(honoured) if isinstance(request, JobRequest) else []
     if refused:
         raise ConfigError(
             f"job {request.name!r}: the {backend} backend cannot honour {', '.join(refused)}; leave "
@@ -65,7 +69,8 @@ def adopt_or_check(
     if live is None or adopt_existing:
         return live
     raise JobAlreadyExists(
-        f"job {request.name!r} is already live as {live.job_id!r}; adopt it with submit(..., adopt_existing=True), "
-        "terminate it first, or pick another name",
-        handle=live,
+        request.name,
+        live,
+        reason=f"it is live as {live.job_id!r}; adopt it with submit(..., adopt_existing=True), terminate it "
+        "first, or pick another name",
     )

@@ -12,6 +12,7 @@ implements only what differs, the hooks:
 ``_start_job(request, detached)``   start a checked job; its handle
 ``_create_actor(start)``            start one checked actor (:class:`ActorStart`); its handle and job
 ``_create_actors(starts)``          start a group's members (by default one ``_create_actor`` each)
+``_create_group(name, starts)``     the group itself (by default an ActorGroup of ``_create_actors``)
 ``_live_job(request)``              a live job of the request's name this client can see (``adopt_existing``)
 ``_open_queue(name, exist_ok)``     a queue with leases, or ``ConfigError`` naming the alternatives
 ``_make_job_context()``             the job context (``fray.get_job_context()``), made once
@@ -117,6 +118,9 @@ class ClientCore(Generic[J, A]):
     """The backend's name in messages: ``"the {BACKEND} backend cannot ..."``."""
     ADOPTS: ClassVar[bool] = True
     """Whether :meth:`_live_job` can find a live job by name; if not, ``adopt_existing`` is refused."""
+    HONOURS: ClassVar[Collection[str]] = frozenset()
+    """marin's job settings the backend honours (``"JobRequest.timeout"``, ...); a job setting another one
+    away from its default is refused by name (:meth:`fray.job.JobRequest.marin_settings`, ``docs/marin.md``)."""
     ACTOR_CONFIG: ClassVar[Collection[str] | None] = None
     """The :class:`~fray.actor_config.ActorConfig` fields the backend honours (None: all); others are refused."""
     CONTEXT_FIRST: ClassVar[bool] = False
@@ -159,7 +163,9 @@ class ClientCore(Generic[J, A]):
         self._check_open()
         if not isinstance(request, JobRequest):
             raise ConfigError(f"submit() takes a JobRequest, got {type(request).__name__}")
-        live = adopt_or_check(self.BACKEND, request, adopt_existing, self._live_job if self.ADOPTS else None)
+        live = adopt_or_check(
+            self.BACKEND, request, adopt_existing, self._live_job if self.ADOPTS else None, self.HONOURS
+        )
         if live is not None:
             return live
         handle = self._start_job(request, detached)
@@ -205,8 +211,7 @@ class ClientCore(Generic[J, A]):
             for index, member in enumerate(group_member_names(name, count))
         ]
         self._watch_exit()
-        members = self._create_actors(starts)
-        return ActorGroup([handle for handle, _ in members], [job for _, job in members], name)
+        return self._create_group(name, starts)
 
     def host_actor(
         self, actor_class: type, *args: Any, name: str, actor_config: ActorConfig | None = None, **kwargs: Any
@@ -297,7 +302,7 @@ class ClientCore(Generic[J, A]):
         actor_config: ActorConfig | None,
         group: tuple[str, int] | None = None,
     ) -> ActorStart:
-        reserved, config = check_actor_request(actor_class, name, resources, args, kwargs, actor_config)
+        reserved, config = check_actor_request(actor_class, name, resources, args, kwargs, actor_config, self.HONOURS)
         if self.ACTOR_CONFIG is not None:
             check_actor_config_supported(self.BACKEND, config, self.ACTOR_CONFIG)
         return ActorStart(actor_class, args, kwargs, name, reserved, config, group)
@@ -327,6 +332,11 @@ class ClientCore(Generic[J, A]):
 
     def _create_actors(self, starts: list[ActorStart]) -> Sequence[tuple[A, JobHandle]]:
         return [self._create_actor(start) for start in starts]
+
+    def _create_group(self, name: str, starts: list[ActorStart]) -> ActorGroup:
+        """The group ``name`` of the members ``starts``, started (by default: an ActorGroup of ``_create_actors``)."""
+        members = self._create_actors(starts)
+        return ActorGroup([handle for handle, _ in members], [job for _, job in members], name)
 
     def _live_job(self, request: JobRequest) -> J | None:
         """By default: a PENDING or RUNNING job of this client named as ``request``, submitted from the calling job."""

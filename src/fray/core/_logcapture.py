@@ -13,9 +13,11 @@ import contextvars
 import io
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TextIO
+
+from fray.errors import ConfigError
 
 MAX_LINES = 100_000
 
@@ -49,13 +51,24 @@ class LogBuffer:
         with self._lock:
             self._lines.extend(lines)
 
-    def lines(self, max_lines: int | None = None) -> list[str]:
-        """All lines so far (including unfinished ones), or only the last ``max_lines``."""
+    def lines(self, max_lines: int | None = None) -> tuple[str, ...]:
+        """All lines so far (including unfinished ones), or only the last ``max_lines`` (see :func:`log_tail`)."""
         with self._lock:
             lines = list(self._lines) + [w.partial for w in self._writers if w.partial]
-        if max_lines is not None:
-            lines = lines[-max_lines:] if max_lines > 0 else []
-        return lines
+        return log_tail(lines, max_lines)
+
+
+def log_tail(lines: Sequence[str], max_lines: int | None) -> tuple[str, ...]:
+    """What ``JobHandle.logs(max_lines)`` returns on every backend: the last ``max_lines`` of ``lines``.
+
+    ``None`` or ``0`` (marin's default) means every line; a negative or non-whole number
+    is a ConfigError. A tuple, as marin's handles return.
+    """
+    if max_lines is None or max_lines == 0:
+        return tuple(lines)
+    if isinstance(max_lines, bool) or not isinstance(max_lines, int) or max_lines < 0:
+        raise ConfigError(f"logs(max_lines={max_lines!r}) must be a whole number >= 0 (0 or None: every line)")
+    return tuple(lines[-max_lines:])
 
 
 class LogWriter:

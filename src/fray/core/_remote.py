@@ -277,7 +277,7 @@ def _rebuild_job_failed(
     job_id: str, message: str, encoded: bytes | None, traceback_text: str, exit_code: int | None
 ) -> JobFailed:
     if encoded is None:
-        return JobFailed(job_id, message, traceback_text=traceback_text, exit_code=exit_code)
+        return JobFailed(job_id, message=message, traceback_text=traceback_text, exit_code=exit_code)
     return job_failed(job_id, message, RemoteFailure.decode(encoded), exit_code=exit_code)
 
 

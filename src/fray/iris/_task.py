@@ -11,6 +11,14 @@ Iris keeps for every task on every platform, for as long as it keeps the job.
 Iris may publish a task's last lines a little after its final state, so every Fray
 task ends its output with an end line (:data:`END_TAG`) on stdout and on stderr: once
 both are in Iris's log store, so is everything the task printed before them.
+
+``processes_per_task=N`` runs N ranked processes of the entrypoint in each task. On GPUs
+Iris's own multi-GPU supervisor does (composed into the command at submit,
+``fray.iris.entrypoints.wrap_multiprocess``); elsewhere Fray's shared supervisor does
+(``fray.process._ranks``), started here, inside the task, once the task's identity is known
+(its arguments in :data:`RANKS_ENV`). Either way each process gets Fray's rank variables; the
+shared supervisor tags each line with ``[proc I]``, and the failure and end lines are read
+through the tag (:func:`untagged`).
 """
 
 from __future__ import annotations
@@ -18,9 +26,12 @@ from __future__ import annotations
 import base64
 import binascii
 import os
+import re
+import shlex
 import sys
 import traceback
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import cloudpickle
@@ -40,7 +51,9 @@ __all__ = [
     "encode_failure_line",
     "enter",
     "identity",
+    "ranks_args",
     "run_callable",
+    "untagged",
 ]
 
 #: Prefix of the one log line that carries an encoded :class:`RemoteFailure`.
@@ -53,6 +66,12 @@ FAILED_EXIT = 113
 
 #: Environment variables the client sets on every replica besides :func:`fray.job.replica_env`'s.
 HOSTS_ENV = "FRAY_IRIS_HOSTS_PER_REPLICA"
+#: The arguments of Fray's rank supervisor (``-m fray.process._ranks --nproc N --``), set at submit
+#: for a job of N processes per task that Iris's multi-GPU supervisor does not run.
+RANKS_ENV = "FRAY_IRIS_RANKS"
+
+#: The tag Fray's rank supervisor puts before each line of process I (``fray.process._ranks.tag``).
+_PROC_TAG = re.compile(r"^\[proc \d+\] ")
 
 #: What every word of a binary entrypoint's command is passed with (the wrapper strips it). Iris's
 #: process runtime rewrites each argument that starts with one of its container mount paths
@@ -70,7 +89,14 @@ BINARY_WRAPPER = (
     'case "$r" in */*) n="${j%"/${r#*/}"}";; *) n="$j";; esac; '
     'export FRAY_JOB_ID="$j" FRAY_NAMESPACE="$n" FRAY_ATTEMPT="${IRIS_TASK_ID##*:}" '
     "FRAY_REPLICA_INDEX=$(( ${t##*/} / ${FRAY_IRIS_HOSTS_PER_REPLICA:-1} )); "
+    # A process of Iris's multi-GPU supervisor: its rank as Fray's variables.
+    'if [ -n "${IRIS_MULTIGPU_PROCESS_COUNT:-}" ]; then g="$IRIS_MULTIGPU_PROCESS_COUNT"; '
+    'export FRAY_LOCAL_PROCESS_INDEX="$IRIS_MULTIGPU_PROCESS_INDEX" FRAY_LOCAL_PROCESS_COUNT="$g" '
+    "FRAY_PROCESS_INDEX=$(( FRAY_REPLICA_INDEX * g + IRIS_MULTIGPU_PROCESS_INDEX )) "
+    "FRAY_PROCESS_COUNT=$(( ${FRAY_REPLICA_COUNT:-1} * g )); fi; "
     'a=(); for w in "$@"; do a+=("${w#' + ARG_PREFIX + '}"); done; '
+    # N processes per task: Fray's rank supervisor runs them (RANKS_ENV: its arguments, word-split).
+    'if [ -n "${FRAY_IRIS_RANKS:-}" ]; then a=("${IRIS_PYTHON:-python3}" $FRAY_IRIS_RANKS "${a[@]}"); fi; '
     f'"${{a[@]}}"; rc=$?; echo "{END_TAG}"; echo "{END_TAG}" >&2; exit $rc'
 )
 
@@ -85,9 +111,17 @@ def encode_failure_line(failure: RemoteFailure) -> str:
     return FAILURE_TAG + base64.b64encode(failure.encode()).decode("ascii")
 
 
+def untagged(line: str) -> tuple[str, str]:
+    """``line`` without the ``[proc I]`` tag of Fray's rank supervisor, and the tag (``""`` if none)."""
+    match = _PROC_TAG.match(line)
+    if match is None:
+        return line, ""
+    return line[match.end() :], match.group(0)
+
+
 def decode_failure_line(line: str) -> RemoteFailure | None:
-    """The failure a line written by :func:`encode_failure_line` carries, or None if it is not one."""
-    text = line.strip()
+    """The failure a line written by :func:`encode_failure_line` carries (tagged or not), or None if it is not one."""
+    text = untagged(line.strip())[0]
     if not text.startswith(FAILURE_TAG.strip()):
         return None
     try:
@@ -124,10 +158,26 @@ def identity() -> JobInfo:
 
 
 def enter() -> JobInfo:
-    """Publish this task's identity in the environment, where :func:`fray.current_job` reads it."""
+    """Publish this task's identity in the environment, where :func:`fray.current_job` reads it.
+
+    In a process of Iris's multi-GPU supervisor, its rank is published as Fray's rank variables too.
+    """
     info = identity()
     os.environ.update(job_env(info))
+    local, count = os.environ.get("IRIS_MULTIGPU_PROCESS_INDEX"), os.environ.get("IRIS_MULTIGPU_PROCESS_COUNT")
+    if local and count and "FRAY_LOCAL_PROCESS_INDEX" not in os.environ:
+        from fray.process._ranks import rank_env
+
+        os.environ.update(rank_env(os.environ, int(local), int(count)))
     return info
+
+
+def ranks_args(processes: int) -> list[str]:
+    """What :data:`RANKS_ENV` holds for ``processes`` per task: the rank supervisor's arguments, before ``argv``."""
+    from fray.process._ranks import ranked_argv
+
+    command = ranked_argv(["ARGV"], processes, python="PYTHON")
+    return command[1:-1]  # without the interpreter (the task's own) and the command
 
 
 def write_end() -> None:
@@ -152,8 +202,15 @@ def exit_with_failure(exc: BaseException) -> None:
 
 
 def run_callable(payload: bytes) -> None:
-    """Iris's entrypoint for a Fray callable job: unpickle ``(fn, args, kwargs)`` and call it."""
+    """Iris's entrypoint for a Fray callable job: unpickle ``(fn, args, kwargs)`` and call it.
+
+    With :data:`RANKS_ENV` set, this process becomes the rank supervisor of N processes that each
+    run the callable (``python -m fray.iris._task PAYLOAD_FILE``).
+    """
     enter()
+    ranks = os.environ.get(RANKS_ENV)
+    if ranks and "FRAY_LOCAL_PROCESS_INDEX" not in os.environ:
+        _supervise_ranks(payload, shlex.split(ranks))
     try:
         fn, args, kwargs = _load(payload)
         fn(*args, **kwargs)
@@ -165,3 +222,17 @@ def run_callable(payload: bytes) -> None:
 
 def _load(payload: bytes) -> Any:
     return cloudpickle.loads(payload)
+
+
+def _supervise_ranks(payload: bytes, ranks: list[str]) -> None:
+    """Become Fray's rank supervisor (exec) of processes that each run ``payload``, kept in the task's workdir."""
+    path = Path(os.environ.get("IRIS_WORKDIR") or os.getcwd(), "fray-callable.pkl")
+    path.write_bytes(payload)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    argv = [sys.executable, *ranks, sys.executable, "-m", "fray.iris._task", str(path)]
+    os.execv(argv[0], argv)
+
+
+if __name__ == "__main__":  # one process of a multi-process replica (see _supervise_ranks)
+    run_callable(Path(sys.argv[1]).read_bytes())

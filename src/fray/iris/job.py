@@ -1,4 +1,4 @@
-"""A Fray job handle over an Iris job: status, wait, logs and terminate are Iris's own.
+"""A Fray job handle over an Iris job (``iris.client.Job``): status, wait, logs and terminate are Iris's own.
 
 The status is Iris's job state through :data:`~fray.iris.mapping.JOB_STATES`. Iris
 retries failed tasks itself, under the two budgets Fray passed at submit; what it
@@ -7,6 +7,9 @@ that once, when the job has FAILED: the failing task's last attempt, its excepti
 from the tagged log line the task wrote (``fray.iris._task``) or else its exit code and
 last output, and the counts of failed and preempted attempts Iris reports, worded by
 :class:`~fray.core._lifecycle.RetryBudget` like on every other backend.
+
+The reading of a task's failure and of its output is shared with the members of actor
+groups (``fray.iris.members``), whose "job" is one task of their group's job.
 """
 
 from __future__ import annotations
@@ -25,17 +28,19 @@ from iris.cluster.types import JobName
 from iris.resources.state import JobState, TaskState
 
 from fray.core._lifecycle import Failure, FailureKind, RetryBudget
+from fray.core._logcapture import log_tail
 from fray.errors import FrayError, NotFound
 from fray.iris import _connect
-from fray.iris._task import END_TAG, FAILURE_TAG, decode_failure_line
+from fray.iris._task import END_TAG, FAILURE_TAG, decode_failure_line, untagged
 from fray.iris.mapping import fray_status
 from fray.job import JobStatus, JobSummary, timeout_error
 
 if TYPE_CHECKING:
     from iris.client import IrisClient as IrisLib
+    from iris.client.client import Job as IrisJob
     from iris.client.workload import JobStatus as IrisJobStatus
 
-__all__ = ["IrisJobHandle", "JobMeta"]
+__all__ = ["IrisJobHandle", "JobMeta", "forget_terminated", "mark_terminated", "terminated_here"]
 
 #: Upper bound of the backoff between state polls while waiting (Iris starts at 0.1 s).
 POLL_INTERVAL = 0.25
@@ -44,11 +49,14 @@ LOG_GRACE = 10.0
 #: Lines of output quoted in the message of a process that exited non-zero.
 LAST_LINES = 10
 #: Task states that count against the preemption budget rather than the failure budget.
-_LOST = frozenset({TaskState.WORKER_FAILED, TaskState.PREEMPTED})
-_FAILED_TASK = frozenset({TaskState.FAILED, TaskState.WORKER_FAILED, TaskState.PREEMPTED, TaskState.COSCHED_FAILED})
+LOST = frozenset({TaskState.WORKER_FAILED, TaskState.PREEMPTED})
+FAILED_TASK = frozenset({TaskState.FAILED, TaskState.WORKER_FAILED, TaskState.PREEMPTED, TaskState.COSCHED_FAILED})
 #: Final task states whose process ended by itself, so that it wrote its end lines.
-_ENDED = frozenset({TaskState.SUCCEEDED, TaskState.FAILED})
-_OUTPUT = frozenset({"stdout", "stderr"})
+ENDED = frozenset({TaskState.SUCCEEDED, TaskState.FAILED})
+#: Job states after which every task's end lines are due.
+_SETTLED_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED})
+#: Iris's log sources that are not the task's own output (its environment's build).
+_NOT_OUTPUT = frozenset({"build"})
 _FOREVER = 10.0 * 365 * 24 * 3600
 
 _terminated_lock = threading.Lock()
@@ -59,6 +67,12 @@ def terminated_here(job_id: str) -> bool:
     """True if this process asked Iris to terminate ``job_id`` (its actor, if any, is then refused at once)."""
     with _terminated_lock:
         return job_id in _terminated
+
+
+def mark_terminated(*job_ids: str) -> None:
+    """This process terminates these jobs (or actor-group members): their actors' calls are refused from now on."""
+    with _terminated_lock:
+        _terminated.update(job_ids)
 
 
 def forget_terminated(job_id: str) -> None:
@@ -91,137 +105,147 @@ class JobMeta:
     max_retries_preemption: int
 
 
-class IrisJobHandle:
-    """A submitted Fray job running as an Iris job; picklable (it reconnects where it is unpickled)."""
+def iris_client_of(job: IrisJob) -> IrisLib:
+    """The Iris client an Iris ``Job`` was made by (it keeps it; marin's handle is built from the job alone)."""
+    client: IrisLib = job._client
+    return client
 
-    def __init__(self, job_id: str, meta: JobMeta, address: str | None, iris: IrisLib | None = None) -> None:
-        self._job_id = job_id
+
+class IrisJobHandle:
+    """A submitted job running as an Iris job: ``IrisJobHandle(job)`` wraps an ``iris.client`` ``Job``.
+
+    ``meta`` (what Fray's request said: its label, replicas and budgets) words the job's
+    failure; without it the job's name is used. Picklable: it reconnects, through the
+    controller at ``address`` (or the Iris task it is unpickled in), on first use.
+    """
+
+    def __init__(self, job: IrisJob, meta: JobMeta | None = None, *, address: str | None = None) -> None:
+        self._job: IrisJob | None = job
+        self._job_id: str | None = None
         self._meta = meta
         self._address = address
-        self._client = iris
         self._lock = threading.Lock()
         self._final: IrisJobStatus | None = None
         self._failure: Failure | None = None
         self._settled = False  # every finished task's output is in Iris's log store
 
+    @classmethod
+    def _by_id(cls, job_id: str, meta: JobMeta | None, address: str | None) -> IrisJobHandle:
+        """The handle of job ``job_id``, connected on first use (how a pickled handle comes back)."""
+        handle = cls(None, meta, address=address)  # the job is looked up on first use
+        handle._job_id = job_id
+        return handle
+
     def __reduce__(self) -> tuple[Any, ...]:
-        return (IrisJobHandle, (self._job_id, self._meta, self._address))
+        return (IrisJobHandle._by_id, (self.job_id, self._meta, self._address))
 
     def __repr__(self) -> str:
-        return f"IrisJobHandle({self._job_id!r})"
+        return f"IrisJobHandle({self.job_id!r})"
 
     @property
     def job_id(self) -> str:
         """Iris's id of the job, ``/user/[parent/...]name``."""
+        if self._job_id is None:
+            assert self._job is not None
+            self._job_id = str(self._job.job_id)
         return self._job_id
 
     @property
+    def iris_job(self) -> IrisJob:
+        """Iris's ``Job`` (looked up through the controller once, for a handle that was unpickled)."""
+        if self._job is None:
+            self._job = _connect.iris_client(self._address).job(JobName.from_wire(self.job_id))
+        return self._job
+
+    @property
+    def address(self) -> str | None:
+        """``HOST:PORT`` of the controller, where the client that made the handle knew it."""
+        return self._address
+
+    @property
     def meta(self) -> JobMeta:
-        """What the request asked for (name, budgets, replicas)."""
+        """What the request asked for (name, budgets, replicas); the job's name alone when not known."""
+        if self._meta is None:
+            name = self.job_id.rstrip("/").rsplit("/", 1)[-1]
+            self._meta = JobMeta(name, name, False, 1, 1, 0, 0)
         return self._meta
 
     def _iris(self) -> IrisLib:
-        if self._client is None:
-            self._client = _connect.iris_client(self._address)
-        return self._client
+        return iris_client_of(self.iris_job)
 
     def _name(self) -> JobName:
-        return JobName.from_wire(self._job_id)
+        return JobName.from_wire(self.job_id)
 
     def _known_finished(self) -> bool:
         """Whether a wait already saw the job finish (no call to Iris)."""
         return self._final is not None
 
+    def _terminated_here(self) -> bool:
+        return terminated_here(self.job_id)
+
     def status(self) -> JobStatus:
-        """The job's current status: one state query to the controller."""
+        """The job's current status: one state query to the controller (``Job.state_only()``)."""
         if self._final is not None:
             return fray_status(self._final.state)
-        with iris_errors(self._job_id):
-            return fray_status(self._iris().job_state(self._name()))
+        with iris_errors(self.job_id):
+            return fray_status(self.iris_job.state_only())
 
     def info(self) -> JobSummary:
         """The job's status and, while it is PENDING, Iris's own reason (one status query to the controller)."""
         if self._final is not None:
-            return JobSummary(self._job_id, fray_status(self._final.state))
-        with iris_errors(self._job_id):
-            current = self._iris().job_status(self._name())
+            return JobSummary(self.job_id, fray_status(self._final.state))
+        with iris_errors(self.job_id):
+            current = self.iris_job.status()
         status = fray_status(current.state)
         reason = current.pending_reason if status == JobStatus.PENDING else ""
-        return JobSummary(self._job_id, status, reason or "")
+        return JobSummary(self.job_id, status, reason or "")
 
-    def wait(self, timeout: float | None = None, *, raise_on_failure: bool = True) -> JobStatus:
-        """Block until the job finished; raise the job's failure (JobFailed) if it failed, unless told not to."""
+    def wait(
+        self, timeout: float | None = None, *, raise_on_failure: bool = True, stream_logs: bool = False
+    ) -> JobStatus:
+        """Block until the job finished; raise the job's failure (JobFailed) if it failed, unless told not to.
+
+        ``stream_logs`` prints the tasks' output while waiting (Iris's ``Job.wait(stream_logs=True)``).
+        """
         final = self._final
         if final is None:
             try:
-                final = (
-                    self._iris()
-                    .job(self._name())
-                    .wait(
-                        timeout=_FOREVER if timeout is None else max(0.0, timeout),
-                        poll_interval=POLL_INTERVAL,
-                        raise_on_failure=False,
-                    )
+                final = self.iris_job.wait(
+                    timeout=_FOREVER if timeout is None else max(0.0, timeout),
+                    poll_interval=POLL_INTERVAL,
+                    raise_on_failure=False,
+                    stream_logs=stream_logs,
                 )
             except TimeoutError:
                 raise timeout_error(self.info(), timeout) from None
             self._final = final
         status = fray_status(final.state)
         if status == JobStatus.FAILED and raise_on_failure:
-            raise self.failure().error(self._job_id)
+            raise self.failure().error(self.job_id)
         return status
 
     def terminate(self) -> None:
-        """Cancel the job (every task) through Iris; a no-op for a finished job."""
+        """Cancel the job (every task, and its child jobs) through Iris; a no-op for a finished job."""
         if self._final is not None:
             return
-        with _terminated_lock:
-            _terminated.add(self._job_id)
-        with iris_errors(self._job_id):
-            if not fray_status(self._iris().job_state(self._name())).finished:
-                self._iris().cancel_job(self._name())
+        mark_terminated(self.job_id)
+        with iris_errors(self.job_id):
+            if not fray_status(self.iris_job.state_only()).finished:
+                self.iris_job.cancel()
 
-    def logs(self, max_lines: int | None = None) -> list[str]:
-        """The job's stdout and stderr lines (every task and attempt, by time), the last ``max_lines`` if given.
+    def logs(self, max_lines: int | None = None) -> tuple[str, ...]:
+        """The last ``max_lines`` lines the job's tasks wrote (all of them for None or 0), in time order.
 
-        For a finished job this waits (briefly) until each task's last lines reached Iris's log store.
+        One bounded query to Iris (asked again, for more, only when hidden lines took some of the
+        places). For a finished job this first waits (briefly) until each task's last lines
+        reached Iris's log store. Lines come without their newline; Fray's own are hidden.
         """
-        if max_lines is not None and max_lines <= 0:
-            return []
-        with iris_errors(self._job_id):
-            return self._logs(max_lines)
-
-    def _logs(self, max_lines: int | None) -> list[str]:
-        if not self._settled and self.status() in (JobStatus.SUCCEEDED, JobStatus.FAILED):
-            tasks = self._iris().list_tasks(self._name())
-            self._await_end({t.task_id: t.current_attempt_number for t in tasks if t.state in _ENDED})
-            self._settled = True
-        job = self._iris().job(self._name())
-        want = 1_000_000 if max_lines is None else max_lines + 8
-        while True:
-            entries = job.logs(max_lines=want, tail=True)
-            lines = [text for e in entries if e.source in _OUTPUT for text in _visible(e.data)]
-            # Hidden lines (failure and end lines, build output) may have taken some of the places asked for.
-            if max_lines is None or len(lines) >= max_lines or len(entries) < want:
-                return lines if max_lines is None else lines[-max_lines:]
-            want *= 4
-
-    def _await_end(self, attempts: dict[JobName, int]) -> bool:
-        """Wait until the end lines of these (task, attempt)s are in Iris's log store; False after LOG_GRACE."""
-        if not attempts:
-            return True
-        job = self._iris().job(self._name())
-        deadline = time.monotonic() + LOG_GRACE
-        while True:
-            seen: dict[tuple[str, int], int] = {}
-            for entry in job.logs(substring=END_TAG, max_lines=4 * len(attempts) + 64, tail=True):
-                key = (entry.task_id.to_wire(), entry.attempt_id)
-                seen[key] = seen.get(key, 0) + 1
-            if all(seen.get((task.to_wire(), attempt), 0) >= 2 for task, attempt in attempts.items()):
-                return True
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.05)
+        with iris_errors(self.job_id):
+            if not self._settled and self.iris_job.state_only() in _SETTLED_STATES:
+                tasks = self._iris().list_tasks(self._name())
+                await_end(self.iris_job, {t.task_id: t.current_attempt_number for t in tasks if t.state in ENDED})
+                self._settled = True
+            return read_logs(self.iris_job, max_lines)
 
     @classmethod
     def _fray_wait_some(cls, jobs: Sequence[IrisJobHandle], timeout: float | None) -> list[JobStatus]:
@@ -240,27 +264,22 @@ class IrisJobHandle:
 
     def failure(self) -> Failure:
         """Why the (FAILED) job failed, worded by the shared retry budget; computed once."""
-        with self._lock, iris_errors(self._job_id):
+        with self._lock, iris_errors(self.job_id):
             if self._failure is None:
-                final = self._final or self._iris().job_status(self._name())
+                final = self._final or self.iris_job.status()
                 self._failure = self._explain(final)
             return self._failure
 
     def _explain(self, final: IrisJobStatus) -> Failure:
-        meta = self._meta
+        meta = self.meta
         tasks = self._iris().list_tasks(self._name())
-        failed = [t for t in tasks if t.state in _FAILED_TASK and t.attempts]
+        failed = [t for t in tasks if t.state in FAILED_TASK and t.attempts]
         if JobState(final.state) == JobState.UNSCHEDULABLE or not failed:
             reason = final.error_message or final.pending_reason or f"Iris job state {JobState(final.state).value}"
             return Failure(f"Iris could not run the job: {reason}")
         task = max(failed, key=_finished_ms)
-        attempt = task.current_attempt_number
         index = task.task_id.task_index or 0
-        if TaskState(task.state) in _LOST or any(a.is_worker_failure for a in task.attempts[-1:]):
-            base = Failure.lost(f"host lost: {task.error_message or 'the worker went away'}")
-        else:
-            base = self._attempt_failure(task, attempt)
-        base = base.in_replica(index // meta.hosts_per_replica, meta.replicas)
+        base = task_failure(self._iris(), task, meta).in_replica(index // meta.hosts_per_replica, meta.replicas)
         lost = base.kind == FailureKind.PREEMPTION
         budget = RetryBudget(
             meta.max_retries_failure,
@@ -270,29 +289,78 @@ class IrisJobHandle:
         )
         return base.with_message(budget.exhausted_message(base))
 
-    def _attempt_failure(self, task: TaskStatus, attempt: int) -> Failure:
-        """One failed attempt: the exception its Python code raised, else how its process exited."""
-        self._await_end({task.task_id: attempt})
-        entries = self._iris().task(task.task_id).attempt(attempt).logs(tail=True, max_lines=LAST_LINES * 4)
-        output = [entry.data for entry in entries if entry.source in _OUTPUT]
-        if not self._meta.binary:
-            for line in reversed(output):
-                remote = decode_failure_line(line)
-                if remote is not None:
-                    return Failure.from_remote(remote)
-        last = [text for line in output for text in _visible(line)][-LAST_LINES:]
-        if task.exit_code == 0 and task.error_message:
-            return Failure(f"{self._meta.label!r} failed: {task.error_message}")
-        return Failure.from_exit(self._meta.label, task.exit_code, last)
+
+# ----- shared with actor-group members: a task's failure and output --------------------------------
+
+
+def task_failure(iris: IrisLib, task: TaskStatus, meta: JobMeta) -> Failure:
+    """Why ``task`` failed: its host was lost, or its last attempt's exception, or how its process exited."""
+    if TaskState(task.state) in LOST or any(a.is_worker_failure for a in task.attempts[-1:]):
+        return Failure.lost(f"host lost: {task.error_message or 'the worker went away'}")
+    attempt = task.current_attempt_number
+    await_end(iris.task(task.task_id), {task.task_id: attempt})
+    entries = iris.task(task.task_id).attempt(attempt).logs(tail=True, max_lines=LAST_LINES * 4)
+    output = [entry.data for entry in entries if entry.source not in _NOT_OUTPUT]
+    if not meta.binary:
+        for line in reversed(output):
+            remote = decode_failure_line(line)
+            if remote is not None:
+                return Failure.from_remote(remote)
+    last = [text for line in output for text in _visible(line)][-LAST_LINES:]
+    if task.exit_code == 0 and task.error_message:
+        return Failure(f"{meta.label!r} failed: {task.error_message}")
+    return Failure.from_exit(meta.label, task.exit_code, last)
+
+
+def await_end(source: Any, attempts: dict[JobName, int]) -> bool:
+    """Wait until the end lines of these (task, attempt)s are in Iris's log store; False after LOG_GRACE.
+
+    ``source`` is Iris's ``Job`` or ``Task`` whose log query covers them.
+    """
+    if not attempts:
+        return True
+    deadline = time.monotonic() + LOG_GRACE
+    while True:
+        seen: dict[tuple[str, int], int] = {}
+        for entry in source.logs(substring=END_TAG, max_lines=4 * len(attempts) + 64, tail=True):
+            key = (entry.task_id.to_wire(), entry.attempt_id)
+            seen[key] = seen.get(key, 0) + 1
+        if all(seen.get((task.to_wire(), attempt), 0) >= 2 for task, attempt in attempts.items()):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+
+
+def read_logs(source: Any, max_lines: int | None) -> tuple[str, ...]:
+    """The last ``max_lines`` output lines of an Iris ``Job`` or ``Task`` (all for None or 0), Fray's hidden.
+
+    Asks for exactly ``max_lines`` first; only when Fray's hidden lines took some of those
+    places does it ask again, for four times as many.
+    """
+    log_tail((), max_lines)  # the shared check: a negative or non-whole number is a ConfigError naming it
+    want = max_lines if max_lines else 1_000_000
+    while True:
+        entries = source.logs(max_lines=want, tail=True)
+        lines = [text for e in entries if e.source not in _NOT_OUTPUT for text in _visible(e.data)]
+        if not max_lines or len(lines) >= max_lines or len(entries) < want:
+            return log_tail(lines, max_lines)
+        want *= 4
 
 
 def _visible(line: str) -> list[str]:
-    """``line`` as ``logs()`` shows it: nothing for Fray's own lines, the user's text before an end tag."""
-    if line.startswith(FAILURE_TAG):
+    """``line`` as ``logs()`` shows it: nothing for Fray's own lines, the user's text before an end tag.
+
+    The lines of a multi-process replica keep their process's ``[proc I]`` tag; Fray's own are
+    hidden with it.
+    """
+    line = line.rstrip("\n")
+    text, tag = untagged(line)
+    if text.startswith(FAILURE_TAG.strip()):
         return []
-    if line.endswith(END_TAG):
-        line = line[: -len(END_TAG)]
-        return [line] if line else []
+    if text.endswith(END_TAG):
+        text = text[: -len(END_TAG)]
+        return [tag + text] if text else []
     return [line]
 
 

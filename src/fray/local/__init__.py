@@ -16,8 +16,10 @@ from __future__ import annotations
 import contextvars
 import threading
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any, ClassVar, Self, cast
 
+from fray.actor import ActorGroup
+from fray.actor_config import ActorConfig
 from fray.client import ClientSpec
 from fray.core._client_core import ActorStart, ClientCore, check_count, check_installed, short_id
 from fray.core._driver_exit import ExitNotice
@@ -36,8 +38,9 @@ from fray.local._local_actor import LocalActor, LocalActorHandle
 from fray.local._local_job import LocalJob, LocalJobHandle, stop_deadline, wait_for_stop
 from fray.local._local_runner import JobRunner, local_device
 from fray.queue import LocalQueue, queue_exists
+from fray.resources import ResourceConfig
 
-__all__ = ["LocalActorHandle", "LocalClient", "LocalJobHandle"]
+__all__ = ["LocalActorHandle", "LocalClient", "LocalJobHandle", "MarinLocalClient"]
 
 
 def _never_started(job: LocalJob) -> None:
@@ -49,36 +52,31 @@ def _never_started(job: LocalJob) -> None:
 _WHY_ENDED = "the local backend runs jobs inside the script's process"
 
 
-class LocalClient(ClientCore["LocalJobHandle", "LocalActorHandle"]):
-    """Runs everything inside this process: callable jobs in threads, binary jobs as subprocesses,
-    actors as objects each served by its own thread.
+class MarinLocalClient(ClientCore["LocalJobHandle", "LocalActorHandle"]):
+    """The embedded backend with marin's local rules: marin's ``fray.local_backend.LocalClient``.
 
-    ``max_threads`` bounds how many callable replicas run at once (others stay PENDING);
-    actors do not count against it. Limits of running in one process: resources are
-    not enforced; ``max_retries_preemption`` applies only to :func:`fray.testing.preempt`;
-    ``docker_image`` is ignored (noted in the job's log); ``pip_packages`` must already
-    be installed; env vars of callable jobs are set process-wide while they run.
+    It runs everything inside this process, as :class:`LocalClient` (its subclass, and
+    Fray's default) does, and keeps the three rules marin's own local backend has, so
+    that code and tests written against it behave as they did:
 
-    Callables, their arguments, actor calls and their results are passed to the job or
-    actor as they are, never pickled (seed 003: the local backend "calls methods
-    directly"), so a lock or an open file may be passed. ``check_pickling=True`` (spec
-    ``local?pickle=1``) refuses, as every other backend does, what would not pickle --
-    a job's callable and arguments at submit, an actor call's arguments in the caller and
-    its return value -- with :class:`~fray.errors.SerializationError`, so that code that
-    passes here does not fail later on a cluster; Fray's conformance suite turns it on.
+    * ``create_actor`` and ``create_actor_group`` return once the constructors ran (they
+      run side by side, each on its member's thread); a constructor that raised is raised
+      there, in Fray's one form (an :class:`~fray.errors.ActorDiedError` that is also of the
+      user's class), after the group's other members were stopped;
+    * callables, arguments and results are passed as they are, never pickled;
+    * job names are not tracked: ``submit(..., adopt_existing=...)`` always submits.
 
-    How ``terminate()`` stops threads is on :meth:`fray.local._local_job.LocalJobHandle.terminate`;
-    a terminated actor's calls fail with ``ActorDiedError`` at once.
-
-    Jobs run inside this process, so they end with it whatever ``detached`` says (the
-    driver-exit rule, :mod:`fray.core._driver_exit`); at exit, Fray names the ones that were
-    still running. Actors run on their own thread(s) and every
-    :class:`~fray.actor_config.ActorConfig` field is honoured; resources reserve nothing
-    (actors take no thread slots); a ``detached`` actor survives :meth:`shutdown` but, like
-    everything of this backend, ends with the process.
+    Fray's :class:`LocalClient` refines these: handles come back at once and members become
+    ready independently, as on every other backend, values are checked to pickle as they
+    would have to elsewhere, and ``adopt_existing`` finds the client's live jobs by name.
+    Everything else (threads, subprocesses, retries, terminate) is one implementation.
     """
 
+    #: Whether create_actor(_group) waits for the constructors (marin's local rule).
+    CONSTRUCTS_AT_CREATE: ClassVar[bool] = True
+
     BACKEND = "local"
+    HONOURS = frozenset({"JobRequest.processes_per_task", "EnvironmentConfig.extras"})
 
     def __init__(
         self,
@@ -102,7 +100,7 @@ class LocalClient(ClientCore["LocalJobHandle", "LocalActorHandle"]):
         self._queues: dict[str, LocalQueue[Any]] = {}
 
     @classmethod
-    def from_spec(cls, spec: ClientSpec) -> LocalClient:
+    def from_spec(cls, spec: ClientSpec) -> Self:
         """Build from ``local``, ``local?threads=N`` and/or ``local?pickle=1`` (``check_pickling``)."""
         if spec.address is not None:
             raise spec.invalid("the local backend takes no address")
@@ -116,18 +114,73 @@ class LocalClient(ClientCore["LocalJobHandle", "LocalActorHandle"]):
 
     def __repr__(self) -> str:
         pickling = ", check_pickling=True" if self.check_pickling else ""
-        return f"LocalClient(namespace={self.namespace!r}, max_threads={self.max_threads}{pickling})"
+        return f"{type(self).__name__}(namespace={self.namespace!r}, max_threads={self.max_threads}{pickling})"
+
+    # ----- marin's local rules ----------------------------------------------------------------
+
+    def create_actor(
+        self,
+        actor_class: type,
+        *args: Any,
+        name: str,
+        resources: ResourceConfig | None = None,
+        actor_config: ActorConfig | None = None,
+        **kwargs: Any,
+    ) -> LocalActorHandle:
+        """Create the actor ``name``; see :meth:`~fray.core._client_core.ClientCore.create_actor`.
+
+        Where :attr:`CONSTRUCTS_AT_CREATE` (marin's rule), this returns once the constructor
+        ran, and raises what it raised.
+        """
+        handle = super().create_actor(
+            actor_class, *args, name=name, resources=resources, actor_config=actor_config, **kwargs
+        )
+        if self.CONSTRUCTS_AT_CREATE:
+            handle._fray_ready().result()
+        return handle
+
+    def create_actor_group(
+        self,
+        actor_class: type,
+        *args: Any,
+        name: str,
+        count: int,
+        resources: ResourceConfig | None = None,
+        actor_config: ActorConfig | None = None,
+        **kwargs: Any,
+    ) -> ActorGroup:
+        """Create ``count`` actors; see :meth:`~fray.core._client_core.ClientCore.create_actor_group`.
+
+        Where :attr:`CONSTRUCTS_AT_CREATE` (marin's rule), this returns once every constructor
+        ran; when one raised, the others are stopped and its error is raised here.
+        """
+        group = super().create_actor_group(
+            actor_class, *args, name=name, count=count, resources=resources, actor_config=actor_config, **kwargs
+        )
+        if self.CONSTRUCTS_AT_CREATE:
+            try:
+                group.wait_ready(timeout=None)
+            except BaseException:
+                group.shutdown()
+                raise
+        return group
+
+    def _live_job(self, request: JobRequest) -> LocalJobHandle | None:
+        # marin's local backend does not track job names: adopt_existing never finds one.
+        return None
 
     # ----- jobs -------------------------------------------------------------------------------
 
     def _start_job(self, request: JobRequest, detached: bool) -> LocalJobHandle:
+        self._runner.check(request)  # processes_per_task, extras (fray.local._local_runner)
         entry = request.entrypoint
         environment = request.environment or EnvironmentConfig()
         if isinstance(entry, CallableEntrypoint):
             if self.check_pickling:
                 check_picklable(f"job {request.name!r}", call_parts(entry.callable, entry.args, entry.kwargs))
             check_installed(request.name, environment.pip_packages, self.BACKEND)
-            if self.max_threads is not None and request.replicas > self.max_threads:
+            # Replicas of several processes each run as subprocesses and take no thread slot.
+            if self.max_threads is not None and request.replicas > self.max_threads and request.processes_per_task == 1:
                 raise ConfigError(
                     f"job {request.name!r} asks for {request.replicas} replicas, which start all together, but this "
                     f"LocalClient runs at most {self.max_threads} threads; raise threads or lower replicas"
@@ -177,8 +230,9 @@ class LocalClient(ClientCore["LocalJobHandle", "LocalActorHandle"]):
         with self._lock:
             if name in self._actors_by_name:
                 raise JobAlreadyExists(
-                    f"an actor named {name!r} is already running in this client; shut it down first or pick "
-                    "another name"
+                    name,
+                    reason="an actor of this name is already running in this client; shut it down first or pick "
+                    "another name",
                 )
         job = self._new_job(name)
         try:
@@ -196,7 +250,7 @@ class LocalClient(ClientCore["LocalJobHandle", "LocalActorHandle"]):
             with self._lock:
                 if name in self._actors_by_name:  # lost a race with another creator
                     self._jobs.pop(job.job_id)
-                    raise JobAlreadyExists(f"an actor named {name!r} is already running in this client")
+                    raise JobAlreadyExists(name, reason="an actor of this name is already running in this client")
                 self._actors_by_name[name] = actor
                 self._actors_by_job[job.job_id] = actor
             actor.start(start.args, start.kwargs, contextvars.copy_context())
@@ -255,3 +309,43 @@ class LocalClient(ClientCore["LocalJobHandle", "LocalActorHandle"]):
             if not job.lifecycle.finished:
                 job.request_stop()
         wait_for_stop(jobs, stop_deadline())
+
+
+class LocalClient(MarinLocalClient):
+    """Runs everything inside this process: callable jobs in threads, binary jobs as subprocesses,
+    actors as objects each served by its own thread. Fray's default client.
+
+    ``max_threads`` bounds how many callable replicas run at once (others stay PENDING);
+    actors do not count against it. Limits of running in one process: resources are
+    not enforced; ``max_retries_preemption`` applies only to :func:`fray.testing.preempt`;
+    ``docker_image`` is ignored (noted in the job's log); ``pip_packages`` must already
+    be installed; env vars of callable jobs are set process-wide while they run.
+
+    As on every other backend, ``create_actor`` returns a deferred handle at once and a
+    group's members become ready independently (a constructor's error reaches
+    ``wait_ready`` and the calls); ``submit(..., adopt_existing=...)`` looks up the client's
+    live jobs by name (:mod:`fray.core._adopt`). Its base, :class:`MarinLocalClient`, is
+    marin's ``fray.local_backend.LocalClient``: the same backend with marin's local rules.
+
+    Callables, their arguments, actor calls and their results are passed to the job or
+    actor as they are. ``check_pickling=True`` (spec ``local?pickle=1``) refuses, as every
+    other backend does, what would not pickle -- a job's callable and arguments at submit,
+    an actor call's arguments in the caller and its return value -- with
+    :class:`~fray.errors.SerializationError`, so that code that passes here does not fail
+    later on a cluster; Fray's conformance suite turns it on.
+
+    How ``terminate()`` stops threads is on :meth:`fray.local._local_job.LocalJobHandle.terminate`;
+    a terminated actor's calls fail with ``ActorDiedError`` at once.
+
+    Jobs run inside this process, so they end with it whatever ``detached`` says (the
+    driver-exit rule, :mod:`fray.core._driver_exit`); at exit, Fray names the ones that were
+    still running. Actors run on their own thread(s) and every
+    :class:`~fray.actor_config.ActorConfig` field is honoured; resources reserve nothing
+    (actors take no thread slots); a ``detached`` actor survives :meth:`shutdown` but, like
+    everything of this backend, ends with the process.
+    """
+
+    CONSTRUCTS_AT_CREATE = False
+
+    def _live_job(self, request: JobRequest) -> LocalJobHandle | None:
+        return ClientCore._live_job(self, request)

@@ -139,7 +139,7 @@ class LocalActor:
     def _new_incarnation(self, number: int, calls: list[_Call]) -> _Incarnation:
         group_name, index = self.group if self.group is not None else (None, 0)
         handle = LocalActorHandle(self, self.cls, self.name, self.job.client_id)
-        context = ActorContext(self.name, group_name, index, lambda: handle)
+        context = ActorContext.of_actor(self.name, group_name, index, lambda: handle)
         return _Incarnation(number, self.name, context, calls)
 
     def _launch(self, incarnation: _Incarnation) -> None:

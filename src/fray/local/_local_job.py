@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 
 from fray.core._lifecycle import JobLifecycle
 from fray.core._logcapture import LogBuffer
+from fray.core._remote import RemoteFailure, job_failed
 from fray.core._runtime import StoppableRun, check_terminated
 from fray.errors import ActorUnavailableError, FrayError, JobFailed
 from fray.job import JobStatus, JobSummary, _current_job, timeout_error
@@ -159,16 +160,20 @@ class LocalJob:
             hook()
 
     def terminate(self) -> None:
-        """Stop the job and wait up to :data:`STOP_GRACE` seconds for its threads and processes to end."""
+        """Stop the job: wait up to :data:`STOP_GRACE` seconds for its threads and processes to end, then
+        record it STOPPED whatever still runs (the status is final once ``terminate()`` returns)."""
         if self.lifecycle.finished:
             return
         self.request_stop()
         info = _current_job.get()
         if info is not None and info.job_id == self.job_id:
             # The job terminates itself: it cannot wait for its own thread, so it stops here.
+            self.lifecycle.stop()
             check_terminated()
             return
-        self.lifecycle.wait_done(STOP_GRACE)
+        if not self.lifecycle.wait_done(STOP_GRACE):
+            # A thread inside one long C call ends when that call returns; its outcome no longer counts.
+            self.lifecycle.stop()
 
 
 def stop_deadline() -> float:
@@ -188,12 +193,13 @@ class _FutureLifecycle:
     def __init__(self, job_id: str, future: concurrent.futures.Future[object]) -> None:
         self._job_id = job_id
         self._future = future
+        self.stopped = False  # terminated: STOPPED from then on, whatever the future still does
         future.add_done_callback(_notify_future_done)
 
     @property
     def status(self) -> JobStatus:
         future = self._future
-        if future.cancelled():
+        if future.cancelled() or self.stopped:
             return JobStatus.STOPPED
         if not future.done():
             return JobStatus.RUNNING if future.running() else JobStatus.PENDING
@@ -201,16 +207,19 @@ class _FutureLifecycle:
 
     @property
     def finished(self) -> bool:
-        return self._future.done()
+        return self.stopped or self._future.done()
 
     def wait(self, timeout: float | None = None, *, raise_on_failure: bool = True) -> JobStatus:
-        concurrent.futures.wait([self._future], timeout)
-        if not self._future.done():
+        if not self.stopped:
+            concurrent.futures.wait([self._future], timeout)
+        if not self.finished:
             raise TimeoutError(f"job {self._job_id!r} still running after {timeout}s")
         status = self.status
         if status == JobStatus.FAILED and raise_on_failure:
             exc = self._future.exception()
-            raise JobFailed(self._job_id, f"{type(exc).__name__}: {exc}", cause=exc) from exc
+            assert exc is not None
+            failure = RemoteFailure.capture(exc)
+            raise job_failed(self._job_id, failure.summary, failure, original=exc)
         return status
 
 
@@ -231,8 +240,12 @@ class _FutureJob:
         self._future = future
 
     def terminate(self) -> None:
-        """Cancel the future if it has not started; a running one cannot be stopped from outside."""
-        self._future.cancel()
+        """Cancel the future if it has not started; a running one cannot be stopped from outside, so the
+        job reads STOPPED from now on and the future's outcome is ignored."""
+        if not self._future.done():
+            self._future.cancel()
+            self.lifecycle.stopped = True
+            _notify_future_done(None)
 
     def preempt(self, replica: int | None) -> None:
         raise FrayError(f"job {self.job_id!r} is a plain future: it cannot be preempted")
@@ -299,14 +312,14 @@ class LocalJobHandle:
         The exception is raised with ``PyThreadState_SetAsyncExc``: it lands at the thread's
         next Python instruction, and again at every Fray call the job makes. A thread
         blocked inside one C call (``time.sleep(600)``, a socket read, a lock) stops only
-        when that call returns. The job reads STOPPED once every one of its threads has
-        exited; this waits up to :data:`STOP_GRACE` seconds for that, then returns (the
-        status turns STOPPED the moment the last thread exits). Binary jobs' process groups
-        get SIGTERM, then SIGKILL.
+        when that call returns. This waits up to :data:`STOP_GRACE` seconds for every
+        thread and process to end; either way the job reads STOPPED when it returns (as on
+        every backend), and a thread still inside a C call ends when that call returns,
+        its outcome ignored. Binary jobs' process groups get SIGTERM, then SIGKILL.
         """
         self._job.terminate()
 
-    def logs(self, max_lines: int | None = None) -> list[str]:
+    def logs(self, max_lines: int | None = None) -> tuple[str, ...]:
         """The job's output lines (all attempts, stdout and stderr interleaved)."""
         return self._job.logs.lines(max_lines)
 

@@ -5,6 +5,13 @@ callable replica runs on a thread of this process (its env vars overlaid on the
 shared ``os.environ``, see :class:`_EnvOverlay`), a binary replica as a subprocess in
 its own process group. An attempt ends when all its replicas have; the first failure
 stops the others (a gang lives and dies together).
+
+A replica of several processes (``JobRequest.processes_per_task``) is a subprocess
+whatever its entrypoint: the supervisor of :mod:`fray.process._ranks` running the
+binary, or the pickled callable with :mod:`fray.process._jobmain` (as on Monarch), N
+times. :meth:`JobRunner.check` refuses at submit what the backend cannot run: GPUs
+that ``processes_per_task`` does not divide, a callable that would not pickle for
+them, and ``EnvironmentConfig.extras`` whose requirements are not installed here.
 """
 
 from __future__ import annotations
@@ -12,15 +19,23 @@ from __future__ import annotations
 import contextvars
 import os
 import queue
+import shutil
+import sys
+import tempfile
 import threading
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 
 from fray.actor_context import bind_actor
 from fray.client import Client, _bind_client
+from fray.cluster.envs._project import check_extras
+from fray.core._codepickle import dumps
 from fray.core._lifecycle import Failure, exit_status
 from fray.core._logcapture import capture_to
+from fray.core._private_files import write_private
 from fray.core._runtime import terminating_on
+from fray.core._serialization import call_parts, check_picklable
 from fray.errors import ConfigError
 from fray.job import (
     BinaryEntrypoint,
@@ -31,10 +46,11 @@ from fray.job import (
     _current_job,
 )
 from fray.local._local_job import Attempt, LocalJob
-from fray.process._procjob import ReplicaProcess
-from fray.resources import CpuConfig, ResourceConfig, device_name
+from fray.process._procjob import ReplicaProcess, callable_argv
+from fray.process._ranks import check_processes
+from fray.resources import CpuConfig, GpuConfig, ResourceConfig, device_name
 
-__all__ = ["JobRunner", "local_device"]
+__all__ = ["JobRunner", "check_extras", "local_device"]
 
 
 class _EnvOverlay:
@@ -96,20 +112,64 @@ def _replica_main(
     outcomes.put((index, outcome))
 
 
-def _binary_replica(
-    job: LocalJob, attempt: Attempt, entry: BinaryEntrypoint, environment: EnvironmentConfig, info: JobInfo
+def _process_replica(
+    job: LocalJob,
+    attempt: Attempt,
+    request: JobRequest,
+    environment: EnvironmentConfig,
+    info: JobInfo,
+    payload: Path | None,
 ) -> Failure | None:
+    """A replica as a subprocess: a binary, or (``payload``: the pickled entrypoint) a callable's processes."""
+    entry = request.entrypoint
+    env = dict(environment.env_vars)
+    if isinstance(entry, BinaryEntrypoint):
+        argv, label, failure = entry.argv, entry.command, None
+    else:
+        assert payload is not None
+        failure = payload.parent / f"failure-{info.attempt}-{info.replica_index}"
+        argv = callable_argv(payload, failure)
+        label = getattr(entry.callable, "__qualname__", type(entry.callable).__name__)
+        env.setdefault("PYTHONPATH", _import_path())
     replica = ReplicaProcess(
-        entry.argv,
+        argv,
         info,
         "local",
         job.logs,
-        label=entry.command,
-        user_env=environment.env_vars,
+        label=label,
+        user_env=env,
         cwd=environment.workspace,
+        failure_path=failure,
+        processes=request.processes_per_task,
+        gpus=_gpus(request.resources),
     )
     attempt.add_process(replica, info.replica_index)
     return replica.run()
+
+
+def _in_threads(request: JobRequest) -> bool:
+    """Whether the job's replicas run on threads of this process (else each is a subprocess)."""
+    return isinstance(request.entrypoint, CallableEntrypoint) and request.processes_per_task == 1
+
+
+def _import_path() -> str:
+    """This process's import path as a ``PYTHONPATH``: a callable's processes unpickle it as this process would.
+
+    The interpreter's own directories (the standard library, site-packages) are left to the
+    child's interpreter, which finds them itself.
+    """
+    own = tuple(os.path.join(prefix, "") for prefix in {sys.prefix, sys.base_prefix, sys.exec_prefix})
+    paths = [os.path.abspath(p or os.curdir) for p in sys.path]
+    kept = [p for p in paths if not os.path.join(p, "").startswith(own)]
+    return os.pathsep.join(dict.fromkeys([*kept, *filter(None, [os.environ.get("PYTHONPATH")])]))
+
+
+def _gpus(resources: ResourceConfig) -> int:
+    """The GPUs a replica reports holding (see :func:`local_device`), shared out among its processes."""
+    choices = resources.device_choices
+    if any(isinstance(d, CpuConfig) for d in choices) or not isinstance(choices[0], GpuConfig):
+        return 0
+    return choices[0].count
 
 
 class JobRunner:
@@ -126,6 +186,15 @@ class JobRunner:
         self._slots = threading.Condition()
         self._busy_threads = 0
 
+    def check(self, request: JobRequest) -> None:
+        """Refuse, at submit, what this backend cannot run of ``request`` (see the module docstring)."""
+        check_processes(request)
+        check_extras(request.name, request.environment or EnvironmentConfig(), "local")
+        entry = request.entrypoint
+        if isinstance(entry, CallableEntrypoint) and not _in_threads(request):
+            # Its processes run the callable from a pickle, whatever LocalClient(check_pickling) says.
+            check_picklable(f"job {request.name!r}", call_parts(entry.callable, entry.args, entry.kwargs))
+
     def wake(self) -> None:
         """Wake jobs waiting for thread slots (a job told to stop may be one of them)."""
         with self._slots:
@@ -136,22 +205,28 @@ class JobRunner:
     ) -> None:
         """The job's one retry loop: attempts until one succeeds, the budget runs out, or the job is stopped."""
         namespace = context.run(self._namespace)
+        # A callable run as processes is pickled there once (every replica and attempt runs the same bytes).
+        files = None if _in_threads(request) else Path(tempfile.mkdtemp(prefix="fray-local-job-"))
 
         def attempt(_: int) -> Failure | None:
-            failure = self._run_attempt(job, request, environment, context, namespace)
+            failure = self._run_attempt(job, request, environment, context, namespace, files)
             if job.cancel.is_set():
                 job.lifecycle.stop()
             return failure
 
-        job.lifecycle.run_attempts(
-            attempt,
-            job.logs.write,
-            admit=lambda: self._acquire_slots(job, request),
-            release=lambda: self._release_slots(request),
-        )
+        try:
+            job.lifecycle.run_attempts(
+                attempt,
+                job.logs.write,
+                admit=lambda: self._acquire_slots(job, request),
+                release=lambda: self._release_slots(request),
+            )
+        finally:
+            if files is not None:
+                shutil.rmtree(files, ignore_errors=True)
 
     def _threads_needed(self, request: JobRequest) -> int:
-        return request.replicas if isinstance(request.entrypoint, CallableEntrypoint) else 0
+        return request.replicas if _in_threads(request) else 0
 
     def _acquire_slots(self, job: LocalJob, request: JobRequest) -> bool:
         need = self._threads_needed(request)
@@ -185,9 +260,19 @@ class JobRunner:
         environment: EnvironmentConfig,
         context: contextvars.Context,
         namespace: str,
+        files: Path | None,
     ) -> Failure | None:
         """Run all replicas of one attempt until every one has exited; the first failure, or None."""
         count = request.replicas
+        entry = request.entrypoint
+        payload = None
+        if files is not None and isinstance(entry, CallableEntrypoint):
+            payload = files / "payload.pkl"
+            try:
+                if not payload.exists():
+                    write_private(payload, dumps(entry))
+            except Exception as exc:  # checked at submit; what still will not pickle fails the attempt
+                return Failure.from_exception(exc)
         attempt = job.new_attempt(count)
         outcomes: queue.SimpleQueue[tuple[int, Failure | None]] = queue.SimpleQueue()
         threads = []
@@ -201,13 +286,12 @@ class JobRunner:
                 job.lifecycle.attempt,
                 local_device(request.resources),
             )
-            entry = request.entrypoint
             target: Callable[[], Failure | None]
-            if isinstance(entry, CallableEntrypoint):
+            if isinstance(entry, CallableEntrypoint) and payload is None:
                 target = partial(self._callable_replica, job, attempt, entry, environment, info)
                 runner = context.copy().run
             else:
-                target = partial(_binary_replica, job, attempt, entry, environment, info)
+                target = partial(_process_replica, job, attempt, request, environment, info, payload)
                 runner = contextvars.Context().run
             thread = threading.Thread(
                 target=_replica_main, args=(outcomes, index, runner, target), name=f"fray-{job.job_id}-r{index}"

@@ -36,6 +36,7 @@ from monarch.actor import ActorError
 from fray.actor import ActorFuture, RemoteMethod, check_actor_method
 from fray.actor_context import SHUTDOWN_GRACE
 from fray.core._lifecycle import Failure, JobLifecycle
+from fray.core._logcapture import log_tail
 from fray.core._remote import RemoteFailure, actor_died, remote_error
 from fray.core._serialization import check_call_picklable
 from fray.errors import ActorDiedError, ActorUnavailableError, ConfigError, FrayError, SerializationError
@@ -273,16 +274,13 @@ class ActorRecord:
         """True once the actor died or was terminated."""
         return self._death is not None
 
-    def logs(self, max_lines: int | None = None) -> list[str]:
+    def logs(self, max_lines: int | None = None) -> tuple[str, ...]:
         """The actor process's output lines (its stdout and stderr go to one file)."""
         try:
             text = self.log_path.read_text(errors="replace")
         except OSError:
-            return []
-        lines = text.splitlines()
-        if max_lines is not None:
-            lines = lines[-max_lines:] if max_lines > 0 else []
-        return lines
+            text = ""
+        return log_tail(text.splitlines(), max_lines)
 
 
 def unwrap_reply(name: str, method: str, reply: tuple[str, Any], record: ActorRecord | None = None) -> Any:

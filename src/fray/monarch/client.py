@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from fray.client import ClientSpec
+from fray.cluster.envs._project import check_extras
 from fray.core._client_core import ActorStart, ClientCore, check_count, check_installed, short_id
 from fray.core._driver_exit import ExitNotice
 from fray.core._owned import OwnedWork
@@ -29,6 +30,7 @@ from fray.monarch._spawn import spawn_mesh
 from fray.monarch.actors import ActorRecord, HostMesh, MonarchActorHandle
 from fray.monarch.context import MonarchJobContext
 from fray.monarch.jobs import MonarchJob, MonarchJobHandle
+from fray.process._ranks import check_processes
 from fray.queue import ActorQueue, actor_queue
 from fray.resources import CpuConfig, ResourceConfig
 
@@ -42,9 +44,9 @@ _NOTICE = ExitNotice("Monarch", why_ended="Monarch jobs are processes of this sc
 
 def _check_resources(what: str, resources: ResourceConfig) -> ResourceConfig:
     """Refuse, by name, the resource fields the Monarch backend cannot honour on one host; the CPU placement."""
-    if resources.regions is not None:
+    if resources.placement_regions is not None:
         raise ConfigError(
-            f"{what}: ResourceConfig(regions={list(resources.regions)!r}) cannot be honoured by the Monarch backend, "
+            f"{what}: ResourceConfig(regions={list(resources.regions or ())!r}) cannot be honoured by the Monarch backend, "
             "which runs everything on this host; drop regions, or use the Ray or Fray cluster backend"
         )
     if resources.zone is not None:
@@ -69,6 +71,7 @@ def _check_environment(name: str, environment: EnvironmentConfig) -> None:
             "Monarch backend, which runs jobs as processes on this host; drop docker_image or use another backend"
         )
     check_installed(name, environment.pip_packages, "Monarch")
+    check_extras(name, environment, "Monarch")  # jobs run in this Python environment, as on the local backend
 
 
 class MonarchClient(ClientCore["MonarchJobHandle", "MonarchActorHandle"]):
@@ -79,6 +82,8 @@ class MonarchClient(ClientCore["MonarchJobHandle", "MonarchActorHandle"]):
     Limits: everything runs on this host; ``cpu``, ``ram`` and ``disk`` are not
     enforced; accelerators and ``regions`` are refused; ``docker_image`` is refused and
     ``pip_packages`` must already be installed; job handles work in this process only.
+    ``JobRequest.processes_per_task`` runs that many processes in each replica
+    (:mod:`fray.process._ranks`, as on the local backend and ``fray://``).
 
     A job's processes are the script's own children, so its jobs end with it whatever
     ``detached`` says (the driver-exit rule, :mod:`fray.core._driver_exit`); at exit, Fray names
@@ -91,6 +96,8 @@ class MonarchClient(ClientCore["MonarchJobHandle", "MonarchActorHandle"]):
 
     BACKEND = "Monarch"
     ACTOR_CONFIG = frozenset({"max_concurrency"})  # Monarch restarts nothing; its processes end with the client's
+    # A replica of several processes: fray.process._ranks; extras are checked installed, as on local.
+    HONOURS = frozenset({"JobRequest.processes_per_task", "EnvironmentConfig.extras"})
 
     def __init__(self, procs: int | None = None, *, namespace: str | None = None, echo_logs: bool = False) -> None:
         self.procs = check_count(procs, "MonarchClient(procs=")
@@ -132,6 +139,7 @@ class MonarchClient(ClientCore["MonarchJobHandle", "MonarchActorHandle"]):
     # ----- jobs --------------------------------------------------------------------------------
 
     def _start_job(self, request: JobRequest, detached: bool) -> MonarchJobHandle:
+        check_processes(request)
         request = dataclasses.replace(request, resources=_check_resources(f"job {request.name!r}", request.resources))
         _check_environment(request.name, request.environment or EnvironmentConfig())
         entry = request.entrypoint
@@ -170,8 +178,9 @@ class MonarchClient(ClientCore["MonarchJobHandle", "MonarchActorHandle"]):
             taken = [start.name for start in starts if start.name in self._actors]
             if taken:
                 raise JobAlreadyExists(
-                    f"an actor named {taken[0]!r} is already running in this client; shut it down first or pick "
-                    "another name"
+                    taken[0],
+                    reason="an actor of this name is already running in this client; shut it down first or pick "
+                    "another name",
                 )
             mesh, records = spawn_mesh(starts, ids, self._namespace(), self.spec, self._workdir, group)
             for record in records:

@@ -98,7 +98,7 @@ class FrayHost(Actor):
         self._ended: tuple[bytes | None] | None = None  # set once the actor ended itself
         self._end_port: Any = None
         self._handle: Any = None
-        self._context = ActorContext(self._label, member.group, member.index, self._own_handle)
+        self._context = ActorContext.of_actor(self._label, member.group, member.index, self._own_handle)
         set_process_actor(self._context)
         self._instance: object | None = None
         self._failure: bytes | None = None

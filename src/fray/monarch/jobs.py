@@ -51,7 +51,7 @@ class _Tracked(Protocol):
     job_id: str
     lifecycle: JobLifecycle
 
-    def logs(self, max_lines: int | None = None) -> list[str]: ...
+    def logs(self, max_lines: int | None = None) -> tuple[str, ...]: ...
 
     def terminate(self) -> None: ...
 
@@ -95,7 +95,7 @@ class MonarchJob:
         """Run the job on its own thread; returns at once."""
         threading.Thread(target=self._run, name=f"fray-job-{self.job_id}", daemon=True).start()
 
-    def logs(self, max_lines: int | None = None) -> list[str]:
+    def logs(self, max_lines: int | None = None) -> tuple[str, ...]:
         """All replicas' output lines, every attempt, and Fray's notes about retries."""
         return self.log.lines(max_lines)
 
@@ -149,9 +149,17 @@ class MonarchJob:
         info = JobInfo(self.job_id, self.request.name, index, count, self.namespace, attempt, "cpu")
         env, cwd = self.environment.env_vars, self.environment.workspace
         entry = self.request.entrypoint
+        processes = self.request.processes_per_task  # run under fray.process._ranks when > 1
         if isinstance(entry, BinaryEntrypoint):
             return ReplicaProcess(
-                entry.argv, info, self.client_spec, self.log, label=entry.command, user_env=env, cwd=cwd
+                entry.argv,
+                info,
+                self.client_spec,
+                self.log,
+                label=entry.command,
+                user_env=env,
+                cwd=cwd,
+                processes=processes,
             )
         assert isinstance(entry, CallableEntrypoint) and self._payload is not None
         failure = self.workdir / f"failure-{attempt}-{index}"
@@ -164,6 +172,7 @@ class MonarchJob:
             user_env=env,
             cwd=cwd,
             failure_path=failure,
+            processes=processes,
         )
 
 
@@ -229,7 +238,7 @@ class MonarchJobHandle:
         """Stop the job (every replica, and every process it started). A no-op for a finished job."""
         self._get().terminate()
 
-    def logs(self, max_lines: int | None = None) -> list[str]:
+    def logs(self, max_lines: int | None = None) -> tuple[str, ...]:
         """The job's output lines so far (the last ``max_lines`` if given)."""
         return self._get().logs(max_lines)
 

@@ -6,7 +6,9 @@ reaches every process it started), streams its output into the job's
 or a :class:`~fray.core._lifecycle.Failure`: the user's exception when a callable wrote
 one to its failure file (see :mod:`fray.process._jobmain`), else the exit code and the
 last lines the replica printed. :func:`callable_argv` builds the command line that
-runs a pickled callable entrypoint with :mod:`fray.process._jobmain`.
+runs a pickled callable entrypoint with :mod:`fray.process._jobmain`. A replica of
+several processes (``JobRequest.processes_per_task``) runs under the supervisor of
+:mod:`fray.process._ranks`, which is then the one process seen here.
 
 Thread-safety: :meth:`ReplicaProcess.run` blocks its caller (one thread per replica);
 :meth:`ReplicaProcess.kill` may be called from any thread, before, during or after
@@ -33,6 +35,7 @@ from fray.core._lifecycle import Failure
 from fray.core._logcapture import LogBuffer
 from fray.job import JobInfo, replica_env
 from fray.process._process import die_with_parent, kill_process_group
+from fray.process._ranks import RANK_VARS, ranked_argv
 
 __all__ = ["TAIL_LINES", "ReplicaProcess", "callable_argv"]
 
@@ -55,7 +58,9 @@ class ReplicaProcess:
     ``info`` (who it is), ``client_spec`` (the backend ``current_client()`` finds there)
     and ``user_env``. ``label`` names the replica in a failure message (the binary's
     command, or the callable's name). ``failure_path`` is where a callable replica
-    writes its encoded exception; a binary replica has none.
+    writes its encoded exception; a binary replica has none. ``processes`` copies of
+    ``argv`` run side by side under :mod:`fray.process._ranks`, sharing out the replica's
+    ``gpus``.
     """
 
     def __init__(
@@ -69,10 +74,14 @@ class ReplicaProcess:
         user_env: Mapping[str, str] | None = None,
         cwd: str | None = None,
         failure_path: Path | None = None,
+        processes: int = 1,
+        gpus: int = 0,
     ) -> None:
-        self.argv = list(argv)
-        # This process's environment, then the replica's own (identity, backend, the user's variables).
-        self.env = {**os.environ, **replica_env(info, client_spec, user_env)}
+        self.argv = ranked_argv(argv, processes, gpus=gpus, failure=failure_path)
+        # This process's environment (but the rank it may have as a process of a job itself), then
+        # the replica's own (identity, backend, the user's variables).
+        inherited = {k: v for k, v in os.environ.items() if k not in RANK_VARS}
+        self.env = {**inherited, **replica_env(info, client_spec, user_env)}
         self.logs = logs
         self.label = label
         self.cwd = cwd

@@ -48,8 +48,9 @@ def start_actor(
     except ValueError as exc:
         if "already" in str(exc) or "taken" in str(exc):
             raise JobAlreadyExists(
-                f"an actor named {name!r} is already alive in Ray namespace {namespace!r}; shut it down "
-                "first or pick another name"
+                name,
+                reason=f"an actor of this name is already alive in Ray namespace {namespace!r}; shut it down "
+                "first or pick another name",
             ) from None
         raise
     return RayActorHandle(name, namespace, start.actor_class, ray_handle, job_id=job_id)

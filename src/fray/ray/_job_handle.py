@@ -14,7 +14,7 @@ import weakref
 from collections.abc import Sequence
 
 from fray.core._lifecycle import JobLifecycle
-from fray.core._logcapture import LogBuffer
+from fray.core._logcapture import LogBuffer, log_tail
 from fray.errors import FrayError
 from fray.job import JobStatus, JobSummary, timeout_error
 from fray.ray._board import BOARD
@@ -104,12 +104,9 @@ class RayJobHandle:
             self._stopping = True
             return True
 
-    def logs(self, max_lines: int | None = None) -> list[str]:
+    def logs(self, max_lines: int | None = None) -> tuple[str, ...]:
         """The job's output lines so far, all attempts, stdout and stderr interleaved."""
-        lines = self._log.lines() + self._live_logs()
-        if max_lines is not None:
-            lines = lines[-max_lines:] if max_lines > 0 else []
-        return lines
+        return log_tail([*self._log.lines(), *self._live_logs()], max_lines)
 
     def _live_logs(self) -> list[str]:
         return []

@@ -85,8 +85,9 @@ def ray_options(resources: ResourceConfig, *, pin_resource: str = HEAD_NODE_RESO
     if custom:
         options["resources"] = custom
     labels: dict[str, str] = {}
-    if resources.regions:
-        labels[REGION_LABEL] = f"in({','.join(resources.regions)})"
+    regions = resources.placement_regions
+    if regions:
+        labels[REGION_LABEL] = f"in({','.join(regions)})"
     if resources.zone:
         labels[ZONE_LABEL] = resources.zone
     if labels:

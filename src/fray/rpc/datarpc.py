@@ -129,9 +129,11 @@ class _Integrity:
 
 
 def _error_payload(exc: BaseException) -> bytes:
-    kind = type(exc).__name__ if isinstance(exc, FrayError) else "FrayError"
-    message = str(exc) if isinstance(exc, FrayError) else f"internal error: {type(exc).__name__}: {exc}"
-    return pack({"type": kind, "message": message})
+    if not isinstance(exc, FrayError):
+        return pack({"type": "FrayError", "message": f"internal error: {type(exc).__name__}: {exc}"})
+    # An error's own plain fields travel too (JobAlreadyExists.job_name, ...), never objects.
+    fields = {k: v for k, v in vars(exc).items() if not k.startswith("_") and isinstance(v, str | int | float | bool)}
+    return pack({"type": type(exc).__name__, "message": str(exc), "fields": fields})
 
 
 def _rebuild_error(payload: Any, what: str) -> FrayError:
@@ -139,9 +141,18 @@ def _rebuild_error(payload: Any, what: str) -> FrayError:
         return ProtocolError(f"malformed error report for {what}")
     kind, message = payload.get("type"), payload["message"]
     cls = getattr(errors, kind, None) if isinstance(kind, str) and kind not in _NOT_REBUILT else None
-    if isinstance(cls, type) and issubclass(cls, FrayError):
-        return cls(message)
-    return FrayError(message)
+    if not (isinstance(cls, type) and issubclass(cls, FrayError)):
+        return FrayError(message)
+    # Rebuilt without the class's own __init__ (whose parameters differ by class): the message
+    # as it was worded there, then the plain fields it carried.
+    err = cls.__new__(cls)
+    Exception.__init__(err, message)
+    fields = payload.get("fields")
+    if isinstance(fields, dict):
+        for key, value in fields.items():
+            if isinstance(key, str) and not key.startswith("_") and isinstance(value, str | int | float | bool):
+                setattr(err, key, value)
+    return err
 
 
 class DataServer:

@@ -35,9 +35,11 @@ from fray.cluster.credentials import Credential
 from fray.cluster.envs._shipping import ship_environment
 from fray.cluster.messages import JobSpec, JobView
 from fray.cluster.taskproc._actor_host import host_actor
+from fray.core._adopt import adopt_or_check
 from fray.core._client_core import ActorStart, ClientCore
 from fray.core._driver_exit import ExitNotice, Leftovers
 from fray.core._lifecycle import Failure
+from fray.core._logcapture import log_tail
 from fray.core._pending_notice import watch as watch_pending
 from fray.core._remote import job_failed
 from fray.core._runtime import check_terminated
@@ -46,6 +48,7 @@ from fray.errors import (
     FrayError,
 )
 from fray.job import Entrypoint, EnvironmentConfig, JobRequest, JobStatus, JobSummary, timeout_error
+from fray.process._ranks import check_processes
 from fray.rpc.namespace import resolve_namespace
 
 __all__ = ["ClusterActorHandle", "ClusterClient", "ClusterJobHandle"]
@@ -185,9 +188,10 @@ class ClusterJobHandle:
         """Have the controller lose the replica's task as a preemption (see :func:`fray.testing.preempt`)."""
         self._controller.preempt(self._job_id, replica)
 
-    def logs(self, max_lines: int | None = None) -> list[str]:
-        """The job's output lines, all replicas and attempts, in arrival order."""
-        return [line for _, line in self._controller.logs(self._job_id, max_lines)]
+    def logs(self, max_lines: int | None = None) -> tuple[str, ...]:
+        """The job's output lines, all replicas and attempts, in arrival order (see :func:`log_tail`)."""
+        log_tail((), max_lines)  # refuses a bad max_lines as every backend does
+        return tuple(line for _, line in self._controller.logs(self._job_id, max_lines or None))
 
     def pending_reason(self) -> str:
         """Why the job is not running yet ("" once it runs)."""
@@ -225,10 +229,16 @@ class ClusterClient(ClientCore["ClusterJobHandle", "ClusterActorHandle"]):
     budget is ``max_restarts``), ``max_task_retries`` by the handles, and a detached
     actor is left running at :meth:`shutdown` and at exit. An actor's handle works at
     once; its calls wait until it serves.
+
+    Of marin's job settings it honours ``processes_per_task`` (each task runs that many
+    processes under :mod:`fray.process._ranks`) and ``EnvironmentConfig.extras`` (what the
+    workspace project's extras or dependency groups bring is installed into the job's
+    environment); :meth:`submit_many` refuses the others as :meth:`submit` does.
     """
 
     BACKEND = "Fray cluster"
     CONTEXT_FIRST = True  # its executors are jobs of this client that serve until told
+    HONOURS = frozenset({"JobRequest.processes_per_task", "EnvironmentConfig.extras"})
 
     def __init__(
         self, address: str, *, token: CredentialLike = None, namespace: str | None = None, user: str | None = None
@@ -282,6 +292,7 @@ class ClusterClient(ClientCore["ClusterJobHandle", "ClusterActorHandle"]):
         for request in requests:
             if not isinstance(request, JobRequest):
                 raise ConfigError(f"submit_many() takes JobRequests, got {type(request).__name__}")
+            adopt_or_check(self.BACKEND, request, None, None, self.HONOURS)  # refuses what submit() refuses
         specs = [self._spec(request) for request in requests]
         handles: list[ClusterJobHandle] = []
         for batch in batches(specs):
@@ -309,6 +320,7 @@ class ClusterClient(ClientCore["ClusterJobHandle", "ClusterActorHandle"]):
         return ClusterJobHandle(self.address, future, self._token)
 
     def _spec(self, request: JobRequest) -> JobSpec:
+        check_processes(request)
         placed_spec = JobSpec.from_request(placed_request(request, self._alive_workers))
         return ship_environment(placed_spec, self.address, self._token, self._controller)
 

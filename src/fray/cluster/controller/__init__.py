@@ -460,8 +460,9 @@ class ControllerService:
                 holder = self._store.live_job_with_label(namespace, name) if namespace is not None else None
                 if holder is not None or actors.count(name) > 1:
                     raise JobAlreadyExists(
-                        f"an actor named {name!r} is already live in namespace {namespace!r} "
-                        f"(job {holder or 'in this same batch'!r}); terminate it first or pick another name"
+                        name,
+                        reason=f"an actor of this name is already live in namespace {namespace!r} "
+                        f"(job {holder or 'in this same batch'!r}); terminate it first or pick another name",
                     )
             records = self._store.submit_many(
                 [(spec, pack(codec.spec_data(spec))) for spec in specs],

@@ -11,6 +11,12 @@ The worker calls :func:`prepare` once per task, just before it starts the proces
 * ``workspace``: the packed project the client uploaded (by content hash) is fetched
   from the controller and unpacked once per worker; it becomes the task's working
   directory and is put first on its import path.
+* ``extras``: the requirements that the named extras or dependency groups of the
+  workspace's project bring (:mod:`fray.cluster.envs._project`) join ``pip_packages``:
+  one cached environment for both, built the same way (the project itself is not
+  installed: it is on the import path already).
+* ``processes_per_task`` > 1: the task's command runs under the supervisor of
+  :mod:`fray.process._ranks` (inside the container, if any), never from the fork server.
 * ``docker_image``: the task runs in that image through the worker's container
   runtime (``docker`` or ``podman``), with the task directory mounted at the same path.
 
@@ -34,9 +40,11 @@ from pathlib import Path
 from typing import Any
 
 from fray.cluster.controller_client import CredentialLike, ops_client
+from fray.cluster.envs._project import read_project, requirements_of
 from fray.cluster.envs._workspace import unpack_workspace
 from fray.core._private_files import private_dir, write_private
 from fray.errors import FrayError
+from fray.process._ranks import ranked_argv
 
 __all__ = ["EnvironmentFailed", "Prepared", "container_command", "prepare", "runtime_available"]
 
@@ -197,6 +205,7 @@ def prepare(
     digest = getattr(spec, "workspace_digest", "")
     forkable = True
     env = dict(env)
+    requirements = list(environment.pip_packages)
     if digest:
         directory = workdir / "workspaces" / digest.replace(":", "-")
         if not directory.is_dir():
@@ -205,13 +214,27 @@ def prepare(
         paths = [str(directory)] + ([str(directory / "src")] if (directory / "src").is_dir() else [])
         env["PYTHONPATH"] = os.pathsep.join([*paths, *filter(None, [env.get("PYTHONPATH")])])
         forkable = False
-    if environment.pip_packages:
-        root = pip_environment(environment.pip_packages, workdir, log)
+        if environment.extras:
+            requirements += requirements_of(read_project(directory, spec.name), environment.extras, spec.name)
+    elif environment.extras:  # refused at submit; a spec from elsewhere may still say so
+        raise EnvironmentFailed(f"extras={list(environment.extras)!r} need the job's workspace, and it has none")
+    python = Path(sys.executable)
+    if requirements:
+        root = pip_environment(requirements, workdir, log)
         python = _venv_python(root)
         env["VIRTUAL_ENV"] = str(root)
         env["PATH"] = os.pathsep.join([str(python.parent), env.get("PATH", os.defpath)])
         if spec.argv is None:
             argv = [str(python), *argv[1:]]
+        forkable = False
+    if environment.docker_image and spec.argv is None:
+        argv = ["python", *argv[1:]]  # the image's interpreter, which must have fray installed
+    processes = getattr(spec, "processes_per_task", 1)
+    if processes > 1:
+        gpus = spec.resources.device_count if spec.resources.device_kind == "gpu" else 0
+        failure = argv[-1] if spec.argv is None else None  # a callable's failure file: fray.process._jobmain
+        supervisor = "python" if environment.docker_image else str(python)  # in an image, its own (with Fray)
+        argv = ranked_argv(argv, processes, python=supervisor, gpus=gpus, failure=failure)
         forkable = False
     if environment.docker_image:
         runtime = os.environ.get("FRAY_CONTAINER_RUNTIME") or runtime_available()
@@ -219,8 +242,6 @@ def prepare(
             raise EnvironmentFailed(
                 f"docker_image={environment.docker_image!r}: this worker has no container runtime (docker or podman)"
             )
-        if spec.argv is None:
-            argv = ["python", *argv[1:]]  # the image's interpreter, which must have fray installed
         payload_dirs = [str(Path(a).parent) for a in argv if a.startswith(str(workdir))]
         passed = {k: v for k, v in env.items() if k.startswith("FRAY_") or k in environment.env_vars}
         passed["PYTHONUNBUFFERED"] = "1"

@@ -3,7 +3,10 @@
 * ``workspace``: packed (:mod:`fray.cluster.envs._workspace`), uploaded to the controller
   unless it already holds those bytes, and named in the spec by its digest;
 * ``docker_image``: refused now, with the reason, when no worker of the cluster has a
-  container runtime (workers advertise one as the attribute ``container-runtime``).
+  container runtime (workers advertise one as the attribute ``container-runtime``);
+* ``extras``: names of extras or dependency groups of the workspace's project, checked now
+  against its ``pyproject.toml`` (:mod:`fray.cluster.envs._project`); extras without a
+  workspace are refused. The worker installs what they bring.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import dataclasses
 from typing import Any
 
 from fray.cluster.controller_client import CredentialLike, ops_client
+from fray.cluster.envs._project import read_project, requirements_of
 from fray.cluster.envs._workspace import digest_of, pack_workspace
 from fray.cluster.messages import JobSpec
 from fray.errors import ConfigError
@@ -39,9 +43,17 @@ def ship_environment(spec: JobSpec, address: str, token: CredentialLike, control
     environment = spec.environment
     if environment.docker_image:
         _check_container_runtime(spec, controller)
+    if environment.extras and not environment.workspace:
+        raise ConfigError(
+            f"job {spec.name!r}: EnvironmentConfig(extras={list(environment.extras)!r}) names extras of the job's "
+            "project, and the job ships none: set EnvironmentConfig(workspace=...) to the project's directory (the "
+            "one with its pyproject.toml); the workers install what those extras bring"
+        )
     if not environment.workspace:
         return spec
     data = pack_workspace(environment.workspace, spec.name)
+    if environment.extras:  # a name the project lacks is refused now, not when a worker starts the job
+        requirements_of(read_project(environment.workspace, spec.name), environment.extras, spec.name)
     digest = digest_of(data)
     ops = ops_client(address, token)
     try:

@@ -132,7 +132,9 @@ def host_actor(
     assert info is not None, "actor jobs run inside a Fray cluster task"
     address = os.environ["FRAY_CLIENT_SPEC"].removeprefix("fray://")
     make_handle = opts["handle"]
-    context = ActorContext(name, opts.get("group"), int(opts.get("index", 0)), lambda: make_handle(job_id=info.job_id))
+    context = ActorContext.of_actor(
+        name, opts.get("group"), int(opts.get("index", 0)), lambda: make_handle(job_id=info.job_id)
+    )
     set_process_actor(context)
     host = _Host(context)
     signal.signal(signal.SIGTERM, host.terminate)

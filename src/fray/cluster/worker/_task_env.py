@@ -10,11 +10,12 @@ import os
 
 from fray.cluster.messages import TaskAssignment
 from fray.job import JobInfo, replica_env
+from fray.process._ranks import RANK_VARS
 
 __all__ = ["nul_problem", "task_env"]
 
-# The worker's own secrets, which its tasks must not inherit.
-_SECRETS = frozenset({"FRAY_TOKEN", "FRAY_CREDENTIAL"})
+# The worker's own secrets, which its tasks must not inherit; nor a rank the worker's process may have.
+_NOT_INHERITED = frozenset({"FRAY_TOKEN", "FRAY_CREDENTIAL", *RANK_VARS})
 
 
 def task_env(assignment: TaskAssignment, worker_id: str, controller: str) -> dict[str, str]:
@@ -31,7 +32,7 @@ def task_env(assignment: TaskAssignment, worker_id: str, controller: str) -> dic
     # The worker's own variables (never its credential, nor a cluster token), then Fray's
     # for this task -- the job's own credential and its namespace's actor key -- then the
     # user's (which win).
-    env = {k: v for k, v in os.environ.items() if k not in _SECRETS}
+    env = {k: v for k, v in os.environ.items() if k not in _NOT_INHERITED}
     env.update(
         FRAY_TASK_INDEX=str(key.task_index),
         FRAY_HOST_INDEX=str(assignment.host_index),

@@ -51,7 +51,7 @@ class _Host:
         namespace = env.get("FRAY_NAMESPACE", "")
         group = env.get(GROUP_ENV) or None
         index = int(env.get(INDEX_ENV, "0"))
-        self.context = ActorContext(name, group, index, lambda: _handle(name, namespace, cls, job_id))
+        self.context = ActorContext.of_actor(name, group, index, lambda: _handle(name, namespace, cls, job_id))
         self._idle = threading.Condition()
         self._running = 0
         self.death: ActorDiedError | None = None
