@@ -10,7 +10,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-__all__ = ["require"]
+__all__ = ["answer_help", "require"]
 
 
 def require(module: str, extra: str) -> None:
@@ -21,3 +21,12 @@ def require(module: str, extra: str) -> None:
         found = False
     if not found:
         sys.exit(f'{Path(sys.argv[0]).name} needs {module}: pip install "fray[{extra}]"')
+
+
+def answer_help(doc: str | None) -> None:
+    """With ``-h`` or ``--help`` among the arguments, print the example's docstring and exit; else return."""
+    if not {"-h", "--help"} & set(sys.argv[1:]):
+        return
+    print((doc or "").strip())
+    print("\nThe backend is FRAY_CLIENT_SPEC's (local when unset): e.g. FRAY_CLIENT_SPEC=fray://HOST:PORT.")
+    sys.exit(0)

@@ -243,6 +243,9 @@ def run(
 
 
 if __name__ == "__main__":
+    from _extras import answer_help
+
+    answer_help(__doc__)
     with tempfile.TemporaryDirectory(prefix="fray-experiment-") as directory:
         outcome = run(fray.current_client(), directory)
     print("pipeline succeeded" if outcome.succeeded else "pipeline failed")

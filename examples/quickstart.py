@@ -126,4 +126,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    from _extras import answer_help
+
+    answer_help(__doc__)
     main()

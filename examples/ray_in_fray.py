@@ -462,7 +462,9 @@ def _tracked_since(workdir: Path, when: float, replicas: int) -> bool:
 
 
 if __name__ == "__main__":
-    from _extras import require
+    from _extras import answer_help, require
+
+    answer_help(__doc__)
 
     require("ray", "ray")  # the replicas (on this machine's workers) run Ray from this same install
     current = fray.current_client()

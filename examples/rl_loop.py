@@ -281,6 +281,9 @@ def run(
 
 
 if __name__ == "__main__":
+    from _extras import answer_help
+
+    answer_help(__doc__)
     result = run(fray.current_client())
     assert result.lesson_stats == expected_stats(3, 12, 3), "the statistics do not add up"
     print("statistics add up exactly")

@@ -169,6 +169,9 @@ def _write_atomically(path: Path, text: str) -> None:
 
 
 if __name__ == "__main__":
+    from _extras import answer_help
+
+    answer_help(__doc__)
     with tempfile.TemporaryDirectory(prefix="fray-train-") as tmp:
         result = run(fray.current_client(), tmp)
     if result.local_dry_run:

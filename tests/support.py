@@ -6,6 +6,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Protocol, TypeVar
 
 import pytest
@@ -27,18 +28,19 @@ def wait_until(predicate: Callable[[], T], timeout: float = 30.0, what: str = "c
 
 
 class FrayCli(Protocol):
-    def __call__(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]: ...
+    def __call__(self, *args: str, check: bool = True, cwd: Path | None = None) -> subprocess.CompletedProcess[str]: ...
 
 
 def fray_cli_in(env: dict[str, str]) -> FrayCli:
     """``run("job", "list")`` runs ``fray job list`` as a user would (a subprocess with ``env``).
 
-    With ``check`` (the default) a non-zero exit fails the test, showing what the command printed.
+    With ``check`` (the default) a non-zero exit fails the test, showing what the command printed;
+    ``cwd`` is the directory the command runs in (default: the test's).
     """
 
-    def run(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    def run(*args: str, check: bool = True, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
         out = subprocess.run(
-            [sys.executable, "-m", "fray.cli", *args], env=env, capture_output=True, text=True, timeout=120
+            [sys.executable, "-m", "fray.cli", *args], env=env, capture_output=True, text=True, timeout=120, cwd=cwd
         )
         if check and out.returncode != 0:
             raise AssertionError(f"fray {' '.join(args)} exited {out.returncode}: {out.stdout}{out.stderr}")

@@ -104,6 +104,9 @@ def _run_jobs_and_check_status(cluster: _Cluster, client: ClusterClient) -> None
     assert data["unmet_by_code"] == {"no_group_fits": 1} and data["unmet"][0]["job_id"] == big.job_id
     text = run("status").stdout
     assert "scale groups" in text and "fray-cpu-0" in text and "[no_group_fits]" in text
+    # The reason code is shown as written in the tables too (rich would read "[no_group_fits]" as markup).
+    assert "can never be scheduled: [no_group_fits]" in run("job", "list").stdout
+    assert "can never be scheduled: [no_group_fits]" in run("job", "status", big.job_id).stdout
     html = workers_page(cluster.controller.ops.status(), csrf="x")  # the dashboard's Workers page
     assert "<h2>Scale groups (simulated provider)</h2>" in html and "fray-cpu-0" in html
     assert "Unmet demand: 1 jobs" in html and big.job_id in html

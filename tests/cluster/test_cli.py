@@ -53,3 +53,47 @@ def test_cluster_up_jobs_and_down(fray_cli, tmp_path: Path):
 
     assert "stopped" in fray_cli("cluster", "down").stdout
     assert fray_cli("worker", "list", check=False).returncode != 0
+
+
+TRAIN_PY = """
+import os, sys
+print("train.py ran with", sys.argv[1:])
+print("sees:", sorted(os.listdir(".")))
+print("data:", open("data/config.txt").read().strip())
+"""
+
+
+def test_job_submit_from_a_project_folder_ships_it(fray_cli, tmp_path: Path):
+    """`cd myproject && fray job submit --wait -- python train.py` runs the folder's train.py, less what .gitignore excludes."""
+    up = fray_cli("cluster", "up", "--workers", "1", "--port", "0", "--no-dashboard")
+    said = up.stdout + up.stderr
+    assert "1 worker" in said and "1 workers" not in said
+    project = tmp_path / "myproject"
+    (project / "data").mkdir(parents=True)
+    (project / "logs").mkdir()
+    (project / "train.py").write_text(TRAIN_PY)
+    (project / "data" / "config.txt").write_text("lr=3e-4\n")
+    (project / "logs" / "old.log").write_text("from a previous run\n")
+    (project / "weights.ckpt").write_bytes(b"\0" * 1024)
+    (project / ".gitignore").write_text("logs/\n*.ckpt\n")
+
+    run = fray_cli("job", "submit", "--wait", "--", "python", "train.py", "--lr", "3e-4", cwd=project)
+    assert "train.py ran with ['--lr', '3e-4']" in run.stdout
+    assert "sees: ['.gitignore', 'data', 'train.py']" in run.stdout  # logs/ and *.ckpt stayed behind
+    assert "data: lr=3e-4" in run.stdout
+    # Said once, on stderr, with how to choose otherwise.
+    assert f"shipping {project} as the job's workspace (train.py is in it)" in run.stderr
+    assert "--no-workspace" in run.stderr
+
+    # Nothing named from the folder: nothing is shipped, and nothing is said.
+    bare = fray_cli("job", "submit", "--wait", "--", "bash", "-c", "ls train.py", cwd=project, check=False)
+    assert bare.returncode != 0 and "shipping" not in bare.stderr
+
+    # --workspace names the folder from elsewhere; a missing one is one line and a hint.
+    shipped = fray_cli("job", "submit", "--wait", "--workspace", str(project), "--", "python", "train.py")
+    assert "data: lr=3e-4" in shipped.stdout
+    # A background submit leaves the job running on purpose: no script-exit notice about it.
+    background = fray_cli("job", "submit", "--", "sleep", "1")
+    assert background.stderr == "" and background.stdout.startswith("sleep-")
+    missing = fray_cli("job", "submit", "--workspace", str(tmp_path / "nope"), "--", "true", check=False)
+    assert missing.returncode != 0 and "is not a directory" in missing.stderr and "Traceback" not in missing.stderr

@@ -60,7 +60,7 @@ class _FrayGroup(click.Group):
 @click.version_option(fray.__version__, prog_name="fray")
 @click.option("--debug", is_flag=True, help="Show tracebacks (also: FRAY_DEBUG=1).")
 def main(debug: bool) -> None:
-    """Fray: jobs, actors and actor groups on the local backend, a Fray cluster, or Ray."""
+    """Fray: jobs, actors and actor groups on the local backend, a Fray cluster, Ray, Monarch or Iris."""
     set_debug(debug)
 
 

@@ -12,6 +12,8 @@ from typing import Any
 
 import click
 from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
 
 from fray.cli._errors import CliError, set_target
 from fray.client import parse_client_spec
@@ -26,6 +28,7 @@ __all__ = [
     "Session",
     "console",
     "controller_option",
+    "count_of",
     "echo_json",
     "format_duration",
     "format_time",
@@ -61,6 +64,14 @@ def stdout_console() -> Console:
     if not console.is_terminal:
         console = Console(highlight=False, width=240)
     return console
+
+
+def plain_row(table: Table, *cells: object) -> None:
+    """Add a row of plain text: ids, commands, reason codes such as ``[at_max]`` are shown as they are.
+
+    Rich reads ``[...]`` as markup and would eat them; every cell here is escaped.
+    """
+    table.add_row(*(escape(cell) if isinstance(cell, str) else cell for cell in cells))  # type: ignore[arg-type]
 
 
 def echo_json(data: Any) -> None:
@@ -182,3 +193,8 @@ class Session:
             shown = ", ".join(ids[:5]) + (", ..." if len(ids) > 5 else "")
             raise CliError(f"{ref!r} names {len(ids)} jobs ({shown})", "name the job by its id")
         return ids[0]
+
+
+def count_of(n: int, noun: str) -> str:
+    """``n`` and ``noun``, plural unless ``n`` is 1: ``1 worker``, ``2 workers``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"

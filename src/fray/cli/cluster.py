@@ -25,7 +25,7 @@ from rich.markup import escape
 
 from fray.autoscale.config import ClusterConfig
 from fray.autoscale.provider import Provider
-from fray.cli._common import STATE_FILE, TOKEN_FILE, console, echo_json, read_state
+from fray.cli._common import STATE_FILE, TOKEN_FILE, console, count_of, echo_json, read_state
 from fray.cli._errors import CliError
 from fray.cli.daemons import check_port_free
 from fray.cli.vms import vm
@@ -258,7 +258,11 @@ def cluster_up(
     share = _machine_share(workers, extra) if config is None else []
     extra += share
     try:
-        what = "a controller and its autoscaler" if config is not None else f"a controller and {workers} workers"
+        what = (
+            "a controller and its autoscaler"
+            if config is not None
+            else f"a controller and {count_of(workers, 'worker')}"
+        )
         status = console.status(f"starting {what}...")
         with status if not as_json else contextlib.nullcontext():
             launcher.start(workers, *extra)
@@ -281,7 +285,7 @@ def cluster_up(
     else:
         console.print(
             f"[green]Fray cluster up[/green] in {elapsed:.2f}s: controller [bold]{launcher.address}[/bold], "
-            f"{workers} workers"
+            f"{count_of(workers, 'worker')}"
         )
         if share:
             console.print(

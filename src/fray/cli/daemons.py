@@ -17,7 +17,7 @@ import click
 from rich.table import Table
 
 import fray
-from fray.cli._common import Session, controller_option, echo_json, stdout_console
+from fray.cli._common import Session, controller_option, echo_json, plain_row, stdout_console
 from fray.cli._errors import CliError
 from fray.cluster._retention import DEFAULT_MAX_JOBS
 from fray.cluster.envs._environments import runtime_available
@@ -361,7 +361,8 @@ def worker_list(address: str | None, as_json: bool) -> None:
     table = Table("worker", "state", "last contact", "cpu", "ram", "devices", "attributes")
     for row in rows:
         attrs = " ".join(f"{k}={v}" for k, v in row["attributes"].items())
-        table.add_row(
+        plain_row(
+            table,
             row["worker_id"],
             row["state"],
             _ago(now, row["last_contact"]),
@@ -427,7 +428,7 @@ def token_list(address: str | None, as_json: bool) -> None:
             return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "-"
 
         subject = "worker join token" if row["subject"] == "join" else row["subject"]
-        table.add_row(row["id"], subject, row["state"], when(row["created_at"]), when(row["expires_at"]), row["via"])
+        plain_row(table, row["id"], subject, row["state"], when(row["created_at"]), when(row["expires_at"]), row["via"])
     stdout_console().print(table)
 
 

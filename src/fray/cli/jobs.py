@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from rich.markup import escape
 from rich.table import Table
 
 import fray
@@ -19,6 +20,7 @@ from fray.cli._common import (
     echo_json,
     format_duration,
     format_time,
+    plain_row,
     stdout_console,
 )
 from fray.cli._errors import CliError
@@ -40,7 +42,14 @@ def _option_error(exc: ConfigError, option: str, example: str) -> CliError:
 
 
 def _request(
-    command: tuple[str, ...], name: str | None, cpu: float, ram: str, replicas: int, retries: int, env: dict[str, str]
+    command: tuple[str, ...],
+    name: str | None,
+    cpu: float,
+    ram: str,
+    replicas: int,
+    retries: int,
+    env: dict[str, str],
+    workspace: str | None,
 ) -> fray.JobRequest:
     job_name = name or "".join(c if c.isalnum() or c in "._-" else "-" for c in Path(command[0]).name)[:64]
     try:
@@ -53,7 +62,7 @@ def _request(
         option = "--ram" if "ram" in str(exc) else "--cpu"
         raise _option_error(exc, option, "--cpu 2 --ram 4g") from None
     try:
-        environment = fray.EnvironmentConfig(env_vars=env)
+        environment = fray.EnvironmentConfig(env_vars=env, workspace=workspace)
         return fray.JobRequest(
             name=job_name,
             entrypoint=fray.Entrypoint.from_binary(command[0], list(command[1:])),
@@ -76,6 +85,14 @@ def _request(
 @click.option("--retries", type=int, default=0, show_default=True, help="max_retries_failure")
 @click.option("--env", "env_vars", multiple=True, help="KEY=VALUE for the job (repeatable).")
 @click.option(
+    "--workspace",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Ship DIR (less what its .gitignore excludes; at most 256 MiB packed) as the job's working directory. "
+    "Default: the current directory when COMMAND names a file in it (python train.py).",
+)
+@click.option("--no-workspace", is_flag=True, help="Ship nothing: COMMAND runs in the worker's task directory.")
+@click.option(
     "--wait", "wait_", is_flag=True, help="Stream the job's output until it ends; exit 1 unless it succeeded."
 )
 @click.option("--json", "as_json", is_flag=True)
@@ -88,12 +105,18 @@ def job_submit(
     replicas: int,
     retries: int,
     env_vars: tuple[str, ...],
+    workspace: str | None,
+    no_workspace: bool,
     wait_: bool,
     as_json: bool,
     command: tuple[str, ...],
 ) -> None:
-    """Run COMMAND (after `--`) as a job: fray job submit -- python train.py --lr 3e-4"""
+    """Run COMMAND (after `--`) as a job: fray job submit -- python train.py --lr 3e-4
+
+    Run from a project folder, the folder is shipped with the job and COMMAND runs in it.
+    """
     from fray.cluster.client import ClusterClient
+    from fray.core._driver_exit import hand_over
 
     env = {}
     for item in env_vars:
@@ -101,9 +124,22 @@ def job_submit(
         if not sep or not key:
             raise CliError(f"--env {item!r} is not KEY=VALUE", "e.g. --env LR=3e-4 (repeat --env for more)")
         env[key] = value
-    request = _request(command, name, cpu, ram, replicas, retries, env)
+    if workspace is not None and no_workspace:
+        raise CliError("--workspace and --no-workspace contradict each other", "give one of them")
+    if workspace is None and not no_workspace:
+        workspace = _implied_workspace(command)
+    request = _request(command, name, cpu, ram, replicas, retries, env, workspace)
     session = Session.open(address)
-    handle = ClusterClient(session.address).submit(request)
+    try:
+        client = ClusterClient(session.address)
+        handle = client.submit(request)
+    except ConfigError as exc:
+        if workspace is None or "workspace" not in str(exc):
+            raise
+        raise CliError(
+            str(exc).splitlines()[0], "choose a smaller folder with --workspace DIR, or --no-workspace"
+        ) from None
+    hand_over(client)  # the job outlives this command on purpose: no script-exit notice
     if as_json and not wait_:
         echo_json({"job_id": handle.job_id})
         return
@@ -113,6 +149,22 @@ def job_submit(
     click.echo(f"job {handle.job_id} submitted; streaming its output (Ctrl-C stops watching, not the job)", err=True)
     final = follow(session, handle.job_id, output_to_stderr=as_json)  # --json keeps stdout for the JSON
     _finish(final, as_json)
+
+
+def _implied_workspace(command: tuple[str, ...]) -> str | None:
+    """The current directory, when ``command`` names a file in it by a relative path (said on stderr); else None."""
+    here = Path.cwd()
+    named = next(
+        (arg for arg in command if not arg.startswith("-") and not Path(arg).is_absolute() and (here / arg).is_file()),
+        None,
+    )
+    if named is None:
+        return None
+    click.echo(
+        f"shipping {here} as the job's workspace ({named} is in it); --workspace DIR or --no-workspace to choose",
+        err=True,
+    )
+    return str(here)
 
 
 def _finish(final: dict[str, Any], as_json: bool) -> None:
@@ -154,7 +206,7 @@ def follow(session: Session, job_id: str, after_id: int = 0, *, output_to_stderr
                 tasks = session.controller.tasks(job_id)
                 running = sum(1 for t in tasks if t.state.value in ("assigned", "running"))
                 pending = sum(1 for t in tasks if t.state.value == "pending")
-                why = f" ({view.pending_reason})" if view.pending_reason else ""
+                why = f" ({escape(view.pending_reason)})" if view.pending_reason else ""
                 status.update(
                     f"job {job_id}: {view.state.value}{why} · {format_duration(time.monotonic() - started)} · "
                     f"tasks {running} running, {pending} pending"
@@ -180,7 +232,8 @@ def job_list(address: str | None, states: tuple[str, ...], namespace: str | None
         return
     table = Table("job", "state", "submitted", "duration", "command", "why pending / error")
     for row in rows:
-        table.add_row(
+        plain_row(
+            table,
             row["job_id"],
             row["state"],
             format_time(row["submitted_at"]),
@@ -206,15 +259,16 @@ def job_status(address: str | None, ref: str, as_json: bool) -> None:
         return
     out = stdout_console()
     out.print(
-        f"[bold]{detail['job_id']}[/bold]  {detail['state']}  attempt {detail['attempt']}  "
+        f"[bold]{escape(detail['job_id'])}[/bold]  {detail['state']}  attempt {detail['attempt']}  "
         f"namespace {detail['namespace']}  user {detail['user']}"
     )
     out.print(f"  command: {detail['command']}")
     if detail["pending_reason"] or detail["error"]:
-        out.print(f"  {detail['pending_reason'] or detail['error']}")
+        out.print(f"  {escape(detail['pending_reason'] or detail['error'])}")
     tasks = Table("attempt", "task", "replica", "state", "worker", "exit", "started", "error")
     for t in detail["tasks"]:
-        tasks.add_row(
+        plain_row(
+            tasks,
             str(t["attempt"]),
             str(t["task"]),
             str(t["replica"]),
@@ -227,7 +281,7 @@ def job_status(address: str | None, ref: str, as_json: bool) -> None:
     out.print(tasks)
     history = Table("at", "state", "detail", title="history")
     for event in detail["history"]:
-        history.add_row(format_time(event["at"]), event["state"], event["detail"] or "")
+        plain_row(history, format_time(event["at"]), event["state"], event["detail"] or "")
     out.print(history)
 
 

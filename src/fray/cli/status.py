@@ -8,8 +8,18 @@ from typing import Any
 import click
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
-from fray.cli._common import Session, controller_option, echo_json, format_duration, read_state, stdout_console
+from fray.cli._common import (
+    Session,
+    controller_option,
+    count_of,
+    echo_json,
+    format_duration,
+    plain_row,
+    read_state,
+    stdout_console,
+)
 from fray.cli._errors import CliError
 from fray.cli.cluster import DASHBOARD_INSTALL, dashboard_unavailable, up_again
 from fray.resources import format_size
@@ -43,7 +53,7 @@ def status(address: str | None, as_json: bool) -> None:
         out.print(f"  dashboard http://{health['dashboard']}/  (`fray dashboard` prints a log-in link)")
     cap = data["capacity"]
     out.print(
-        f"[bold]capacity[/bold] {cap['workers_alive']} workers alive ({cap['workers_lost']} lost)  "
+        f"[bold]capacity[/bold] {count_of(cap['workers_alive'], 'worker')} alive ({cap['workers_lost']} lost)  "
         f"cpu {_use(cap['cpu_used'], cap['cpu_total'])} used  "
         f"ram {_use(cap['ram_used'], cap['ram_total'], format_size)} used"
     )
@@ -54,7 +64,8 @@ def status(address: str | None, as_json: bool) -> None:
     )
     for w in data["workers"]:
         devices = f"{w['devices_used']} / {w['devices_total']} {' '.join(w['devices'])}" if w["devices"] else ""
-        workers.add_row(
+        plain_row(
+            workers,
             w["worker_id"],
             w["state"],
             str(w["tasks"]),
@@ -65,8 +76,8 @@ def status(address: str | None, as_json: bool) -> None:
     out.print(workers)
     actors = Table("actor", "namespace", "state", "job", "endpoint", title="actors")
     for a in data["actors"]:
-        actors.add_row(
-            a["name"], a["namespace"], a["state"], a["job_id"], " ".join(e["address"] for e in a["endpoints"])
+        plain_row(
+            actors, a["name"], a["namespace"], a["state"], a["job_id"], " ".join(e["address"] for e in a["endpoints"])
         )
     out.print(actors)
     if data.get("autoscaler") is not None:
@@ -76,7 +87,7 @@ def status(address: str | None, as_json: bool) -> None:
     else:
         queues = Table(*(data["queues"][0].keys() if data["queues"] else ["queue"]), title="queues")
         for q in data["queues"]:
-            queues.add_row(*(str(v) for v in q.values()))
+            plain_row(queues, *(str(v) for v in q.values()))
         out.print(queues)
 
 
@@ -89,14 +100,16 @@ def _print_autoscaler(out: Any, scaler: dict[str, Any]) -> None:
     groups = Table("group", "priority", "state", "min", "target", "max", "VMs by state", title="scale groups")
     for g in scaler["groups"]:
         vms = "  ".join(f"{state} {count}" for state, count in sorted(g["vms"].items())) or "none"
-        state = g["state"] if g["state"] == "ok" else f"[yellow]{escape(g['state'])}[/yellow]"
-        groups.add_row(g["name"], str(g["priority"]), state, str(g["min"]), str(g["target"]), str(g["max"]), vms)
+        state = Text(g["state"], style="" if g["state"] == "ok" else "yellow")
+        plain_row(groups, g["name"], str(g["priority"]), state, str(g["min"]), str(g["target"]), str(g["max"]), vms)
     out.print(groups)
     vms = scaler.get("vms", [])
     if vms:
         table = Table("vm", "group", "slice", "state", "worker", "ready at", title="VMs")
         for vm in vms[:_VM_ROWS]:
-            table.add_row(vm["id"], vm["group"], vm["slice"], vm["state"], vm["worker_id"] or "", vm["ready_at"] or "")
+            plain_row(
+                table, vm["id"], vm["group"], vm["slice"], vm["state"], vm["worker_id"] or "", vm["ready_at"] or ""
+            )
         out.print(table)
         if len(vms) > _VM_ROWS:
             out.print(f"  ... and {len(vms) - _VM_ROWS} more (`fray cluster vm list` lists them all)")
@@ -129,7 +142,7 @@ def endpoint_list(address: str | None, namespace: str | None, as_json: bool) -> 
         return
     table = Table("namespace", "name", "address", "job")
     for row in rows:
-        table.add_row(row["namespace"], row["name"], row["address"], row["job_id"])
+        plain_row(table, row["namespace"], row["name"], row["address"], row["job_id"])
     stdout_console().print(table)
 
 

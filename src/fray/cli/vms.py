@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import click
 from rich.table import Table
 
-from fray.cli._common import Session, controller_option, echo_json, stdout_console
+from fray.cli._common import Session, controller_option, echo_json, plain_row, stdout_console
 from fray.cli._errors import CliError
 from fray.errors import ConfigError, VmNotFound
 
@@ -63,7 +63,7 @@ def vm_list(address: str | None, include_deleted: bool, as_json: bool) -> None:
         return
     table = Table("vm", "group", "slice", "state", "worker", "created (UTC)", "ready (UTC)", "reason")
     for row in rows:
-        table.add_row(*(_cell(row.get(key)) for key in _COLUMNS))
+        plain_row(table, *(_cell(row.get(key)) for key in _COLUMNS))
     stdout_console().print(table)
 
 

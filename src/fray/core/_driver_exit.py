@@ -114,6 +114,16 @@ def watch(client: _Settles) -> None:
         atexit.register(settle_all)
 
 
+def hand_over(client: _Settles) -> None:
+    """Settle nothing for ``client`` at exit: its jobs were handed to the cluster on purpose, and it says so itself.
+
+    For a command whose whole point is to leave a job running (``fray job submit``): the
+    notice would tell the user what they just asked for.
+    """
+    with _lock:
+        _clients.discard(client)
+
+
 def settle_all() -> None:
     """What runs at exit: every watched client applies the rule and prints its notice."""
     for client in list(_clients):

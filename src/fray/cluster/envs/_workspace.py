@@ -2,7 +2,9 @@
 
 The archive is a deterministic gzipped tar (sorted entries, no owners or times), so
 the same directory always has the same digest and is uploaded and unpacked once.
-Version-control data, virtual environments and caches are left out.
+Version-control data, virtual environments and caches are left out, and so is whatever the
+directory's own ``.gitignore`` excludes (git's pattern rules, read with ``pathspec``): what git
+would not commit is not shipped either.
 """
 
 from __future__ import annotations
@@ -17,10 +19,12 @@ import tempfile
 import threading
 from pathlib import Path
 
+import pathspec
+
 from fray.core._private_files import private_dir
 from fray.errors import ConfigError
 
-__all__ = ["MAX_WORKSPACE_BYTES", "digest_of", "pack_workspace", "unpack_workspace"]
+__all__ = ["MAX_WORKSPACE_BYTES", "digest_of", "pack_workspace", "unpack_workspace", "workspace_files"]
 
 #: The largest packed workspace a job may ship (keep data sets out of it: read them from storage).
 MAX_WORKSPACE_BYTES = 256 << 20
@@ -52,21 +56,16 @@ def digest_of(data: bytes) -> str:
 
 
 def pack_workspace(directory: str, job_name: str) -> bytes:
-    """Pack ``directory`` (which must hold a ``pyproject.toml``); raises ConfigError saying what is wrong."""
+    """Pack ``directory``; raises ConfigError saying what is wrong (not a directory, too big)."""
     root = Path(directory).expanduser()
     if not root.is_dir():
         raise ConfigError(f"job {job_name!r}: workspace {directory!r} is not a directory")
-    if not (root / "pyproject.toml").is_file():
-        raise ConfigError(
-            f"job {job_name!r}: workspace {directory!r} has no pyproject.toml; a workspace is a project directory "
-            "(add a pyproject.toml, or ship the code with the job's callable instead)"
-        )
     buffer = io.BytesIO()
     with (
         gzip.GzipFile(fileobj=buffer, mode="wb", mtime=0) as zipped,
         tarfile.open(fileobj=zipped, mode="w", format=tarfile.PAX_FORMAT) as tar,
     ):
-        for path in _files(root):
+        for path in workspace_files(root):
             info = tar.gettarinfo(str(path), arcname=path.relative_to(root).as_posix())
             info.uid = info.gid = 0
             info.uname = info.gname = ""
@@ -79,19 +78,41 @@ def pack_workspace(directory: str, job_name: str) -> bytes:
             if buffer.tell() > MAX_WORKSPACE_BYTES:
                 raise ConfigError(
                     f"job {job_name!r}: workspace {directory!r} packs to more than {MAX_WORKSPACE_BYTES >> 20} MiB; "
-                    "keep data and build outputs out of it (read data from shared storage)"
+                    "keep data and build outputs out of it (list them in its .gitignore; read data from shared "
+                    "storage)"
                 )
     return buffer.getvalue()
 
 
-def _files(root: Path) -> list[Path]:
+def workspace_files(root: Path) -> list[Path]:
+    """The files (and symlinked directories) of ``root`` that a workspace ships, in archive order."""
+    ignored = _ignore_spec(root)
     found: list[Path] = []
     for current, dirs, files in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS and not d.endswith(".egg-info"))
         base = Path(current)
+        dirs[:] = sorted(
+            d
+            for d in dirs
+            if d not in _SKIP_DIRS
+            and not d.endswith(".egg-info")
+            and not ignored.match_file((base / d).relative_to(root).as_posix() + "/")
+        )
         found.extend(base / d for d in dirs if (base / d).is_symlink())
-        found.extend(base / f for f in sorted(files) if not f.endswith(_SKIP_SUFFIXES))
+        found.extend(
+            base / f
+            for f in sorted(files)
+            if not f.endswith(_SKIP_SUFFIXES) and not ignored.match_file((base / f).relative_to(root).as_posix())
+        )
     return found
+
+
+def _ignore_spec(root: Path) -> pathspec.GitIgnoreSpec:
+    """The patterns of ``root/.gitignore`` (none when there is no such file)."""
+    try:
+        lines = (root / ".gitignore").read_text(errors="replace").splitlines()
+    except FileNotFoundError:
+        lines = []
+    return pathspec.GitIgnoreSpec.from_lines(lines)
 
 
 def _private_data(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo:
