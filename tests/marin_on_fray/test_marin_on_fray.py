@@ -22,7 +22,7 @@ from marin_venv import INSTALL_TIMEOUT, ROOT, SUITE_TIMEOUT, VenvBuildError, ens
 SCRIPT = Path(__file__).with_name("run_marin.py")
 # One backend's run: a cluster or a Ray started, two StepRunner runs and two zephyr pipelines.
 RUN_TIMEOUT = 15 * 60
-CLIENTS = {"local": "LocalClient", "cluster": "ClusterClient", "ray": "RayClient", "iris": "IrisClient"}
+CLIENTS = {"local": "MarinLocalClient", "cluster": "ClusterClient", "ray": "RayClient", "iris": "IrisClient"}
 # What the pipeline writes: of 0..299, every third number, with its square.
 EXPECTED_ROWS = [{"i": i, "square": i * i} for i in range(0, 300, 3)]
 # zephyr's Quick Start over run_marin's 90 documents: those scored above 0.5, with their word count.

@@ -75,7 +75,8 @@ def test_remote_exception_keeps_its_type_and_traceback(shared_server) -> None:
     assert "boom" in str(info.value)
     assert isinstance(info.value, RemoteError)
     assert "in fail" in info.value.traceback_text
-    assert isinstance(info.value.__cause__, RemoteTraceback)
+    assert type(info.value.__cause__) is KeyError  # the original exception is the cause
+    assert isinstance(info.value.__cause__.__cause__, RemoteTraceback)  # and the traceback is under it
     with pytest.raises(KeyError):
         counter.fail.remote("again").result(timeout=30)
 

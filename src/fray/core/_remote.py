@@ -195,20 +195,22 @@ def _user_class(failure: RemoteFailure | None, original: BaseException | None) -
 
 def _instantiate(base: type[_Remote], user_cls: type | None, original: BaseException | None) -> _Remote:
     dual = _dual_class(base, user_cls) if user_cls is not None else None
-    if dual is not None:
+    if dual is not None and user_cls is not None:
         args = original.args if original is not None else ()
-        for attempt in (args, ()):
+        # The user's built-in base owns the instance layout (OSError's is larger than RuntimeError's,
+        # whose __new__ comes first in the MRO and refuses such a class).
+        layout = next((c for c in user_cls.__mro__ if c.__module__ == "builtins"), BaseException)
+        for attempt, make in ((args, dual.__new__), ((), dual.__new__), (args, layout.__new__), ((), layout.__new__)):
             try:
-                obj = dual.__new__(dual, *attempt)
+                obj = make(dual, *attempt)
             except Exception:
                 continue
             assert isinstance(obj, _Remote)
             # Built-in bases keep C-level fields (OSError.errno, ...) that only their __init__ sets;
             # theirs is side-effect free, unlike a user class's own __init__, which is never called.
-            builtin = next((c for c in dual.__mro__ if c.__module__ == "builtins" and c is not object), None)
-            if builtin is not None and builtin not in (BaseException, Exception):
+            if layout not in (BaseException, Exception):
                 with contextlib.suppress(Exception):
-                    builtin.__init__(obj, *attempt)  # type: ignore[misc]
+                    layout.__init__(obj, *attempt)  # type: ignore[misc]
             return obj
     obj = base.__new__(base)
     return obj
