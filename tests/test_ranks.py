@@ -74,20 +74,23 @@ def test_a_last_line_without_newline_is_kept_and_tagged():
     assert sorted(done.stdout.splitlines()) == ["[proc 0] no newline", "[proc 1] no newline"]
 
 
-def test_the_first_failure_stops_the_others_and_is_the_exit_status():
-    # Process 1 exits 3 once process 0 is up; process 0 would wait for ever but for the supervisor.
+def test_the_first_failure_stops_the_others_and_is_the_exit_status(tmp_path: Path):
+    # Process 1 exits 3 once process 0 has written its pid; process 0 would wait for ever but for the supervisor.
+    marker = tmp_path / "up"
     code = (
-        "import os, sys, threading\n"
+        "import os, sys, threading, time\n"
+        f"marker = {str(marker)!r}\n"
         "if os.environ['FRAY_LOCAL_PROCESS_INDEX'] == '0':\n"
-        "    print('up', os.getpid()); threading.Event().wait()\n"
+        "    open(marker + '.tmp', 'w').write(str(os.getpid())); os.rename(marker + '.tmp', marker)\n"
+        "    threading.Event().wait()\n"
+        "deadline = time.monotonic() + 60\n"
+        "while not os.path.exists(marker) and time.monotonic() < deadline:\n"
+        "    time.sleep(0.01)\n"
         "sys.exit(3)\n"
     )
     proc = _start(2, code)
-    assert proc.stdout is not None
-    output = proc.stdout.read()
-    assert proc.wait(timeout=60) == 3
-    pid = int(next(line for line in output.splitlines() if "up" in line).split()[-1])
-    assert not alive(pid)
+    assert proc.wait(timeout=90) == 3
+    assert not alive(int(marker.read_text()))
 
 
 def test_a_process_killed_by_a_signal_ends_the_supervisor_with_that_signal():

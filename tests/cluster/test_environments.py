@@ -143,10 +143,22 @@ def test_a_workspace_becomes_the_working_directory_and_import_path(
     assert "42" in lines and "data.txt" in lines and ".git" not in lines
 
 
-def test_a_workspace_needs_a_pyproject(client: ClusterClient, tmp_path: Path):
+def test_a_plain_folder_is_a_workspace_and_a_missing_one_is_refused(client: ClusterClient, tmp_path: Path):
+    # A folder of scripts with no pyproject.toml ships as it is: the job runs in it and imports from it.
+    (tmp_path / "plainmod.py").write_text("VALUE = 7\n")
     env = EnvironmentConfig(workspace=str(tmp_path))
-    with pytest.raises(ConfigError, match=r"has no pyproject\.toml"):
-        client.submit(JobRequest(name="ws-bad", entrypoint=Entrypoint.from_callable(print), environment=env))
+    job = client.submit(
+        JobRequest(
+            name="ws-plain",
+            entrypoint=Entrypoint.from_binary("python", ["-c", "import plainmod; print('plain', plainmod.VALUE)"]),
+            environment=env,
+        )
+    )
+    job.wait(timeout=120)
+    assert "plain 7" in job.logs()
+    missing = EnvironmentConfig(workspace=str(tmp_path / "nowhere"))
+    with pytest.raises(ConfigError, match=r"is not a directory"):
+        client.submit(JobRequest(name="ws-bad", entrypoint=Entrypoint.from_callable(print), environment=missing))
 
 
 def test_docker_image_is_refused_at_submit_without_a_container_runtime(client: ClusterClient):
