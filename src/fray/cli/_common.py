@@ -166,9 +166,7 @@ class Session:
         except OSError as exc:
             detail = "timed out" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc))
             raise CliError(
-                f"cannot reach a Fray controller at {found} ({source}): {detail}",
-                "start one with `fray cluster up`, or point FRAY_CLIENT_SPEC=fray://HOST:PORT (or --controller) "
-                "at a running controller",
+                f"cannot reach a Fray controller at {found} ({source}): {detail}", _unreachable_hint(host, int(port))
             ) from None
         credential = load_credential()
         if credential is None:
@@ -193,6 +191,21 @@ class Session:
             shown = ", ".join(ids[:5]) + (", ..." if len(ids) > 5 else "")
             raise CliError(f"{ref!r} names {len(ids)} jobs ({shown})", "name the job by its id")
         return ids[0]
+
+
+def _unreachable_hint(host: str, port: int) -> str:
+    """How to reach a controller: the address it listens on when one of this user's serves that port elsewhere."""
+    from fray.rpc.tls import is_loopback_address, recorded_controllers
+
+    if is_loopback_address(host):
+        # A controller started with --host ADDRESS listens there only, not on loopback.
+        elsewhere = recorded_controllers(port)
+        if elsewhere:
+            return f"the controller on this machine listens on {elsewhere[0]} (its --host): --controller {elsewhere[0]}"
+    return (
+        "start one with `fray cluster up`, or point FRAY_CLIENT_SPEC=fray://HOST:PORT (or --controller) "
+        "at a running controller"
+    )
 
 
 def count_of(n: int, noun: str) -> str:

@@ -113,7 +113,9 @@ def as_cli_error(exc: BaseException) -> CliError | None:
     if isinstance(exc, JobAlreadyExists):
         return CliError(_first_line(str(exc)), "stop the live one first (`fray job stop ID`) or pick another name")
     if isinstance(exc, ConfigError):
-        return CliError(_first_line(str(exc)), "fix the value and try again (`fray COMMAND --help` lists the options)")
+        # Some say themselves how to fix them (the cluster CA a TLS connection needs: fray.rpc.tls.CaNotFound).
+        hint = getattr(exc, "hint", "") or "fix the value and try again (`fray COMMAND --help` lists the options)"
+        return CliError(_first_line(str(exc)), hint)
     if isinstance(exc, FrayError):
         return CliError(_first_line(str(exc)), "rerun with --debug (or FRAY_DEBUG=1) for details")
     return None

@@ -103,6 +103,12 @@ def check_port_free(host: str, port: int, option: str = "--port") -> None:
     "--tls-dir", default=None, help="Cluster CA and certificate (made if missing) when --host is not loopback."
 )
 @click.option(
+    "--record-ca/--no-record-ca",
+    default=True,
+    show_default=True,
+    help="With TLS, record where the CA is (~/.config/fray/cas/HOST-PORT.pem) for this user's fray commands here.",
+)
+@click.option(
     "--config",
     "config_path",
     type=click.Path(dir_okay=False),
@@ -120,6 +126,7 @@ def controller(
     dashboard_port: int,
     no_dashboard: bool,
     tls_dir: str | None,
+    record_ca: bool,
     config_path: str | None,
 ) -> None:
     """Run the cluster controller in the foreground (state in SQLite; needs FRAY_TOKEN)."""
@@ -154,6 +161,7 @@ def controller(
             retention=retention,
             dashboard_port=None if no_dashboard else dashboard_port,
             tls_dir=tls_dir,
+            record_ca=record_ca,
         ).start()
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:
@@ -165,8 +173,12 @@ def controller(
         tmp.replace(address_file)
     click.echo(f"fray controller serving on {ctl.address} (state: {db_path})", err=True)
     if ctl.tls_files is not None:
+        recorded = f" (recorded in {ctl.ca_record}: this user's fray commands here find it)" if ctl.ca_record else ""
         click.echo(
-            f"TLS required beyond this machine; clients and workers need FRAY_TLS_CA={ctl.tls_files.ca_cert}", err=True
+            f"TLS beyond this machine: the cluster CA is {ctl.tls_files.ca_cert}{recorded}; workers join with "
+            f"`fray token create --role worker --controller {ctl.address}`'s line, users elsewhere use a credential "
+            "(--role user:NAME) or FRAY_TLS_CA",
+            err=True,
         )
     if ctl.dashboard is not None:
         click.echo(f"fray dashboard on {ctl.dashboard.url} (`fray dashboard` prints a log-in link)", err=True)

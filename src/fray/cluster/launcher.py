@@ -130,6 +130,8 @@ class LocalCluster:
             str(address_file),
             "--worker-timeout",
             str(self.worker_timeout),
+            # Its clients get the CA from `env` (FRAY_TLS_CA): nothing is recorded in the user's home.
+            *([] if self.ca_file is None else ["--no-record-ca"]),
             *self.controller_args,
         ]
         self.controller = self._spawn(args, "controller.log", prefix=self.controller_prefix)

@@ -10,6 +10,7 @@ data-only :class:`~fray.rpc.datarpc.DataServer` (TLS beyond loopback).
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 from fray.cluster._retention import RetentionPolicy
@@ -23,7 +24,15 @@ from fray.cluster.store import ClusterStore
 from fray.errors import ConfigError
 from fray.rpc.datarpc import DataServer
 from fray.rpc.namespace import default_token
-from fray.rpc.tls import TlsFiles, ca_pin, ensure_cluster_tls, is_loopback_address, server_context
+from fray.rpc.tls import (
+    TlsFiles,
+    ca_pin,
+    ensure_cluster_tls,
+    forget_ca,
+    is_loopback_address,
+    record_ca,
+    server_context,
+)
 
 __all__ = ["Controller"]
 
@@ -36,7 +45,10 @@ class Controller:
     (:mod:`fray.rpc.datarpc`): the controller never unpickles anything. Bound to an
     address other than loopback, the controller makes (once) a cluster CA and its own
     certificate in ``tls_dir`` (default: ``tls/`` beside the database) and requires TLS
-    of every peer beyond this machine; clients need the CA (``FRAY_TLS_CA``).
+    of every peer beyond this machine; clients need the CA (``FRAY_TLS_CA``), or a credential
+    that pins it. With ``record_ca`` (what ``fray controller`` does), while it serves it records
+    where its CA is (:func:`~fray.rpc.tls.record_ca`), so that its user's clients on this
+    machine find it without ``FRAY_TLS_CA``.
     """
 
     def __init__(
@@ -53,6 +65,7 @@ class Controller:
         retention: RetentionPolicy | None = None,
         dashboard_port: int | None = None,
         dashboard_host: str = "127.0.0.1",
+        record_ca: bool = False,
     ) -> None:
         resolved = default_token(token)
         if resolved is None:
@@ -71,6 +84,9 @@ class Controller:
         self.store = ClusterStore(db_path)
         #: The pin of the cluster CA (``sha256:HEX``; "" without TLS): credentials the controller issues carry it.
         self.pin = ca_pin(self.tls_files.ca_cert.read_text()) if self.tls_files is not None else ""
+        #: Where the CA was recorded for this user (``~/.config/fray/cas/HOST-PORT.pem``) once serving, or None.
+        self.ca_record: Path | None = None
+        self._record_ca = record_ca
         self.service = ControllerService(self.store, worker_timeout=worker_timeout, master=resolved, pin=self.pin)
         # The operator API (listings, status, retention, workspaces): its own object, served by the
         # same data-only server under "ops." method names (see fray.cluster.controller._ops_api).
@@ -109,6 +125,9 @@ class Controller:
         self.service.start()
         self.ops.start()
         self.server.start()
+        if self.tls_files is not None and self._record_ca:
+            # So that its user's `fray` commands on this machine find the CA without FRAY_TLS_CA.
+            self.ca_record = record_ca(self.address, self.tls_files.ca_cert)
         return self
 
     def stop(self) -> None:
@@ -119,3 +138,5 @@ class Controller:
         self.ops.stop()
         self.server.stop()
         self.store.close()
+        if self.ca_record is not None and self.tls_files is not None:
+            forget_ca(self.address, self.tls_files.ca_cert)

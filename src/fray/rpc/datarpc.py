@@ -48,7 +48,6 @@ from fray import errors
 from fray.errors import (
     ActorUnavailableError,
     CallNotSentError,
-    ConfigError,
     FrayError,
     ProtocolError,
     RpcTimeoutError,
@@ -58,12 +57,12 @@ from fray.rpc import wire
 from fray.rpc._accept import Acceptor, Limits
 from fray.rpc.server import bind_listener
 from fray.rpc.tls import (
-    CA_FILE,
     UntrustedServerError,
     client_context,
     default_ca,
     fetch_pinned_ca,
     is_loopback_address,
+    missing_ca,
 )
 
 __all__ = ["DEFAULT_MAX_REQUEST_BYTES", "DataClient", "DataServer", "pack", "unpack"]
@@ -259,13 +258,9 @@ class _Conn:
                 ca_pem = fetch_pinned_ca(host, port, pin, min(timeout, wire.HANDSHAKE_TIMEOUT))
                 tls = client_context(ca_pem=ca_pem)
             else:
-                ca = ca or default_ca()
+                ca = ca or default_ca(host, port)
                 if ca is None:
-                    raise ConfigError(
-                        f"{host}:{port} is not on this machine, so the connection must use TLS: set FRAY_TLS_CA to "
-                        f"the cluster's CA certificate (fray cluster up writes it to {CA_FILE}), or use a credential "
-                        "that pins it (fray token create)"
-                    )
+                    raise missing_ca(host, port)
                 tls = client_context(ca)
         sock = socket.create_connection((host, port), timeout=min(timeout, wire.HANDSHAKE_TIMEOUT))
         try:

@@ -27,6 +27,8 @@ from fray.errors import AuthenticationError, ConfigError
 
 __all__ = [
     "CA_FILE",
+    "CA_RECORDS",
+    "CaNotFound",
     "TlsFiles",
     "UntrustedServerError",
     "ca_pin",
@@ -34,12 +36,31 @@ __all__ = [
     "default_ca",
     "ensure_cluster_tls",
     "fetch_pinned_ca",
+    "forget_ca",
     "is_loopback_address",
+    "missing_ca",
+    "record_ca",
+    "recorded_ca",
+    "recorded_controllers",
     "server_context",
 ]
 
-#: Where a client looks for the cluster CA when ``FRAY_TLS_CA`` is not set.
+#: Where a client looks for the cluster CA when ``FRAY_TLS_CA`` is not set and no controller recorded its own.
 CA_FILE = Path.home() / ".config" / "fray" / "ca.pem"
+#: Where a controller serving TLS records where its CA is, for its user on its machine: a link
+#: ``HOST-PORT.pem`` per address to the CA in the controller's ``tls/`` directory (see :func:`record_ca`).
+CA_RECORDS = Path.home() / ".config" / "fray" / "cas"
+
+
+class CaNotFound(ConfigError):
+    """A connection beyond this machine needs the cluster's CA, and this machine has none for that address.
+
+    ``hint`` says where the CA is and how to give it.
+    """
+
+    def __init__(self, message: str, hint: str) -> None:
+        super().__init__(message)
+        self.hint = hint
 
 
 class UntrustedServerError(AuthenticationError):
@@ -210,9 +231,81 @@ def _unverified_chain(sock: ssl.SSLSocket) -> list[bytes]:
     return [c.public_bytes(ssl._ssl.ENCODING_DER) for c in certs]  # type: ignore[attr-defined]
 
 
-def default_ca() -> Path | None:
-    """``FRAY_TLS_CA``, else ``~/.config/fray/ca.pem`` if it exists, else None."""
+def _record_of(host: str, port: int | str) -> Path:
+    return CA_RECORDS / f"{host.strip('[]')}-{port}.pem"
+
+
+def record_ca(address: str, ca_file: str | os.PathLike[str]) -> Path | None:
+    """Record that the controller at ``address`` (``host:port``) has its CA at ``ca_file``; return the record.
+
+    The record is a link in :data:`CA_RECORDS`, so that every ``fray`` command (and every client)
+    of this user on this machine finds the CA of the controller it is pointed at without
+    ``FRAY_TLS_CA``. Records whose CA is gone (a cluster directory deleted) are dropped on the
+    way. Best effort: None when the home directory cannot be written.
+    """
+    host, _, port = address.rpartition(":")
+    record = _record_of(host, port)
+    try:
+        private_dir(CA_RECORDS)
+        for old in CA_RECORDS.glob("*.pem"):
+            if old.is_symlink() and not old.exists():
+                old.unlink(missing_ok=True)
+        tmp = record.with_name(f".{record.name}.{os.getpid()}")
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(Path(ca_file).resolve())
+        tmp.replace(record)
+    except OSError:
+        return None
+    return record
+
+
+def forget_ca(address: str, ca_file: str | os.PathLike[str]) -> None:
+    """Drop the record of ``address`` if it still names ``ca_file`` (a controller that stops)."""
+    host, _, port = address.rpartition(":")
+    record = _record_of(host, port)
+    try:
+        if record.is_symlink() and Path(os.readlink(record)) == Path(ca_file).resolve():
+            record.unlink()
+    except OSError:
+        pass
+
+
+def recorded_ca(host: str, port: int) -> Path | None:
+    """The CA the controller at ``host:port`` recorded for this user (:func:`record_ca`), if it still exists."""
+    record = _record_of(host, port)
+    return record if record.exists() else None
+
+
+def recorded_controllers(port: int | None = None) -> list[str]:
+    """The addresses (``host:port``) of the controllers that recorded their CA here (on ``port``, if given)."""
+    found = []
+    for record in sorted(CA_RECORDS.glob("*.pem")) if CA_RECORDS.is_dir() else []:
+        host, _, number = record.name.removesuffix(".pem").rpartition("-")
+        if record.exists() and number.isdigit() and (port is None or int(number) == port):
+            found.append(f"[{host}]:{number}" if ":" in host else f"{host}:{number}")
+    return found
+
+
+def default_ca(host: str | None = None, port: int | None = None) -> Path | None:
+    """The CA to trust for ``host:port``: ``FRAY_TLS_CA``, else the one its controller recorded here, else
+    ``~/.config/fray/ca.pem`` if it exists, else None."""
     configured = os.environ.get("FRAY_TLS_CA")
     if configured:
         return Path(configured)
+    if host is not None and port is not None:
+        recorded = recorded_ca(host, port)
+        if recorded is not None:
+            return recorded
     return CA_FILE if CA_FILE.exists() else None
+
+
+def missing_ca(host: str, port: int) -> CaNotFound:
+    """The error for a connection to ``host:port`` (beyond this machine) without a CA to check it with."""
+    return CaNotFound(
+        f"{host}:{port} is not on this machine, so the connection must use TLS, and there is no CA of its cluster "
+        f"here: FRAY_TLS_CA is not set, and no controller at {host}:{port} recorded its CA in {CA_RECORDS}",
+        "the controller makes its CA in tls/ beside its database (`fray controller` prints the path when it "
+        "starts) and records it for the user who started it, so that user's `fray` commands on the controller's "
+        "machine find it; elsewhere, set FRAY_TLS_CA to a copy of that ca.pem, or use a credential that pins it "
+        "(FRAY_CREDENTIAL: the line `fray token create --role user:NAME` prints on the controller's machine)",
+    )
