@@ -1,13 +1,19 @@
-"""A worker survives input that cannot be run and keeps taking work (issue 10, case 3)."""
+"""A worker survives input that cannot be run and keeps taking work (issue 10, case 3); a SIGTERM drains it (issue 36)."""
 
 from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
 
 import pytest
 
 from fray import Entrypoint, EnvironmentConfig, JobFailed, JobRequest, JobStatus
+from fray.cluster.controller_client import ops_client
 from fray.cluster.launcher import LocalCluster
+from fray.cluster.records import WorkerState
 
-from .helpers import with_workers
+from .helpers import gated_then_mark, lines, wait_lines, with_workers
 
 
 @pytest.mark.parametrize("where", ["argv", "env"])
@@ -27,3 +33,47 @@ def test_a_nul_byte_fails_the_job_and_the_worker_keeps_working(cluster: LocalClu
     for i in range(3):  # the same (only) worker still runs jobs
         good = client.submit(JobRequest(name=f"fine-{i}", entrypoint=Entrypoint.from_binary("true")))
         assert good.wait(timeout=60) == JobStatus.SUCCEEDED
+
+
+def test_a_sigterm_drains_the_worker_its_job_is_preempted_and_completes_once_elsewhere(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    client = with_workers(cluster, 2)
+    job = client.submit(
+        JobRequest(
+            name="drained",
+            entrypoint=Entrypoint.from_callable(gated_then_mark, args=(str(tmp_path),)),
+            max_retries_failure=0,  # a drain counted as the job's failure would fail it
+            max_retries_preemption=3,
+        )
+    )
+    first = wait_lines(tmp_path / "drained.started", 1, "the job to start on w-a")
+    assert first[0].split()[:2] == ["0", "w-a"]
+    cluster.add_worker("w-b", "--cpu", "2")
+    cluster.wait_for_workers(2)
+    worker = cluster.workers["w-a"]
+    signalled = time.monotonic()
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(timeout=40) == 0, "a drained worker exits cleanly"
+    drain_seconds = time.monotonic() - signalled
+    starts = wait_lines(tmp_path / "drained.started", 2, "the job to start again on w-b")
+    assert starts[1].split()[:2] == ["1", "w-b"]
+    (tmp_path / "go").touch()
+    assert job.wait(timeout=60) == JobStatus.SUCCEEDED
+    view = job.view()
+    assert view.attempt == 1
+    assert len(lines(tmp_path / "drained.done")) == 1, "the job completed exactly once"
+    assert lines(tmp_path / "drained.done")[0].split()[:2] == ["1", "w-b"]
+    states = {w.info.worker_id: w.state for w in client._controller.list_workers()}
+    assert states == {"w-a": WorkerState.STOPPED, "w-b": WorkerState.ALIVE}
+    ops = ops_client(cluster.address, cluster.token)
+    try:
+        detail = ops.job_detail(job.job_id)
+    finally:
+        ops.close()
+    assert (detail["failures"], detail["preemptions"]) == (0, 1), "the drain was a preemption, not a failure"
+    first_attempt = [t for t in detail["tasks"] if t["attempt"] == 0]
+    assert [(t["state"], t["worker"]) for t in first_attempt] == [("lost", "w-a")]
+    assert "left the cluster (SIGTERM" in first_attempt[0]["error"]
+    print(f"SIGTERM to worker exit: {drain_seconds:.3f}s")
+    assert drain_seconds < 10

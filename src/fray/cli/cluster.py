@@ -104,23 +104,32 @@ def _write_state(
 
 
 def _stop(processes: dict[str, ProcessIdentity]) -> list[str]:
-    """SIGTERM the processes that still are who they were, SIGKILL those left after the grace; return notes."""
-    notes = []
-    ours = {}
-    for name, identity in processes.items():
-        if identity.alive():
-            ours[name] = identity
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(identity.pid, signal.SIGTERM)
-        elif identify(identity.pid) is not None:
-            notes.append(f"pid {identity.pid} is no longer the cluster's {name} (another program has it): left alone")
-    deadline = time.monotonic() + _STOP_GRACE
-    for identity in ours.values():
-        while not identity.ended() and time.monotonic() < deadline:
-            time.sleep(0.02)  # polling another process's exit: there is nothing to block on
-        if identity.alive():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(identity.pid, signal.SIGKILL)
+    """SIGTERM the processes that still are who they were, SIGKILL those left after the grace; return notes.
+
+    The workers go first, while the controller still runs: each drains and tells it that it leaves,
+    so the database lists them as stopped (not lost) for the next ``up --resume``.
+    """
+    notes: list[str] = []
+    workers = {name: identity for name, identity in processes.items() if name != "controller"}
+    controller = {name: identity for name, identity in processes.items() if name == "controller"}
+    for group in (workers, controller):
+        ours = {}
+        for name, identity in group.items():
+            if identity.alive():
+                ours[name] = identity
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(identity.pid, signal.SIGTERM)
+            elif identify(identity.pid) is not None:
+                notes.append(
+                    f"pid {identity.pid} is no longer the cluster's {name} (another program has it): left alone"
+                )
+        deadline = time.monotonic() + _STOP_GRACE
+        for identity in ours.values():
+            while not identity.ended() and time.monotonic() < deadline:
+                time.sleep(0.02)  # polling another process's exit: there is nothing to block on
+            if identity.alive():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(identity.pid, signal.SIGKILL)
     return notes
 
 

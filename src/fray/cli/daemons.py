@@ -23,6 +23,7 @@ from fray.cluster._retention import DEFAULT_MAX_JOBS
 from fray.cluster.envs._environments import runtime_available
 from fray.cluster.envs._shipping import CONTAINER_RUNTIME_ATTRIBUTE
 from fray.cluster.launcher import OWNER_ENV
+from fray.cluster.worker import DEFAULT_DRAIN_SECONDS
 from fray.errors import ConfigError
 
 __all__ = ["DEFAULT_DB", "busy_port_error", "check_port_free", "controller", "token", "worker"]
@@ -31,14 +32,26 @@ __all__ = ["DEFAULT_DB", "busy_port_error", "check_port_free", "controller", "to
 DEFAULT_DB = Path.home() / ".local" / "state" / "fray" / "controller.db"
 
 
-def wait_for_signal(stop: Callable[[], None], done: threading.Event | None = None) -> None:
+def wait_for_signal(
+    stop: Callable[[], None],
+    done: threading.Event | None = None,
+    *,
+    again: Callable[[], None] | None = None,
+    why: list[str] | None = None,
+) -> None:
     """Block until SIGTERM or SIGINT (or the owner process named by ``FRAY_EXIT_WITH_PID`` is gone), then ``stop``.
 
-    Setting ``done`` (from another thread: a daemon that gave up) also ends the wait.
+    Setting ``done`` (from another thread: a daemon that gave up) also ends the wait. A second
+    signal calls ``again`` (while ``stop`` runs); ``why`` gets the first signal's name appended.
     """
     ended = done if done is not None else threading.Event()
+    signals: list[str] = why if why is not None else []
 
     def handler(signum: int, frame: object) -> None:
+        if ended.is_set() and again is not None:
+            again()
+        elif not ended.is_set():
+            signals.append(signal.Signals(signum).name)
         ended.set()
 
     signal.signal(signal.SIGTERM, handler)
@@ -280,6 +293,15 @@ def _size(option: str, text: str | None) -> int | None:
     envvar="FRAY_JOIN",
     help="A join token (fray token create --role worker): checks the controller, then gets this worker's credential.",
 )
+@click.option(
+    "--drain-seconds",
+    type=click.FloatRange(min=0),
+    default=DEFAULT_DRAIN_SECONDS,
+    show_default=True,
+    help="On SIGTERM/SIGINT the worker takes no new task, sends SIGTERM to its tasks and gives them this long "
+    "to end (then SIGKILL; a second signal: at once); the rest run again elsewhere as preempted, and the worker "
+    "is listed as stopped, not lost.",
+)
 def worker(
     address: str,
     worker_id: str | None,
@@ -290,8 +312,12 @@ def worker(
     attrs: tuple[str, ...],
     workdir: str | None,
     join: str | None,
+    drain_seconds: float,
 ) -> None:
-    """Run a worker that takes tasks from the controller at --controller (or: fray worker list / revoke)."""
+    """Run a worker that takes tasks from the controller at --controller (or: fray worker list / revoke).
+
+    SIGTERM or SIGINT drains it: see --drain-seconds.
+    """
     if click.get_current_context().invoked_subcommand is not None:
         return
     if not address:
@@ -326,13 +352,32 @@ def worker(
             workdir=workdir,
             on_refused=lambda _reason: gave_up.set(),
             join=join,
+            drain_seconds=drain_seconds,
         ).start()
     except ConfigError as exc:  # a malformed join token
         raise CliError(
             str(exc), "fray token create --role worker (run by the administrator) prints a join token"
         ) from None
     click.echo(f"fray worker {node.worker_id} taking tasks from {address}", err=True)
-    wait_for_signal(node.stop, gave_up)
+    why: list[str] = []
+
+    def drain() -> None:
+        if node.refusal is not None:
+            node.stop()
+            return
+        reason = why[0] if why else "its owner process ended"
+        tasks = len(node.running)
+        if tasks:
+            click.echo(
+                f"fray worker {node.worker_id}: {reason}: draining; {tasks} tasks get up to {drain_seconds:g}s to end, "
+                "then run again elsewhere (signal again to stop them now)",
+                err=True,
+            )
+        told = node.drain(reason)
+        if told:
+            click.echo(f"fray worker {node.worker_id} left the cluster (listed as stopped)", err=True)
+
+    wait_for_signal(drain, gave_up, again=node.hand_back_now, why=why)
     if node.refusal is not None:
         # One line, reason and fix together: the last line of the worker's log then says it all.
         raise CliError(node.refusal)

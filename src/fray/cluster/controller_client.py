@@ -128,6 +128,10 @@ class ControllerProxy:
     def report(self, worker_id: str, epoch: int, report: WorkerReport) -> bool:
         return bool(self._call("report", worker_id, epoch, codec.report_data(report)))
 
+    def leave(self, worker_id: str, reason: str, exited: list[TaskExit]) -> WorkerRecord:
+        """Tell the controller ``worker_id`` leaves (drained): it is STOPPED, ``exited`` recorded first."""
+        return codec.worker_record_from(self._call("leave", worker_id, reason, [codec.exit_data(e) for e in exited]))
+
     def join(self, worker_id: str) -> Credential:
         """Exchange the join token this proxy authenticates with for ``worker_id``'s own credential."""
         return Credential.decode(str(self._call("join", worker_id)))

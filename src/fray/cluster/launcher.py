@@ -221,18 +221,18 @@ class LocalCluster:
             proc.wait()
 
     def stop(self) -> None:
-        """Stop every process: workers first (they kill their tasks), then the controller."""
-        procs = [*self.workers.values(), *([self.controller] if self.controller else [])]
-        for proc in procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        for proc in procs:
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        """Stop every process: workers first (they drain: stop their tasks and tell the controller), then the controller."""
+        for group in (list(self.workers.values()), [self.controller] if self.controller else []):
+            for proc in group:
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + 10
+            for proc in group:
+                try:
+                    proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
 
     def __enter__(self) -> LocalCluster:
         return self

@@ -10,6 +10,8 @@ only the cluster has, are defined here::
            RUNNING  -> SUCCEEDED | FAILED | LOST | KILLED
 
     worker: ALIVE -> LOST -> ALIVE (re-registration)
+            ALIVE -> LOST -> STOPPED -> ALIVE (it left: drained, or its VM was scaled down)
+            ALIVE -> LOST -> REVOKED -> ALIVE (a join with a token made since)
 
 An illegal change raises :class:`~fray.errors.IllegalTransition`.
 """
@@ -79,6 +81,8 @@ class WorkerState(StrEnum):
     LOST = "lost"
     #: Its credential was revoked (``fray worker revoke``): lost, and back only by joining with a new token.
     REVOKED = "revoked"
+    #: It left on purpose: it drained (SIGTERM/SIGINT) and said so, or its VM was scaled down. Not a crash.
+    STOPPED = "stopped"
 
 
 TASK_TRANSITIONS: Mapping[TaskState, frozenset[TaskState]] = {
@@ -98,8 +102,9 @@ TASK_TRANSITIONS: Mapping[TaskState, frozenset[TaskState]] = {
 
 WORKER_TRANSITIONS: Mapping[WorkerState, frozenset[WorkerState]] = {
     WorkerState.ALIVE: frozenset({WorkerState.ALIVE, WorkerState.LOST}),
-    WorkerState.LOST: frozenset({WorkerState.ALIVE, WorkerState.REVOKED}),
+    WorkerState.LOST: frozenset({WorkerState.ALIVE, WorkerState.REVOKED, WorkerState.STOPPED}),
     WorkerState.REVOKED: frozenset({WorkerState.ALIVE, WorkerState.REVOKED}),
+    WorkerState.STOPPED: frozenset({WorkerState.ALIVE, WorkerState.REVOKED}),
 }
 """For each worker state, the states it may move to (ALIVE -> ALIVE is a re-registration)."""
 

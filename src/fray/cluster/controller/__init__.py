@@ -200,6 +200,27 @@ class ControllerService:
         """Declare ``worker_id`` lost now (its VM was preempted): its tasks are retried within the preemption budget."""
         self._apply(self._store.lose_worker(worker_id, self._clock(), reason))
 
+    def stop_worker(self, worker_id: str, reason: str, exited: list[TaskExit] | None = None) -> WorkerRecord:
+        """``worker_id`` leaves on purpose (it drained, or its VM was scaled down): STOPPED, not lost.
+
+        ``exited`` (a draining worker's last exits, its handed-back tasks among them) are recorded
+        first, as a report's; whatever is still assigned or running there is lost (retried under
+        the preemption budget). Its epoch ends. NotFound if it never registered.
+        """
+        exits = list(exited or ())
+        with self._membership:
+            effects = self._store.stop_worker(
+                worker_id, self._clock(), reason, [(e.key, e.exit_code, e.failure) for e in exits]
+            )
+        with self._lock:
+            self._sessions.end_epoch(worker_id)
+            if exits:
+                self._sessions.confirmed(e.key for e in exits)
+                self._notify_changed()
+        self._apply(effects)  # an alive worker is lost on its way: its outbox and unconfirmed kills are dropped
+        logger.info("worker %s stopped: %s", worker_id, reason)
+        return self._store.get_worker(worker_id)
+
     def schedule_once(self, now: float | None = None) -> list[TaskRecord]:
         """Run one scheduling pass over the in-memory pending set and send the assigned tasks to their workers."""
         now = self._clock() if now is None else now

@@ -31,7 +31,7 @@ def _opt_str(value: Any) -> str | None:
 
 
 # Only workers (and the administrator) drive tasks.
-_WORKER_METHODS = frozenset({"register_worker", "poll", "report"})
+_WORKER_METHODS = frozenset({"register_worker", "poll", "report", "leave"})
 # What a worker credential may call: its own protocol and nothing that changes jobs.
 _WORKER_MAY = _WORKER_METHODS | {"health", "job", "tasks", "list_workers"}
 # The administrator's alone: issuing and revoking credentials.
@@ -109,6 +109,9 @@ class ControllerAPI:
                 s.poll(str(worker_id), int(epoch), float(wait))
             ),
             "report": lambda worker_id, epoch, report: s.report(str(worker_id), int(epoch), codec.report_from(report)),
+            "leave": lambda worker_id, reason, exited=(): codec.worker_record_data(
+                s.stop_worker(str(worker_id), str(reason), [codec.exit_from(e) for e in exited])
+            ),
             # jobs
             "submit": lambda spec, user, parent_id=None, namespace=None: codec.view_data(
                 s.submit(
@@ -149,6 +152,7 @@ class ControllerAPI:
             "register_worker": self._register_worker,
             "poll": self._poll,
             "report": self._report,
+            "leave": self._leave,
         }
 
     # -- workers: an issued worker credential speaks for its own worker only ------------------------
@@ -176,6 +180,9 @@ class ControllerAPI:
 
     def _report(self, caller: Caller, worker_id: Any, epoch: Any, report: Any) -> Any:
         return self._methods["report"](self._own_worker(caller, worker_id), epoch, report)
+
+    def _leave(self, caller: Caller, worker_id: Any, reason: Any, exited: Any = ()) -> Any:
+        return self._methods["leave"](self._own_worker(caller, worker_id), reason, exited)
 
     def _join(self, caller: Caller, worker_id: Any) -> str:
         if not caller.joining:

@@ -459,6 +459,22 @@ class ClusterStore:
         """Declare ``worker_id`` lost now (e.g. on a preemption notice); not applied if it is not alive."""
         return self._change_alive_worker(worker_id, now, lambda change: change.lose_worker(worker_id, reason))
 
+    def stop_worker(
+        self, worker_id: str, now: float, reason: str, exited: Sequence[tuple[TaskKey, int, bytes | None]] = ()
+    ) -> Effects:
+        """``worker_id`` leaves on purpose (drained, or its VM scaled down): STOPPED, not lost.
+
+        ``exited`` are the exits it had not reported yet, recorded first exactly as a report's
+        (only for tasks still current on this worker); then whatever it still holds is lost
+        (its gangs retried under the preemption budget). NotFound if it never registered.
+        """
+        with self._db.txn() as cur:
+            change = self._change(cur, now)
+            for key, exit_code, failure in exited:
+                change.record_exit(_job_rows.current_task(cur, key, worker_id), exit_code, failure)
+            _worker_rows.stop(cur, change, worker_id, reason)
+            return change.effects()
+
     def revoke_worker(self, worker_id: str, now: float) -> Effects:
         """Revoke ``worker_id``: its issued credentials stop working, it is lost (its gangs retried) and REVOKED.
 

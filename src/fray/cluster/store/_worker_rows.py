@@ -27,6 +27,7 @@ __all__ = [
     "revoke_issued",
     "set_health",
     "silent_workers",
+    "stop",
     "tasks_on_worker",
 ]
 
@@ -87,6 +88,27 @@ def revoke(cur: sqlite3.Cursor, change: Change, worker_id: str, now: float) -> N
         state = WorkerState.LOST
     check_worker_transition(state, WorkerState.REVOKED)
     cur.execute("UPDATE workers SET state = 'revoked' WHERE id = ?", (worker_id,))
+
+
+def stop(cur: sqlite3.Cursor, change: Change, worker_id: str, reason: str) -> bool:
+    """``worker_id`` left on purpose (it drained, or its VM was scaled down): STOPPED, not lost.
+
+    Its tasks still assigned or running there are lost through ``change`` (their gangs retried
+    under the preemption budget, as for any lost worker) first. A REVOKED or STOPPED worker stays
+    as it is (False); NotFound if no such worker was ever registered.
+    """
+    row = cur.execute("SELECT state FROM workers WHERE id = ?", (worker_id,)).fetchone()
+    if row is None:
+        raise NotFound(f"no worker {worker_id!r}")
+    state = WorkerState(row[0])
+    if state in (WorkerState.REVOKED, WorkerState.STOPPED):
+        return False
+    if state == WorkerState.ALIVE:
+        change.lose_worker(worker_id, reason)
+        state = WorkerState.LOST
+    check_worker_transition(state, WorkerState.STOPPED)
+    cur.execute("UPDATE workers SET state = 'stopped', health = '' WHERE id = ?", (worker_id,))
+    return True
 
 
 def list_workers(cur: sqlite3.Cursor, alive_only: bool) -> list[WorkerRecord]:

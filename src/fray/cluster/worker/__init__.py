@@ -19,6 +19,17 @@ Three loops, none of which may die (each catches, logs and carries on after anyt
 One thread per task reads its output (bounded by :mod:`._task_output`) and waits for it to exit; a
 task's environment is built by :mod:`._task_env`, what the worker keeps of its tasks is in :mod:`._worker_tasks`.
 
+Leaving (:meth:`Worker.drain`, what ``fray worker`` does on SIGTERM or SIGINT): the worker
+takes no new task (its health note says it is draining, so the controller places nothing more
+here), sends SIGTERM to every task and gives them up to ``drain_seconds`` to end (then SIGKILL).
+A task that exits 0 meanwhile succeeded; every other one is *handed back*: the worker tells the
+controller it leaves (``leave``), and the controller, in one transaction, records the last exits,
+loses what the worker still held -- its gangs get new attempts elsewhere under
+``max_retries_preemption``, as for a preempted VM -- and lists the worker as STOPPED, not lost.
+The tasks have ended before the controller hears of it, so none runs twice. A worker that cannot
+reach the controller meanwhile exits all the same: it is then declared lost after the worker
+timeout, with the same outcome for its tasks, and the exits it could not report stay in its journal.
+
 Retrying is for what may heal: a controller not up yet, or restarting. A first answer that
 cannot change by retrying -- the controller refuses the worker's credential, or the server is
 not the cluster's (its TLS certificate is not the cluster CA's; it cannot prove it holds the
@@ -49,9 +60,11 @@ runs inside a task process is in :mod:`fray.cluster.taskproc`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -80,12 +93,17 @@ from fray.core._private_files import private_dir, write_private
 from fray.errors import FrayError
 from fray.process._process import kill_process_group
 
-__all__ = ["LAST_OUTPUT_LINES", "Worker"]
+__all__ = ["DEFAULT_DRAIN_SECONDS", "LAST_OUTPUT_LINES", "Worker"]
 
 logger = logging.getLogger(__name__)
 
 # A report of log lines alone waits this long after the first, so a task's burst of lines costs one report.
 _REPORT_GATHER_SECONDS = 0.003
+#: How long a draining worker's tasks get between SIGTERM and SIGKILL unless told (``fray worker --drain-seconds``).
+DEFAULT_DRAIN_SECONDS = 30.0
+# How long a draining worker keeps trying to tell the controller it leaves, once its tasks have ended.
+_LEAVE_SECONDS = 5.0
+
 # A start waits this long for the task's exit: a short task's start and exit then cost one report (one
 # controller transaction, one round trip), and its exit is not queued behind its own start's report. A
 # long task shows RUNNING this much later.
@@ -118,6 +136,8 @@ class Worker:
     module's docstring), or it later refuses the worker's credential (revoked), the worker
     stops, sets :attr:`refusal` to a one-line reason and calls ``on_refused`` with it
     (default: logs it).
+
+    ``drain_seconds`` is how long :meth:`drain` gives running tasks between SIGTERM and SIGKILL.
     """
 
     def __init__(
@@ -136,8 +156,11 @@ class Worker:
         heartbeat: float = 1.0,
         on_refused: Callable[[str], None] | None = None,
         join: str | None = None,
+        drain_seconds: float = DEFAULT_DRAIN_SECONDS,
     ) -> None:
         self.controller = controller
+        #: How long :meth:`drain` gives running tasks to end after SIGTERM.
+        self.drain_seconds = drain_seconds
         token_of_join = join_token(join) if join else None
         # A joining worker's default id is its host's name (one worker a host), so that it is the same
         # when it starts again and finds its credential.
@@ -188,6 +211,11 @@ class Worker:
         self._on_refused = on_refused
         #: Why the controller's first answer ended this worker (None: it was not refused).
         self.refusal: str | None = None
+        self._draining = ""  # why this worker is leaving ("" while it is not): it starts no new task
+        self._hand_back_now = threading.Event()  # a second signal: SIGKILL the tasks without waiting
+        self._left = False  # the controller heard this worker leave: never register again
+        #: Whether the controller heard this worker leave (:meth:`drain`): it lists it as STOPPED.
+        self.left = False
 
     # ----- lifecycle ----------------------------------------------------------------------------
 
@@ -220,6 +248,80 @@ class Worker:
         if self._forkserver is not None:
             self._forkserver.close()
         self._client.close()
+
+    def drain(self, reason: str = "SIGTERM") -> bool:
+        """Leave the cluster (see the module's docstring): hand the tasks back, tell the controller, :meth:`stop`.
+
+        Takes at most :attr:`drain_seconds` for the tasks to end (:meth:`hand_back_now` cuts it short)
+        and a few seconds more to tell the controller. Returns whether the controller heard it.
+        """
+        deadline = time.monotonic() + self.drain_seconds
+        with self._lock:
+            self._draining = reason
+            tasks = list(self._tasks.values())
+            for task in tasks:
+                task.handed_back = True
+        logger.warning(
+            "worker %s is leaving (%s): %d tasks get up to %gs to end, then go back to the controller",
+            self.worker_id, reason, len(tasks), self.drain_seconds,
+        )  # fmt: skip
+        self._report_ready.set()  # the health note: the controller places nothing more here
+        self._report_urgent.set()
+        for task in tasks:
+            if task.proc is not None:
+                _signal_group(task.proc, signal.SIGTERM)
+        killed = False
+        reap_by = deadline + 5.0  # SIGKILLed tasks are reaped at once; one that is not is left behind
+        while True:
+            with self._lock:
+                left = [t for t in self._tasks.values() if t.proc is not None]
+            now = time.monotonic()
+            if not left or now >= reap_by:
+                break
+            if not killed and (now >= deadline or self._hand_back_now.is_set()):
+                killed = True
+                for task in left:
+                    _signal_group(task.proc, signal.SIGKILL)
+            self._hand_back_now.wait(0.02)
+        told = self._leave(reason)
+        self.stop()
+        return told
+
+    def hand_back_now(self) -> None:
+        """Cut a :meth:`drain` short: SIGKILL the tasks still running and leave."""
+        self._hand_back_now.set()
+
+    def _leave(self, reason: str) -> bool:
+        """Tell the controller this worker leaves, with its last exits; retried for a few seconds."""
+        if not self._joined:
+            return False  # never registered: nothing to tell
+        with contextlib.suppress(Exception):  # best effort: the last starts and log lines, before the epoch ends
+            self._report()
+        give_up = time.monotonic() + _LEAVE_SECONDS
+        backoff = 0.05
+        why = f"it left the cluster ({reason}: drained, its tasks handed back)"
+        while True:
+            try:
+                with self._session:
+                    with self._lock:
+                        exits = self._journal.pending()
+                    self._client.with_timeout(_LEAVE_SECONDS).leave(self.worker_id, why, exits)
+                    self._journal.acknowledge([e.key for e in exits])
+                    self._left = self.left = True
+                    self._registered = False
+                    self._stopping.set()
+                logger.info("worker %s left %s: it is listed as stopped", self.worker_id, self.controller)
+                return True
+            except Exception as exc:
+                if time.monotonic() + backoff > give_up or revoked(self.worker_id, self.controller, exc):
+                    logger.warning(
+                        "worker %s could not tell %s it leaves (%s): it will be declared lost after the worker "
+                        "timeout, with the same outcome for its tasks",
+                        self.worker_id, self.controller, _describe(exc),
+                    )  # fmt: skip
+                    return False
+                time.sleep(backoff)
+                backoff = min(backoff * 2, 1.0)
 
     @property
     def running(self) -> list[TaskKey]:
@@ -299,6 +401,8 @@ class Worker:
         if self._credential is None:
             self._join()
         with self._session:
+            if self._left:  # it left: the controller lists it as stopped, and so it stays
+                return WorkerCommands()
             with self._lock:
                 running = list(self._tasks)
                 exits = self._journal.pending()
@@ -336,6 +440,8 @@ class Worker:
             with self._lock:
                 skip = assignment.key in self._tasks or assignment.key in self._refused
                 skip = skip or assignment.key in self._journal
+                # Leaving: not started; the controller loses it with this worker and retries it elsewhere.
+                skip = skip or bool(self._draining)
             if not skip:
                 try:
                     self._launch(assignment)
@@ -460,6 +566,8 @@ class Worker:
 
     def _started(self, task: TaskProcess, proc: Process) -> None:
         task.proc = proc
+        if task.handed_back:  # the drain began while it was being started
+            _signal_group(proc, signal.SIGKILL)
         with self._lock:
             self._pending.started.append(task.assignment.key)
         self._report_ready.set()  # not urgent: it waits for the exit a moment (_START_GATHER_SECONDS)
@@ -489,6 +597,14 @@ class Worker:
                 f"worker {self.worker_id} stopped renewing its lease for more than {self._lease_seconds:g}s; "
                 "its tasks were killed so that they cannot run beside their replacements"
             ).encode()
+        elif task.handed_back and code != 0 and not task.killed:
+            # Stopped by the drain: not a failure of the task. The controller loses it with this worker
+            # (a preemption) when the worker leaves; its exit is not reported.
+            self._queue_logs(key, [f"[fray] worker {self.worker_id} is leaving ({self._draining}): task stopped, "
+                                   "handed back to the controller to run again elsewhere"])  # fmt: skip
+            with self._lock:
+                self._tasks.pop(key, None)
+            return
         else:
             failure = None if code == 0 or task.killed else task.failure(code, last)
         self._record_exit(TaskExit(key, code, failure))
@@ -559,7 +675,8 @@ class Worker:
                 started, logs = self._pending.take()
                 exits = self._journal.pending()
             try:
-                report = WorkerReport(started, exits, logs, self._health)
+                health = f"draining ({self._draining}): takes no new tasks" if self._draining else self._health
+                report = WorkerReport(started, exits, logs, health)
                 sent = time.monotonic()
                 accepted = self._client.report(self.worker_id, self._epoch, report)
                 if accepted:
@@ -599,6 +716,19 @@ class Worker:
                 except Exception as exc:  # never dies; the fork server is restarted on the next launch
                     logger.debug("cannot renew the lease (%s)", exc)
             self._stopping.wait(min(0.25, lease / 4) if lease else 0.25)
+
+
+def _signal_group(proc: Process | None, sig: signal.Signals) -> None:
+    """Send ``sig`` to the process group ``proc`` leads (to ``proc`` alone if it has none yet)."""
+    if proc is None or proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, sig)
+    except PermissionError:
+        pass
 
 
 def _describe(exc: BaseException) -> str:

@@ -28,6 +28,8 @@ class TaskProcess:
     proc: Process | None
     failure_path: Path
     killed: bool = False
+    #: Stopped by the worker's drain: unless it exits 0, it is handed back to the controller (preempted), not failed.
+    handed_back: bool = False
 
     def failure(self, code: int, last_output: list[str]) -> bytes:
         """Why the task failed, encoded: what its Python code raised, else its exit and last output."""
