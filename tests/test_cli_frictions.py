@@ -147,7 +147,7 @@ def test_cluster_up_says_the_dashboard_extra_is_missing_and_dashboard_says_what_
 ):
     run, up = cluster_without_dashboard
     state = json.loads((tmp_path / ".config" / "fray" / "cluster.json").read_text())
-    again = f"fray cluster down && fray cluster up --workers 0 --port {state['port']} --dir {tmp_path / 'c'}"
+    again = f"fray cluster down && fray cluster up --workers 0 --port {state['port']} --dir {tmp_path / 'c'} --resume"
     notes = [line for line in up.stderr.splitlines() if "dashboard" in line]
     assert notes == [
         f'  dashboard: none (the dashboard extra is not installed: pip install "fray[dashboard]", then `{again}`)'
@@ -171,11 +171,11 @@ def test_the_dashboard_hint_for_each_reason():
         "controller_args": ["--retention-days", "30", "--no-dashboard"],
         "worker_args": ["--attr", "preemptible=false"],
     }
-    # A longer retention survives the restart; the dashboard flag is what goes.
-    assert up_again(state) == "fray cluster down && fray cluster up --retention-days 30"
+    # A longer retention survives the restart; the dashboard flag is what goes; the database is kept (--resume).
+    assert up_again(state) == "fray cluster down && fray cluster up --retention-days 30 --resume"
     assert no_dashboard_hint("127.0.0.1:7100", state, "") == (
         "the cluster was started with --no-dashboard; start it again with one: "
-        "fray cluster down && fray cluster up --retention-days 30"
+        "fray cluster down && fray cluster up --retention-days 30 --resume"
     )
     assert no_dashboard_hint("127.0.0.1:7100", state, "No module named 'uvicorn'").startswith(
         'install the dashboard extra (pip install "fray[dashboard]"), then restart the cluster: fray cluster down && '
@@ -186,5 +186,5 @@ def test_the_dashboard_hint_for_each_reason():
     custom = {**state, "workers": ["worker-0"], "worker_args": ["--cpu", "4", "--attr", "preemptible=false"]}
     assert up_again(custom) == (
         "fray cluster down && fray cluster up --workers 1 --retention-days 30 "
-        "--worker-option '--cpu 4 --attr preemptible=false'"
+        "--worker-option '--cpu 4 --attr preemptible=false' --resume"
     )

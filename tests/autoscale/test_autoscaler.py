@@ -54,6 +54,7 @@ class _Sim:
         boot = self.config.provider.number("boot_seconds", 1.0)
         self.provider = SimulatedProvider(None, boot_seconds=boot, worker=None, clock=self.clock)
         self.lost_calls: list[tuple[str, str]] = []
+        self.stopped_calls: list[tuple[str, str]] = []
         self.autoscaler = self.new_autoscaler(policy)
         self.workers: dict[str, WorkerInfo] = {}
         self.lost: set[str] = set()
@@ -65,10 +66,16 @@ class _Sim:
         self._jobs = 0
 
     def new_autoscaler(self, policy: AutoscalerPolicy | None = None) -> Autoscaler:
-        return Autoscaler(self.config, self.provider, policy=policy, clock=self.clock, lose_worker=self._lose)
+        return Autoscaler(
+            self.config, self.provider, policy=policy, clock=self.clock, lose_worker=self._lose, stop_worker=self._stop
+        )
 
     def _lose(self, worker_id: str, reason: str) -> None:
         self.lost_calls.append((worker_id, reason))
+        self.kill_worker(worker_id)
+
+    def _stop(self, worker_id: str, reason: str) -> None:
+        self.stopped_calls.append((worker_id, reason))
         self.kill_worker(worker_id)
 
     def kill_worker(self, worker_id: str) -> None:
@@ -212,8 +219,12 @@ def test_work_drains_then_idle_vms_scale_down_to_min_with_a_drain() -> None:
     assert [vm["state"] for vm in sim.live("cpu")] == ["READY"]
     assert sorted(vm["id"] for vm in sim.vms(state="DELETED")) == sorted(draining)
     assert len(sim.provider.list_vms()) == 1
-    # Their workers are lost at once and stay fenced for a while: no task lands on a VM that is going away.
-    assert sorted(sim.lost_calls) == sorted((vm_id, f"VM {vm_id} deleted") for vm_id in draining)
+    # Their workers leave the scheduler's sight at once, as stopped (a scale-down is not a crash), and stay
+    # fenced for a while: no task lands on a VM that is going away.
+    assert sorted(sim.stopped_calls) == sorted(
+        (vm_id, f"its VM {vm_id} was deleted (scaled down)") for vm_id in draining
+    )
+    assert sim.lost_calls == []
     assert set(draining) <= sim.result.fenced
     sim.step(61.0)
     assert not set(draining) & sim.result.fenced

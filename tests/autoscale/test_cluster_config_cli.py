@@ -284,6 +284,10 @@ def test_scales_from_zero_to_max_never_past_it_then_idles_down(growth: ConfigClu
     print(f"idle scale-down to min took {time.monotonic() - idle_started:.1f}s after the last job")
     deleted = [vm for vm in growth.vm_list_json("--all") if vm["group"] in ("cpu", "cpu-backup")]
     assert deleted and {vm["state"] for vm in deleted} == {"DELETED"}
+    # A scale-down is not a crash: their workers are listed as stopped, none as lost.
+    workers = {w["worker_id"]: w["state"] for w in json.loads(growth.fray("worker", "list", "--json").stdout)}
+    registered = {vm["worker_id"] for vm in deleted if vm["worker_id"]}
+    assert registered and {workers[w] for w in registered} == {"stopped"}, workers
 
 
 def test_the_example_runs_on_slices_the_provider_creates(growth: ConfigCluster) -> None:

@@ -60,20 +60,52 @@ def test_down_leaves_alone_a_process_that_reused_a_recorded_pid(fray_cli, tmp_pa
         bystander.wait()
 
 
-def test_up_after_a_crash_starts_fresh_and_keeps_the_history(fray_cli, tmp_path: Path):
+def test_up_after_a_crash_refuses_then_resumes_keeping_the_history(fray_cli, tmp_path: Path):
     _up(fray_cli, tmp_path)
     job_id = fray_cli("job", "submit", "--name", "before-crash", "--wait", "--json", "--", "true").stdout
     job_id = json.loads(job_id)["job_id"]
     old_worker = _state(tmp_path)["processes"]["worker-0"]["pid"]
     _crash_controller(tmp_path)
-    refused = fray_cli("cluster", "up", "--workers", "1", "--port", "0", check=False)
-    assert refused.returncode == 0, refused.stderr
-    assert "is not running" in refused.stderr and "history kept" in refused.stderr
+    # Over a state directory of a cluster that is not running: refused, saying both ways on.
+    refused = fray_cli("cluster", "up", "--workers", "2", "--port", "0", check=False)
+    assert refused.returncode == 2, refused.stderr
+    error, hint = refused.stderr.strip().splitlines()
+    assert error == (
+        f"error: {tmp_path / 'c'} holds the state of an earlier cluster that is not running (1 job, 1 worker, "
+        f"last written {error.rsplit('last written ', 1)[1]}"
+    )
+    assert hint == "hint: add --resume to keep its jobs and history, or --fresh to discard them and start over"
+    assert alive(old_worker), "a refusal touches nothing"
+    both = fray_cli("cluster", "up", "--resume", "--fresh", check=False)
+    assert both.returncode == 2 and "contradict" in both.stderr
+    resumed = fray_cli("cluster", "up", "--workers", "1", "--port", "0", "--resume", check=False)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "is not running" in resumed.stderr and "jobs and history kept" in resumed.stderr
     assert not alive(old_worker)  # the crashed cluster's worker (still ours) was stopped
     listed = json.loads(fray_cli("job", "list", "--json").stdout)
     assert job_id in {row["job_id"] for row in listed}
+    # Its worker was listed as stopped before the new one (same id) registered: never alive, then lost.
+    workers = json.loads(fray_cli("worker", "list", "--json").stdout)
+    assert [(w["worker_id"], w["state"]) for w in workers] == [("worker-0", "alive")]
     again = fray_cli("cluster", "up", "--port", "0", check=False)
     assert again.returncode == 2 and "already up" in again.stderr
+
+
+def test_up_after_down_refuses_and_fresh_starts_over_without_the_old_workers(fray_cli, tmp_path: Path):
+    _up(fray_cli, tmp_path)
+    fray_cli("job", "submit", "--wait", "--", "true")
+    fray_cli("cluster", "down")
+    refused = fray_cli("cluster", "up", "--workers", "1", "--port", "0", "--dir", str(tmp_path / "c"), check=False)
+    assert refused.returncode == 2 and "--resume" in refused.stderr and "--fresh" in refused.stderr
+    fresh = fray_cli(
+        "cluster", "up", "--workers", "2", "--port", "0", "--dir", str(tmp_path / "c"), "--fresh", "--no-dashboard"
+    )
+    assert "discarded the earlier cluster's state" in fresh.stderr + fresh.stdout
+    assert json.loads(fray_cli("job", "list", "--json").stdout) == []
+    workers = json.loads(fray_cli("worker", "list", "--json").stdout)
+    assert sorted((w["worker_id"], w["state"]) for w in workers) == [("worker-0", "alive"), ("worker-1", "alive")]
+    status = json.loads(fray_cli("status", "--json").stdout)["capacity"]
+    assert (status["workers_alive"], status["workers_lost"], status["workers_stopped"]) == (2, 0, 0)
 
 
 def test_restart_brings_the_controller_back_on_the_same_port_and_database(fray_cli, tmp_path: Path):

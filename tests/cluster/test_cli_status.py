@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -79,3 +80,37 @@ def test_status_shows_resources_in_use_jobs_and_actors(fray_cluster: LocalCluste
     finally:
         gate.touch()
         client.shutdown(wait=False)
+
+
+def test_a_drained_worker_is_listed_as_stopped_apart_from_lost_ones(tmp_path: Path):
+    from fray.cluster.controller_client import ops_client
+    from fray.dashboard.pages import workers_page
+
+    with LocalCluster(tmp_path / "cluster", worker_timeout=2.0) as cluster:
+        cluster.start(3)
+        run = _cli(cluster, tmp_path)
+        cluster.workers["worker-1"].send_signal(signal.SIGTERM)  # drains: it tells the controller it leaves
+        assert cluster.workers["worker-1"].wait(timeout=30) == 0
+        cluster.kill_worker("worker-2")  # a crash: lost after the worker timeout
+        wait_until(
+            lambda: (
+                {w["worker_id"]: w["state"] for w in json.loads(run("worker", "list", "--json"))}
+                == {"worker-0": "alive", "worker-1": "stopped", "worker-2": "lost"}
+            ),
+            timeout=30,
+            what="one worker stopped and one lost",
+        )
+        status = run("status")
+        assert "1 worker alive (1 lost, 1 stopped)" in status
+        assert "stopped workers (drained or scaled down, not lost) 1: worker-1" in status
+        table = status.split("stopped workers")[0]
+        assert "worker-2" in table and "worker-1" not in table.split("workers", 1)[1], "stopped ones are apart"
+        listing = run("worker", "list")
+        assert listing.index("worker-2") < listing.index("stopped (drained or scaled down") < listing.index("worker-1")
+        ops = ops_client(cluster.address, cluster.token)
+        try:
+            page = workers_page(ops.status(), csrf="")
+        finally:
+            ops.close()
+        assert "1 workers alive, 1 lost, 1 stopped" in page
+        assert page.index("worker-2") < page.index("Stopped (drained or scaled down)") < page.index("worker-1")

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from fray.cluster._retention import RetentionPolicy, prune_finished_jobs
-from fray.cluster.capacity import TaskResources
+from fray.cluster._retention import RetentionPolicy, prune_departed_workers, prune_finished_jobs
+from fray.cluster.capacity import TaskResources, WorkerInfo
 from fray.cluster.ops import OpsService
-from fray.cluster.records import JobRecord, TaskKey
+from fray.cluster.records import JobRecord, TaskKey, WorkerState
+from fray.cluster.scheduler import Assignment, SchedulingDecision
 from fray.cluster.store import ClusterStore
 from fray.errors import ConfigError, NotFound
 from support import wait_until
@@ -98,3 +99,29 @@ def test_the_controller_prunes_on_its_own(store: ClusterStore):
         wait_until(lambda: old.job_id not in _ids(store), what="the retention thread to prune the old job")
     finally:
         ops.stop()
+
+
+def test_stopped_and_lost_workers_are_pruned_after_their_time_and_revoked_ones_never(store: ClusterStore):
+    for wid in ("stopped", "lost", "revoked", "alive", "busy"):
+        store.register_worker(WorkerInfo(wid, 1000, 1 << 30, 1 << 30), "h:1", now=0.0)
+    store.stop_worker("stopped", 0.0, "drained")
+    store.lose_worker("lost", 0.0, "no heartbeat")
+    store.revoke_worker("revoked", 0.0)
+    job = _job(store, "busy", now=0.0)
+    store.apply_decision(SchedulingDecision((Assignment(job.job_id, ("busy",)),), {}, {}), 0.0)
+    store.stop_worker("busy", 0.0, "drained")  # its task is lost with it: nothing is active there any more
+    policy = RetentionPolicy(stopped_worker_seconds=3600.0, lost_worker_seconds=DAY)
+
+    def prune(now: float) -> list[str]:
+        return store.write_with(lambda cur: prune_departed_workers(cur, now, policy))
+
+    assert prune(1800.0) == []
+    assert prune(3601.0) == ["busy", "stopped"]
+    assert prune(DAY - 1) == []
+    assert prune(DAY + 1) == ["lost"]
+    assert {w.info.worker_id: w.state for w in store.list_workers()} == {
+        "alive": WorkerState.ALIVE,  # heard from at 0 and never declared lost: not this function's to judge
+        "revoked": WorkerState.REVOKED,
+    }
+    with pytest.raises(ConfigError, match="stopped_worker_seconds"):
+        RetentionPolicy(stopped_worker_seconds=0)

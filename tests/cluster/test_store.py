@@ -22,6 +22,7 @@ from fray.cluster.capacity import Device, TaskResources, WorkerInfo
 from fray.cluster.credit import CreditPolicy
 from fray.cluster.records import (
     TASK_TRANSITIONS,
+    Effects,
     JobRecord,
     KillOrder,
     TaskKey,
@@ -361,6 +362,31 @@ def test_lost_worker_retries_its_gangs_under_the_preemption_budget(store: Cluste
     assert store.heartbeat("w-1", 26.0) is False, "a lost worker must re-register"
     assert [w.info.worker_id for w in store.list_workers(alive_only=True)] == ["w-2"]
     assert {w.worker_id for w in store.scheduler_input().workers} == {"w-2"}
+
+
+def test_a_worker_that_leaves_is_stopped_not_lost_and_its_last_exits_count(
+    store: ClusterStore, two_workers: list[str]
+) -> None:
+    done = submit(store, "done")
+    (finished,) = start(store, done, ["w-1"], now=1.0)
+    held = submit(store, "held", max_retries_failure=0, max_retries_preemption=2)
+    (handed_back,) = start(store, held, ["w-1"], now=1.0)
+    # The draining worker's last exits go first (a task that exited 0 succeeded); what it still held is lost.
+    fx = store.stop_worker("w-1", 5.0, "it left the cluster (SIGTERM)", [(finished, 0, None)])
+    assert fx.retried == (held.job_id,) and fx.finished == {done.job_id: JobStatus.SUCCEEDED}
+    assert store.get_task(handed_back).state == TaskState.LOST
+    after = store.get_job(held.job_id)
+    assert (after.state, after.failure_count, after.preemption_count) == (JobStatus.PENDING, 0, 1)
+    assert "left the cluster (SIGTERM)" in after.pending_reason
+    assert store.get_worker("w-1").state == WorkerState.STOPPED
+    assert store.stop_worker("w-1", 6.0, "again") == Effects(), "a stopped worker stays as it is"
+    assert {w.worker_id for w in store.scheduler_input().workers} == {"w-2"}
+    # It may come back (started again): a new epoch, alive.
+    store.register_worker(make_worker("w-1"), "10.0.0.1:1", 7.0)
+    assert store.get_worker("w-1").state == WorkerState.ALIVE
+    check_worker_transition(WorkerState.LOST, WorkerState.STOPPED)  # a lost VM that was then scaled down
+    with pytest.raises(IllegalTransition):
+        check_worker_transition(WorkerState.STOPPED, WorkerState.LOST)
 
 
 def test_a_returning_worker_has_its_stale_tasks_killed(store: ClusterStore, two_workers: list[str]) -> None:

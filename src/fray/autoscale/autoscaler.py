@@ -132,6 +132,8 @@ class Autoscaler:
 
     ``lose_worker(worker_id, reason)`` is called at once for each registered worker of a
     slice that failed (a preemption): the controller's lost-worker path retries its tasks.
+    ``stop_worker(worker_id, reason)`` is called for each registered worker of a slice deleted
+    on purpose (scaled down): it is listed as stopped, not lost (default: ``lose_worker``).
     """
 
     def __init__(
@@ -142,12 +144,14 @@ class Autoscaler:
         policy: AutoscalerPolicy | None = None,
         clock: Callable[[], float] = time.time,
         lose_worker: Callable[[str, str], None] | None = None,
+        stop_worker: Callable[[str, str], None] | None = None,
     ) -> None:
         self.config = config
         self.provider = provider
         self.policy = policy or AutoscalerPolicy.for_config(config)
         self._clock = clock
         self._lose_worker = lose_worker
+        self._stop_worker = stop_worker or lose_worker
         self._groups_by_priority = config.by_priority()
         self._group_config = {g.name: g for g in config.scale_groups}
         now = clock()
@@ -299,11 +303,12 @@ class Autoscaler:
         del self._slices[s.slice_id]
         self._history.extend(s.vms)
         self._delete_at_provider(s.slice_id, s.group)
-        if s.state == VmState.DELETED and self._lose_worker is not None:
-            # Its worker is stopping: out of the scheduler's sight now rather than after the worker timeout.
+        if s.state == VmState.DELETED and self._stop_worker is not None:
+            # Its worker is stopping: out of the scheduler's sight now rather than after the worker timeout,
+            # and listed as stopped: a scale-down is not a crash.
             for vm in s.vms:
                 if vm.registered:
-                    self._lose_worker(vm.vm_id, f"VM {vm.vm_id} deleted")
+                    self._stop_worker(vm.vm_id, f"its VM {vm.vm_id} was deleted (scaled down)")
 
     def _delete_at_provider(self, slice_id: str, group: str) -> None:
         try:

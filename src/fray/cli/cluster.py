@@ -3,9 +3,11 @@
 ``up`` records every process it starts in ``~/.config/fray/cluster.json`` with its
 identity (PID, start time, command line; :mod:`fray.process._procident`). ``down`` signals a
 process only while it still has that identity, so a PID reused by another program
-is never touched. ``up`` after a crash finds the stale record, says so and starts a
-fresh cluster on the same database (history kept); ``restart`` brings back a dead
-controller (and dead workers) on the same database and port.
+is never touched. ``up`` over the state directory of a cluster that is not running (after
+``down``, or a crash: the stale record's leftover processes are stopped) refuses unless told
+``--resume`` (the same database: jobs and history kept; the old cluster's local workers are
+listed as stopped, not lost) or ``--fresh`` (the database discarded); ``restart`` brings back a
+dead controller (and dead workers) on the same database and port.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ import json
 import os
 import secrets
 import shlex
+import shutil
 import signal
+import sqlite3
 import time
 from pathlib import Path
 from typing import Any
@@ -178,7 +182,7 @@ def up_again(state: dict[str, Any]) -> str:
             break
     if worker_args != _DEFAULT_WORKER_ARGS:
         args += ["--worker-option", " ".join(worker_args)]
-    return "fray cluster down && " + shlex.join(args)
+    return "fray cluster down && " + shlex.join([*args, "--resume"])
 
 
 @cluster.command("up")
@@ -205,6 +209,12 @@ def up_again(state: dict[str, Any]) -> str:
 )
 @click.option("--no-dashboard", is_flag=True, help="Serve no web dashboard.")
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+@click.option(
+    "--resume", is_flag=True, help="Over an earlier cluster's state directory: keep its database (jobs, history)."
+)
+@click.option(
+    "--fresh", is_flag=True, help="Over an earlier cluster's state directory: discard its database and start over."
+)
 def cluster_up(
     workers: int | None,
     config_path: str | None,
@@ -217,14 +227,26 @@ def cluster_up(
     dashboard_port: int,
     no_dashboard: bool,
     as_json: bool,
+    resume: bool,
+    fresh: bool,
 ) -> None:
-    """Start a controller and N workers (or, with --config, a VM provider's) in the background; print how to use them."""
+    """Start a controller and N workers (or, with --config, a VM provider's) in the background; print how to use them.
+
+    Over the state directory of an earlier cluster that is not running, say --resume (keep its jobs and history)
+    or --fresh (discard them).
+    """
     config = _load_config(config_path, workers, dry_run)
     if config is not None and dry_run:
         _print_plan(config, port)
         return
+    if resume and fresh:
+        raise CliError(
+            "--resume and --fresh contradict each other",
+            "--resume keeps the earlier cluster's jobs and history, --fresh discards them: give one",
+        )
     workers = 0 if config is not None else 2 if workers is None else workers
     state = read_state()
+    processes: dict[str, ProcessIdentity] = {}
     if state is not None:
         processes = _recorded(state)
         controller = processes.get("controller")
@@ -234,14 +256,30 @@ def cluster_up(
                 "use it (FRAY_CLIENT_SPEC=fray://" + str(state.get("address")) + "), or `fray cluster down` first",
             )
         directory = directory or state.get("directory")
+    directory = directory or str(DEFAULT_DIR)
+    earlier = _earlier_cluster(Path(directory))
+    if earlier and not (resume or fresh):
+        raise CliError(
+            f"{directory} holds the state of an earlier cluster that is not running ({earlier})",
+            "add --resume to keep its jobs and history, or --fresh to discard them and start over",
+        )
+    if state is not None:
         console.print(
             f"[yellow]the cluster recorded in {STATE_FILE} is not running[/yellow] (its controller is gone); "
-            f"starting a fresh one on the same database, history kept"
+            "stopping what is left of it"
         )
         for note in _stop(processes):
             console.print(f"  {note}")
         STATE_FILE.unlink(missing_ok=True)
-    directory = directory or str(DEFAULT_DIR)
+    if earlier and fresh:
+        _discard_state(Path(directory))
+        console.print(f"discarded the earlier cluster's state in {directory}: starting over")
+    elif earlier:
+        retired = _retire_workers(Path(directory)) if config is None and not (state or {}).get("config") else 0
+        console.print(
+            f"resuming the earlier cluster's state in {directory}: jobs and history kept"
+            + (f"; its {count_of(retired, 'worker')} listed as stopped" if retired else "")
+        )
     check_port_free("127.0.0.1", port)
     if not no_dashboard:
         check_port_free("127.0.0.1", dashboard_port, "--dashboard-port")
@@ -311,6 +349,55 @@ def cluster_up(
     elif not no_dashboard:
         console.print(escape(f"  dashboard: none ({_why_no_dashboard(state)})"))
     console.print("  stop it:  fray cluster down")
+
+
+# The files of a controller's database in a cluster directory (SQLite's journal files with it).
+_DATABASE_FILES = ("controller.db", "controller.db-wal", "controller.db-shm", "controller.db-journal")
+
+
+def _earlier_cluster(directory: Path) -> str:
+    """What an earlier cluster left in ``directory`` (its jobs and workers, and when), or "" if nothing."""
+    database = directory / "controller.db"
+    if not database.exists():
+        return ""
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(database.stat().st_mtime))
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{database}?mode=ro", uri=True)) as conn:
+            jobs = conn.execute("SELECT COUNT(*) FROM jobs").fetchone()[0]
+            workers = conn.execute("SELECT COUNT(*) FROM workers").fetchone()[0]
+    except sqlite3.Error:
+        return f"its database, last written {when}"
+    return f"{count_of(int(jobs), 'job')}, {count_of(int(workers), 'worker')}, last written {when}"
+
+
+def _discard_state(directory: Path) -> None:
+    """Delete the earlier cluster's database and its workers' task directories and journals (cached envs stay)."""
+    for name in _DATABASE_FILES:
+        (directory / name).unlink(missing_ok=True)
+    for workdir in directory.glob("worker-*"):
+        if not workdir.is_dir():
+            continue
+        for entry in workdir.iterdir():
+            if entry.name == "envs":  # job environments by requirements: valid for any cluster
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+
+
+def _retire_workers(directory: Path) -> int:
+    """List the earlier local cluster's workers still recorded alive as stopped (all its processes are gone)."""
+    from fray.cluster.store import ClusterStore
+
+    store = ClusterStore(directory / "controller.db")
+    try:
+        alive = [w.info.worker_id for w in store.list_workers(alive_only=True)]
+        for worker_id in alive:
+            store.stop_worker(worker_id, time.time(), "its cluster was stopped (fray cluster up --resume)")
+        return len(alive)
+    finally:
+        store.close()
 
 
 def _machine_share(workers: int, extra: list[str]) -> list[str]:

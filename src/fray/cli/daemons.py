@@ -396,7 +396,7 @@ def _ago(now: float, then: float) -> str:
 @controller_option
 @click.option("--json", "as_json", is_flag=True)
 def worker_list(address: str | None, as_json: bool) -> None:
-    """List the workers the controller knows: state (alive, lost, revoked), last contact, resources, attributes."""
+    """List the workers the controller knows: state (alive, lost, revoked; stopped ones apart), last contact, resources."""
     rows: list[dict[str, Any]] = [
         {
             "worker_id": w.info.worker_id,
@@ -415,20 +415,28 @@ def worker_list(address: str | None, as_json: bool) -> None:
         echo_json(rows)
         return
     now = time.time()
-    table = Table("worker", "state", "last contact", "cpu", "ram", "devices", "attributes")
-    for row in rows:
-        attrs = " ".join(f"{k}={v}" for k, v in row["attributes"].items())
-        plain_row(
-            table,
-            row["worker_id"],
-            row["state"],
-            _ago(now, row["last_contact"]),
-            f"{row['cpu']:g}",
-            row["ram"],
-            " ".join(row["devices"]),
-            attrs,
-        )
-    stdout_console().print(table)
+    out = stdout_console()
+    # Stopped workers (drained, or their VM scaled down) left on purpose: listed apart from the others.
+    for title, group in (
+        (None, [row for row in rows if row["state"] != "stopped"]),
+        ("stopped (drained or scaled down; listed for an hour)", [row for row in rows if row["state"] == "stopped"]),
+    ):
+        if title is not None and not group:
+            continue
+        table = Table("worker", "state", "last contact", "cpu", "ram", "devices", "attributes", title=title)
+        for row in group:
+            attrs = " ".join(f"{k}={v}" for k, v in row["attributes"].items())
+            plain_row(
+                table,
+                row["worker_id"],
+                row["state"],
+                _ago(now, row["last_contact"]),
+                f"{row['cpu']:g}",
+                row["ram"],
+                " ".join(row["devices"]),
+                attrs,
+            )
+        out.print(table)
 
 
 @worker.command("revoke")

@@ -52,8 +52,9 @@ def status(address: str | None, as_json: bool) -> None:
     if health["dashboard"]:
         out.print(f"  dashboard http://{health['dashboard']}/  (`fray dashboard` prints a log-in link)")
     cap = data["capacity"]
+    gone = ", ".join(f"{cap.get(f'workers_{state}', 0)} {state}" for state in ("lost", "stopped"))
     out.print(
-        f"[bold]capacity[/bold] {count_of(cap['workers_alive'], 'worker')} alive ({cap['workers_lost']} lost)  "
+        f"[bold]capacity[/bold] {count_of(cap['workers_alive'], 'worker')} alive ({gone})  "
         f"cpu {_use(cap['cpu_used'], cap['cpu_total'])} used  "
         f"ram {_use(cap['ram_used'], cap['ram_total'], format_size)} used"
     )
@@ -62,7 +63,10 @@ def status(address: str | None, as_json: bool) -> None:
     workers = Table(
         "worker", "state", "tasks", "cpu used/total", "ram used/total", "devices used/total", title="workers"
     )
+    stopped = [w["worker_id"] for w in data["workers"] if w["state"] == "stopped"]
     for w in data["workers"]:
+        if w["state"] == "stopped":
+            continue  # listed apart, below: it left on purpose
         devices = f"{w['devices_used']} / {w['devices_total']} {' '.join(w['devices'])}" if w["devices"] else ""
         plain_row(
             workers,
@@ -74,6 +78,11 @@ def status(address: str | None, as_json: bool) -> None:
             devices,
         )
     out.print(workers)
+    if stopped:
+        shown = " ".join(stopped[:_STOPPED_SHOWN]) + (
+            f" ... and {len(stopped) - _STOPPED_SHOWN} more" if len(stopped) > _STOPPED_SHOWN else ""
+        )
+        out.print(f"[bold]stopped workers[/bold] (drained or scaled down, not lost) {len(stopped)}: {escape(shown)}")
     actors = Table("actor", "namespace", "state", "job", "endpoint", title="actors")
     for a in data["actors"]:
         plain_row(
@@ -90,6 +99,9 @@ def status(address: str | None, as_json: bool) -> None:
             plain_row(queues, *(str(v) for v in q.values()))
         out.print(queues)
 
+
+# Stopped workers named by `fray status` (all of them: `fray worker list`).
+_STOPPED_SHOWN = 10
 
 # VMs listed by `fray status` (all of them: `fray cluster vm list`).
 _VM_ROWS = 30

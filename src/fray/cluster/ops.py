@@ -18,10 +18,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from fray.cluster._retention import RetentionPolicy, prune_finished_jobs
+from fray.cluster._retention import RetentionPolicy, prune_departed_workers, prune_finished_jobs
 from fray.cluster.controller._utilisation import UtilisationSampler
 from fray.cluster.envs._workspace import digest_of
-from fray.cluster.records import JobRecord, TaskRecord
+from fray.cluster.records import JobRecord, TaskRecord, WorkerState
 from fray.cluster.store import ClusterStore, _blobs, _views
 from fray.cluster.store._schema import read_job
 from fray.errors import ConfigError, NotFound
@@ -30,6 +30,9 @@ __all__ = ["PRUNE_INTERVAL_SECONDS", "OpsService", "job_history"]
 
 logger = logging.getLogger(__name__)
 
+
+# Every worker state, each counted in ``status()["capacity"]`` as ``workers_<state>``.
+_WORKER_STATES = tuple(state.value for state in WorkerState)
 
 #: How often the controller prunes finished jobs past the retention policy.
 PRUNE_INTERVAL_SECONDS = 60.0
@@ -127,7 +130,7 @@ class OpsService:
     # ----- API (data only) ----------------------------------------------------------------------
 
     def prune(self) -> int:
-        """Delete finished jobs past the retention policy now; return how many jobs went."""
+        """Delete finished jobs (and stopped or lost workers) past the retention policy now; return how many jobs went."""
         total = 0
         while not self._stopping.is_set():
             deleted = self._store.write_with(functools.partial(self._prune_batch, self._clock()))
@@ -138,6 +141,11 @@ class OpsService:
         self._store.write_with(lambda cur: _blobs.prune_blobs(cur, unused_since))
         if total:
             logger.info("pruned %d finished jobs (retention: %s)", total, self.retention)
+        workers = self._store.write_with(
+            functools.partial(prune_departed_workers, now=self._clock(), policy=self.retention)
+        )
+        if workers:
+            logger.info("pruned %d stopped or lost workers: %s", len(workers), ", ".join(workers))
         return total
 
     def _prune_batch(self, now: float, cur: sqlite3.Cursor) -> list[str]:
@@ -216,7 +224,7 @@ class OpsService:
                 key: sum(w[key] for w in alive)
                 for key in ("cpu_total", "cpu_used", "cpu_free", "ram_total", "ram_used", "ram_free")
             }
-            | {"workers_alive": len(alive), "workers_lost": len(workers) - len(alive)},
+            | {f"workers_{state}": sum(w["state"] == state for w in workers) for state in _WORKER_STATES},
             "jobs": counts,
             "actors": actors,
             "queues": self.queues(),

@@ -251,7 +251,8 @@ def workers_page(status: dict[str, Any], csrf: str) -> str:
     """Workers and their resources: used and free."""
     cap = status["capacity"]
     summary = (
-        f"<p>{cap['workers_alive']} workers alive, {cap['workers_lost']} lost · cpu {cap['cpu_used']:g} of "
+        f"<p>{cap['workers_alive']} workers alive, {cap['workers_lost']} lost, {cap.get('workers_stopped', 0)} "
+        f"stopped · cpu {cap['cpu_used']:g} of "
         f"{cap['cpu_total']:g} used · ram {format_size(cap['ram_used'])} of {format_size(cap['ram_total'])} used</p>"
     )
     rows = (
@@ -266,11 +267,28 @@ def workers_page(status: dict[str, Any], csrf: str) -> str:
             f"{w['seconds_since_heartbeat']:.1f}s ago",
         )
         for w in status["workers"]
+        if w["state"] != "stopped"
     )
     table = _table(
         ("worker", "state", "tasks", "cpu used / total", "ram used / total", "devices", "attributes", "heard from"),
         rows,
     )
+    # Workers that left on purpose (drained, or their VM was scaled down) apart: they are not failures.
+    stopped = [w for w in status["workers"] if w["state"] == "stopped"]
+    if stopped:
+        table += "<h2>Stopped (drained or scaled down)</h2>" + _table(
+            ("worker", "cpu", "ram", "attributes", "left"),
+            (
+                (
+                    escape(w["worker_id"]),
+                    f"{w['cpu_total']:g}",
+                    format_size(w["ram_total"]),
+                    escape(" ".join(f"{k}={v}" for k, v in w["attributes"].items())),
+                    f"{w['seconds_since_heartbeat']:.1f}s ago",
+                )
+                for w in stopped
+            ),
+        )
     return page("Workers", f"<h1>Workers</h1>{summary}{table}{_autoscaler_section(status)}", csrf=csrf)
 
 

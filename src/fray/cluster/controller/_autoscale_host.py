@@ -194,7 +194,11 @@ def start_autoscaling(controller: Controller, config: ClusterConfig, provider: P
         with contextlib.suppress(NotFound):  # it never registered: nothing ran there
             service.lose_worker(worker_id, reason)
 
-    autoscaler = Autoscaler(config, provider, lose_worker=lose_worker)
+    def stop_worker(worker_id: str, reason: str) -> None:
+        with contextlib.suppress(NotFound):  # it never registered: nothing ran there
+            service.stop_worker(worker_id, reason)
+
+    autoscaler = Autoscaler(config, provider, lose_worker=lose_worker, stop_worker=stop_worker)
     host = AutoscaleHost(service, controller.store, autoscaler).start()
     controller.ops.autoscaler = host
     return host
