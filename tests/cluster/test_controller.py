@@ -119,3 +119,25 @@ def test_a_registration_under_way_when_its_worker_is_revoked_leaves_it_revoked(s
     fresh = Credential.decode(service.join(fresh_token.principal, "w-1")).principal
     service.register_worker(info, "10.0.0.1:1", [], principal=fresh)
     assert store.get_worker("w-1").state == WorkerState.ALIVE
+
+
+def test_revoking_a_worker_revokes_its_join_token_and_says_so_to_whoever_replaces_it(store: ClusterStore) -> None:
+    service = ControllerService(store, master=b"k" * 32)
+    told: list[set[str]] = []
+    service.tokens_revoked = told.append  # the autoscaler's host gives its VMs a new token then
+    token, _ = service.create_token("worker")
+    other, _ = service.create_token("worker")
+    w1 = Credential.decode(service.join(token.principal, "w-1")).principal
+    service.join(token.principal, "w-2")  # the same token joined another worker before the revocation
+    service.register_worker(WorkerInfo("w-1", 1000, 1 << 30, 1 << 30), "10.0.0.1:1", [], principal=w1)
+    service.revoke_worker("w-1")
+    assert told == [{token.credential_id}]
+    assert service.credential_state(token.principal) == "revoked"
+    assert service.credential_state(other.principal) == "valid"
+    with pytest.raises(PermissionDenied, match="not valid"):
+        service.join(token.principal, "w-3")  # never under a new id
+    w2 = [r for r in service.list_credentials() if r.subject == "worker:w-2"]
+    assert [r.revoked_at for r in w2] == [None], "a worker that joined with it earlier keeps its own credential"
+    # A revoked credential still proves itself at the handshake, so that its calls can say why they are refused.
+    assert service.key_for(token.principal) is not None
+    assert service.key_for("user:nobody#0123456789ab") is None

@@ -161,9 +161,16 @@ def test_a_revoked_worker_is_lost_at_once_its_job_runs_elsewhere_and_it_needs_a_
     wait_until(lambda: marker.read_text().count("x") == 2, timeout=30, what="the job's new attempt on w2")
     assert job.view().attempt == 1
 
-    # The token it joined with does not bring it back; a newer one does.
+    # The token it joined with does not bring it back, nor joins anyone under a new id (it was revoked with
+    # the worker: whoever holds w1's machine holds it); w2, which joined with it, keeps its own credential.
     cluster.add_worker("w1", "--cpu", "1", join=token)
     assert cluster.workers["w1"].wait(timeout=30) == 2
+    cluster.add_worker("w3", "--cpu", "1", join=token)
+    assert cluster.workers["w3"].wait(timeout=30) == 2
+    assert "was revoked" in (cluster.directory / "w3.log").read_text().strip().splitlines()[-1]
+    assert "w3" not in _states(cluster) and _states(cluster)["w2"] == WorkerState.ALIVE
+    tokens = {row["subject"]: row for row in json.loads(admin_cli("token", "list", "--json").stdout)}
+    assert tokens["join"]["state"] == "revoked"
     cluster.add_worker("w1", "--cpu", "1", join=cluster.create_token("worker"))
     wait_until(lambda: _states(cluster)["w1"] == WorkerState.ALIVE, timeout=30, what="w1 to rejoin")
     job.terminate()
@@ -196,3 +203,15 @@ def test_user_credentials_work_until_revoked_or_expired(cluster: LocalCluster, a
     as_carol = fray_cli_in({**_worker_env(), "FRAY_CREDENTIAL": carol, "FRAY_CLIENT_SPEC": f"fray://{cluster.address}"})
     denied = as_carol("token", "create", "--role", "worker", check=False)
     assert denied.returncode == 2 and "cluster token" in denied.stderr
+    # Revoking a worker is the administrator's too: the hint says so (not "the job's owner").
+    denied = as_carol("worker", "revoke", "w-any", check=False)
+    error, hint = denied.stderr.strip().splitlines()
+    assert denied.returncode == 2 and "revoke_worker needs the cluster token" in error
+    assert hint.startswith("hint: only the cluster's administrator may") and "owner" not in hint
+    # A revoked user credential's refusal says "revoked", on a new connection too (the CLI's).
+    as_alice = fray_cli_in({**_worker_env(), "FRAY_CREDENTIAL": line, "FRAY_CLIENT_SPEC": f"fray://{cluster.address}"})
+    refused = as_alice("job", "list", check=False)
+    assert refused.returncode == 2
+    assert refused.stderr.splitlines()[0] == (
+        f"error: the controller at {cluster.address} (from FRAY_CLIENT_SPEC) refused this credential: it was revoked"
+    )

@@ -228,7 +228,9 @@ def test_several_machines_walkthrough_as_written(tmp_path: Path, hosts: Hosts) -
         revoke_token = next(c for c in steps[5] if c.startswith("fray token revoke ID"))
         admin.run(ours(revoke_token).replace(" ID ", f" {alice_id} "))
         again = alice.run(run_pipeline, check=False)
-        assert again.returncode != 0 and "refused the credential of 'user:alice" in again.stderr, again.stderr[-2000:]
+        # The refusal says why (issue 36): revoked, not merely refused.
+        assert again.returncode != 0 and "credential 'user:alice#" in again.stderr, again.stderr[-2000:]
+        assert "was revoked" in again.stderr, again.stderr[-2000:]
     finally:
         for shell in (alice, worker_machine, admin):
             shell.stop()

@@ -163,6 +163,10 @@ class GcpProvider:
         self._owned.append(client)
         return client
 
+    def rotate_join_token(self, join_token: str) -> None:
+        """VMs created from now on join with ``join_token`` (the one before was revoked with a VM's worker)."""
+        self._token = join_token
+
     # -- the Provider protocol ---------------------------------------------------------------
 
     def create_slice(self, request: SliceRequest) -> Sequence[ProviderVm]:

@@ -83,6 +83,14 @@ def as_cli_error(exc: BaseException) -> CliError | None:
     where = f"{address}" + (f" ({source})" if source else "")
     if isinstance(exc, CliError):
         return exc
+    if isinstance(exc, AuthenticationError) and ("was revoked" in str(exc) or "has expired" in str(exc)):
+        # The controller knows this credential and says why it no longer works.
+        why = "was revoked" if "was revoked" in str(exc) else "has expired"
+        return CliError(
+            f"the controller at {where} refused this credential: it {why}",
+            "ask the cluster's administrator for a new one (`fray token create --role user:NAME` prints it), "
+            "and set FRAY_CREDENTIAL to it",
+        )
     if isinstance(exc, AuthenticationError):
         return CliError(
             f"the controller at {where} refused this cluster token (or credential)",

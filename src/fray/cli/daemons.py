@@ -24,7 +24,7 @@ from fray.cluster.envs._environments import runtime_available
 from fray.cluster.envs._shipping import CONTAINER_RUNTIME_ATTRIBUTE
 from fray.cluster.launcher import OWNER_ENV
 from fray.cluster.worker import DEFAULT_DRAIN_SECONDS
-from fray.errors import ConfigError
+from fray.errors import ConfigError, PermissionDenied
 
 __all__ = ["DEFAULT_DB", "busy_port_error", "check_port_free", "controller", "token", "worker"]
 
@@ -243,8 +243,10 @@ def _start_autoscaling(ctl: Any, config: Any, cluster_dir: Path, token: bytes) -
         credential = Credential.mint(token, WORKER)
         write_credential(credential_file, credential)
     join_token = None
+    current: dict[str, str] = {}
     if config.provider.kind != "simulated":
-        _, join_token = ctl.service.create_token("worker", ttl=365 * 86400.0)
+        made, join_token = ctl.service.create_token("worker", ttl=365 * 86400.0)
+        current["id"] = made.credential_id
     try:
         provider = make_provider(
             config,
@@ -256,6 +258,16 @@ def _start_autoscaling(ctl: Any, config: Any, cluster_dir: Path, token: bytes) -
     except ConfigError as exc:
         ctl.stop()
         raise CliError(str(exc), "fix the provider: section of the cluster file") from None
+
+    def tokens_revoked(ids: set[str]) -> None:
+        # Revoking one VM's worker revokes the join token every VM got: VMs created from now on get a new one.
+        rotate = getattr(provider, "rotate_join_token", None)
+        if current.get("id") in ids and rotate is not None:
+            made, line = ctl.service.create_token("worker", ttl=365 * 86400.0)
+            current["id"] = made.credential_id
+            rotate(line)
+
+    ctl.service.tokens_revoked = tokens_revoked
     return start_autoscaling(ctl, config, provider)
 
 
@@ -450,7 +462,21 @@ def worker_revoke(address: str | None, worker_id: str) -> None:
         record = Session.open(address).controller.revoke_worker(worker_id)
     except NotFound:
         raise CliError(f"no worker {worker_id!r} on this cluster", "`fray worker list` shows the workers") from None
-    click.echo(f"worker {record.info.worker_id} revoked ({record.state.value}); its tasks get new attempts elsewhere")
+    except PermissionDenied as exc:
+        raise _administrators_only(exc) from None
+    click.echo(
+        f"worker {record.info.worker_id} revoked ({record.state.value}); its tasks get new attempts elsewhere, "
+        "and the join token it joined with joins no other worker"
+    )
+
+
+def _administrators_only(exc: PermissionDenied) -> CliError:
+    """What a command only the cluster's administrator may run says to anyone else."""
+    return CliError(
+        str(exc).strip().splitlines()[0],
+        "only the cluster's administrator may: run it with the cluster token (FRAY_TOKEN, or ~/.config/fray/token "
+        "on the machine `fray cluster up` or `fray controller` ran on), without FRAY_CREDENTIAL",
+    )
 
 
 @click.group()
@@ -470,6 +496,8 @@ def token_create(address: str | None, role: str, ttl: float | None) -> None:
         made = Session.open(address).controller.create_token(role, ttl)
     except ConfigError as exc:
         raise CliError(str(exc), "e.g. fray token create --role worker --ttl 3600, or --role user:alice") from None
+    except PermissionDenied as exc:
+        raise _administrators_only(exc) from None
     expires = made["expires_at"]
     until = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(expires)) if expires else "never"
     use = "fray worker --controller HOST:PORT --join '<line>'" if role == "worker" else "FRAY_CREDENTIAL='<line>'"
@@ -482,7 +510,10 @@ def token_create(address: str | None, role: str, ttl: float | None) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def token_list(address: str | None, as_json: bool) -> None:
     """List join tokens and issued credentials (never their keys): id, for whom, state, expiry."""
-    rows = Session.open(address).controller.list_credentials()
+    try:
+        rows = Session.open(address).controller.list_credentials()
+    except PermissionDenied as exc:
+        raise _administrators_only(exc) from None
     if as_json:
         echo_json(rows)
         return
@@ -508,4 +539,6 @@ def token_revoke(address: str | None, credential_id: str) -> None:
         changed = Session.open(address).controller.revoke_credential(credential_id)
     except NotFound:
         raise CliError(f"no token or credential {credential_id!r}", "`fray token list` shows their ids") from None
+    except PermissionDenied as exc:
+        raise _administrators_only(exc) from None
     click.echo(f"{credential_id} revoked" if changed else f"{credential_id} was already revoked")

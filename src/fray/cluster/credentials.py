@@ -208,19 +208,28 @@ class ClusterKeys:
 
     def valid(self, principal: str) -> bool:
         """False for an issued credential that was revoked or has expired since (checked on every call)."""
+        return self.state(principal) == "valid"
+
+    def state(self, principal: str) -> str:
+        """``valid``, ``revoked``, ``expired``, or ``unknown`` (an issued credential not on record)."""
         if issued_id(principal) is None:
-            return True
+            return "valid"
         record = self.issued_record(principal)
-        return record is not None and record.valid(self._clock())
+        return record.state(self._clock()) if record is not None else "unknown"
 
     def key_for(self, principal: str) -> bytes | None:
-        """The key a connection claiming ``principal`` must prove (None: refused)."""
+        """The key a connection claiming ``principal`` must prove (None: refused).
+
+        An issued credential on record gets its key even once revoked or expired: the connection
+        proves it holds it, and then every call is refused saying which (``revoked``, ``expired``)
+        -- never anything more (see :mod:`fray.cluster.controller._api`).
+        """
         if self._master is None:
             return None
         if principal == ADMIN:
             return self._master
         if issued_id(principal) is not None:
-            return derive_key(self._master, principal) if self.valid(principal) else None
+            return derive_key(self._master, principal) if self.issued_record(principal) is not None else None
         if principal == WORKER or principal.startswith("user:"):
             return derive_key(self._master, principal)
         if principal.startswith("job:") and self._job_is_live(principal.removeprefix("job:")):

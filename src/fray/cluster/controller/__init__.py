@@ -190,6 +190,8 @@ class ControllerService:
     # Set by fray.cluster.controller._autoscale_host when the cluster has a VM provider: workers given no new
     # tasks (VMs booting or draining), and the autoscaler's word on each pending job's reason.
     fenced_workers: frozenset[str] = frozenset()
+    # Called with the ids of join tokens just revoked (the autoscaler's host replaces the one its VMs join with).
+    tokens_revoked: Callable[[set[str]], None] | None = None
     pending_notes: Callable[[SchedulingDecision], SchedulingDecision] | None = None
 
     def pending_snapshot(self) -> tuple[PendingJob, ...]:
@@ -277,6 +279,10 @@ class ControllerService:
         """False once an issued credential was revoked or has expired (checked on every call, not only at connect)."""
         return self._keys.valid(principal)
 
+    def credential_state(self, principal: str) -> str:
+        """``valid``, ``revoked``, ``expired`` or ``unknown``: what a refused call says."""
+        return self._keys.state(principal)
+
     def create_token(self, role: str, ttl: float | None = None) -> tuple[Issued, str]:
         """Issue a join token (``role="worker"``) or a user credential (``role="user:NAME"``); its record and line.
 
@@ -297,17 +303,34 @@ class ControllerService:
 
     def revoke_credential(self, credential_id: str) -> bool:
         """Revoke one issued credential or join token: it stops working at once (False: it was already)."""
-        return self._issuer.revoke(credential_id)
+        revoked = self._issuer.revoke(credential_id)
+        if revoked and self.tokens_revoked is not None:
+            self.tokens_revoked({credential_id})
+        return revoked
 
     def revoke_worker(self, worker_id: str) -> WorkerRecord:
-        """Revoke ``worker_id``'s credentials at once; it is lost (its tasks get new attempts) and REVOKED."""
+        """Revoke ``worker_id``'s credentials at once; it is lost (its tasks get new attempts) and REVOKED.
+
+        The join tokens it joined with are revoked too: whoever holds the worker's machine holds
+        them, and must not join again under a new id.
+        """
         with self._membership:
+            before = {r.credential_id for r in self._issuer.list() if r.revoked_at is not None}
             effects = self._store.revoke_worker(worker_id, self._clock())
             self._issuer.reload()
+            tokens = {
+                r.credential_id
+                for r in self._issuer.list()
+                if r.subject == "join" and r.revoked_at is not None and r.credential_id not in before
+            }
         with self._lock:
             self._sessions.end_epoch(worker_id)
         self._apply(effects)
-        logger.warning("worker %s was revoked", worker_id)
+        logger.warning(
+            "worker %s was revoked%s", worker_id, f" with its join tokens {sorted(tokens)}" if tokens else ""
+        )
+        if tokens and self.tokens_revoked is not None:
+            self.tokens_revoked(tokens)
         return self._store.get_worker(worker_id)
 
     def _check_may_register(self, principal: str, worker_id: str) -> None:

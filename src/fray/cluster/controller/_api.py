@@ -56,8 +56,10 @@ class Caller:
     def __init__(self, principal: str, service: Any) -> None:
         if not service.principal_valid(principal):
             # Checked on every call, so a revoked (or expired) credential stops working at once, even on a
-            # connection it opened before.
-            raise AuthenticationError(f"the credential {principal!r} was revoked or has expired")
+            # connection it opened before; the refusal says which.
+            state = service.credential_state(principal)
+            why = {"revoked": "was revoked", "expired": "has expired"}.get(state, "is not known to this controller")
+            raise AuthenticationError(f"the credential {principal!r} {why}")
         self.principal = principal
         self.admin = principal == ADMIN
         issued = issued_id(principal) is not None

@@ -71,13 +71,20 @@ def silent_workers(cur: sqlite3.Cursor, now: float, timeout: float) -> list[str]
 
 
 def revoke(cur: sqlite3.Cursor, change: Change, worker_id: str, now: float) -> None:
-    """Revoke ``worker_id``'s credentials, lose it (through ``change``) if alive, and make it REVOKED.
+    """Revoke ``worker_id``'s credentials and the join tokens it joined with, lose it (through ``change``) if alive,
+    and make it REVOKED.
 
     Raises :class:`NotFound` if no such worker was ever registered.
     """
     row = cur.execute("SELECT state FROM workers WHERE id = ?", (worker_id,)).fetchone()
     if row is None:
         raise NotFound(f"no worker {worker_id!r}")
+    # The join tokens it joined with first: whoever holds its machine holds them, and must not join anew.
+    cur.execute(
+        "UPDATE credentials SET revoked_at = ? WHERE subject = 'join' AND revoked_at IS NULL AND id IN "
+        "(SELECT via FROM credentials WHERE subject = ? AND via != '')",
+        (now, f"worker:{worker_id}"),
+    )
     cur.execute(
         "UPDATE credentials SET revoked_at = ? WHERE subject = ? AND revoked_at IS NULL",
         (now, f"worker:{worker_id}"),
