@@ -1,4 +1,4 @@
-"""Random ids (fray.core._ids): unique within a process and across a fork."""
+"""Random ids (fray.core._client_core.random_hex): unique within a process and across a fork."""
 
 from __future__ import annotations
 
@@ -6,8 +6,7 @@ import os
 
 import pytest
 
-from fray.core._client_core import short_id
-from fray.core._ids import random_hex
+from fray.core._client_core import random_hex, short_id
 
 
 def test_ids_have_their_length_and_do_not_repeat():

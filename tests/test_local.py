@@ -30,7 +30,7 @@ from fray import (
     SerializationError,
 )
 from fray.core._runtime import StoppableRun, ThreadStopped
-from fray.local import LocalClient, LocalJobHandle
+from fray.local import LocalClient, LocalJobHandle, MarinLocalClient
 from support import alive, wait_until
 
 
@@ -463,16 +463,19 @@ def test_no_subprocess_outlives_the_interpreter(tmp_path: Path):
     wait_until(lambda: not alive(pid), what="the orphaned job process to be killed")
 
 
-# ----- passing values unpickled (seed 003: the local backend "calls methods directly") -----------
+# ----- values: the very objects, checked to pickle (seed 003: the local backend "calls methods directly") -----
 
 
 def _lock_held_by_the_caller(lock: threading.Lock) -> bool:
     return lock.locked()
 
 
-def test_by_default_jobs_and_actors_get_the_very_objects_unpickled():
+@pytest.mark.parametrize(
+    "make", [lambda: LocalClient(check_pickling=False), MarinLocalClient], ids=["opt-out", "marin"]
+)
+def test_without_the_check_jobs_and_actors_get_the_very_objects_unpickled(make):
     lock = threading.Lock()
-    with lock, LocalClient() as client:
+    with lock, make() as client:
         handle = client.submit(job("same-lock", _lock_held_by_the_caller, lock))
         assert handle.wait(timeout=30, raise_on_failure=True) == JobStatus.SUCCEEDED
         actor = client.create_actor(Looper, name="unpickled")
@@ -480,8 +483,8 @@ def test_by_default_jobs_and_actors_get_the_very_objects_unpickled():
         assert actor.calls() == [lock]
 
 
-def test_check_pickling_refuses_what_another_backend_could_not_ship():
-    for client in (LocalClient(check_pickling=True), fray.client_from_spec("local?pickle=1")):
+def test_by_default_local_refuses_what_another_backend_could_not_ship():
+    for client in (LocalClient(), fray.client_from_spec("local"), fray.client_from_spec("local?pickle=1")):
         with client:
             assert client.check_pickling
             with pytest.raises(SerializationError, match="argument 0 cannot be pickled"):
@@ -490,8 +493,10 @@ def test_check_pickling_refuses_what_another_backend_could_not_ship():
             with pytest.raises(SerializationError, match="argument 0 cannot be pickled"):
                 actor.echo(threading.Lock())
             assert actor.calls() == []
-    with fray.client_from_spec("local?threads=2") as default:
-        assert not default.check_pickling
+    with fray.client_from_spec("local?threads=2&pickle=0") as unchecked:
+        assert not unchecked.check_pickling
+    with MarinLocalClient() as marins:  # marin's local rule: values are never pickled
+        assert not marins.check_pickling
     with pytest.raises(ConfigError, match="pickle='yes' must be 1"):
         fray.client_from_spec("local?pickle=yes")
 

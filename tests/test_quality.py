@@ -111,3 +111,31 @@ def test_no_import_cycles():
     """No cycle among ``src/fray`` modules, counting every import (a lazy one too: it would only hide the cycle)."""
     cycles = _cycles(_fray_import_graph())
     assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(cycle) for cycle in cycles)
+
+
+def _production_sources() -> list[Path]:
+    return [path for path in (ROOT / "src" / "fray").rglob("*.py") if path.name != "testing.py"]
+
+
+def test_no_backend_hook_is_found_with_getattr():
+    """Every hook is declared on a base (fray/core/_contract.py): none is looked up by name, hoping it is there."""
+    found = [
+        f"{path.relative_to(ROOT)}:{number}"
+        for path in _production_sources()
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if "getattr(" in line and '"_fray_' in line
+    ]
+    assert not found, found
+
+
+def test_no_production_module_imports_the_users_test_helpers():
+    """``fray.testing`` is for users' tests; the library does not depend on it."""
+    found = []
+    for path in _production_sources():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            if any(name == "fray.testing" for name in names):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not found, found

@@ -12,6 +12,7 @@ import concurrent.futures
 import inspect
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -76,22 +77,53 @@ class ActorMethod(Protocol):
         ...
 
 
-class _Caller(Protocol):
-    def _fray_call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ActorFuture: ...
+class ActorHandleBase(ABC):
+    """The declared base of every backend's actor handle (the :class:`ActorHandle` protocol).
+
+    ``handle.method`` is the backend's :class:`ActorMethod` (its ``__getattr__``; most use
+    :class:`RemoteMethod`). The hooks below start calls, report readiness and crash the
+    actor; they are named ``_fray_*`` so that they never shadow an actor's own methods.
+
+    =====================================  ==============================================================
+    ``_fray_call(method, args, kwargs)``   start a call; its :class:`ActorFuture`
+    ``_fray_call_sync(...)``               make a call and block for its result. Default: the future's
+    ``_fray_ready()``                      a future done once the actor serves; ActorDiedError if never
+    ``_fray_kill()``                       crash the actor's process (:func:`fray.testing.kill_actor`).
+                                           Default: ``ConfigError``, the backend cannot
+    =====================================  ==============================================================
+    """
+
+    @abstractmethod
+    def _fray_call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ActorFuture:
+        """Start ``method(*args, **kwargs)`` on the actor; its future."""
+
+    def _fray_call_sync(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Make the call and block for its result (a backend whose blocking call needs no future overrides it)."""
+        return self._fray_call(method, args, kwargs).result()
+
+    @abstractmethod
+    def _fray_ready(self) -> concurrent.futures.Future[None]:
+        """Done once the actor is serving; failed with :class:`ActorDiedError` if it never will."""
+
+    def _fray_kill(self) -> None:
+        """Kill the actor's process as a crash would; this backend cannot."""
+        raise ConfigError(
+            f"kill_actor({self!r}): this backend ({type(self).__module__}) cannot kill one actor's process"
+        )
 
 
 class RemoteMethod:
     """An :class:`ActorMethod` for handles that start a call with ``handle._fray_call(method, args, kwargs)``.
 
     ``.remote(...)`` starts the call and returns its future; calling blocks for the result,
-    through ``handle._fray_call_sync(method, args, kwargs)`` when the handle has one (a
-    blocking call that needs no future, e.g. one that reads its own socket).
+    through ``handle._fray_call_sync(method, args, kwargs)`` (the future's result, unless
+    the backend has a blocking call that needs no future, e.g. one that reads its own socket).
     A terminated job stops here, at its next Fray call.
     """
 
     __slots__ = ("_handle", "_name")
 
-    def __init__(self, handle: _Caller, name: str) -> None:
+    def __init__(self, handle: ActorHandleBase, name: str) -> None:
         self._handle = handle
         self._name = name
 
@@ -106,11 +138,8 @@ class RemoteMethod:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Make the call and block for its result."""
-        call_sync = getattr(self._handle, "_fray_call_sync", None)
-        if call_sync is not None:
-            check_terminated()
-            return call_sync(self._name, args, kwargs)
-        return self.remote(*args, **kwargs).result()
+        check_terminated()
+        return self._handle._fray_call_sync(self._name, args, kwargs)
 
 
 @runtime_checkable

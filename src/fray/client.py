@@ -8,7 +8,7 @@ import os
 import sys
 import threading
 import types
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -56,6 +56,15 @@ class Client(Protocol):
         ``detached`` (default) lets the job outlive the script where the backend runs it
         outside the script; ``detached=False`` stops it when the script exits or the
         client shuts down. See :mod:`fray.core._driver_exit` for the rule on every backend.
+        """
+        ...
+
+    def submit_many(self, requests: Sequence[JobRequest], *, detached: bool = True) -> Sequence[JobHandle]:
+        """Submit many jobs at once; their handles, in the order of ``requests``, at once.
+
+        Every request is checked as :meth:`submit` checks it before any job starts, so a
+        bad one refuses the whole call. A backend that can sends them together (``fray://``:
+        a few round trips, one transaction each). ``detached`` as for :meth:`submit`.
         """
         ...
 

@@ -33,10 +33,13 @@ import concurrent.futures
 import contextvars
 import itertools
 import os
+import threading
 import time
 import uuid
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from dataclasses import dataclass
+from typing import Any, ClassVar, Generic, Protocol, TypeVar, runtime_checkable
 
 from fray.client import current_client
 from fray.core._runtime import check_terminated
@@ -115,6 +118,102 @@ class JobContext(Protocol):
         ...
 
 
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class TaskCall(Generic[R]):
+    """One checked ``create_task`` call, as a backend's ``_submit`` receives it."""
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    resources: ResourceConfig | None
+    deps: list[R]
+    """The refs among the arguments (top level and one level in), each checked to be this context's."""
+
+
+class JobContextBase(ABC, Generic[R]):
+    """The declared base of every backend's job context: the :class:`JobContext` methods, written once.
+
+    The public methods check their arguments (a terminated job, the callable, the
+    resources, each ref's type and owner, ``num_returns``, ``timeout``) and find the refs
+    among a task's arguments here; a backend supplies what it does with them:
+
+    ================================================  ==================================================
+    ``_REF``                                          the backend's ref class
+    ``_submit(call)``                                 start the task (a :class:`TaskCall`)
+    ``_put(obj)``                                     store a value; its ref
+    ``_values(refs, timeout)``                        the refs' values in order; ``TimeoutError`` past it
+    ``_first_ready(refs, want, timeout)``             ``wait``'s ``(ready, not_ready)``, both in order
+    ``_owns(ref)``                                    whether a ref of ``_REF`` is this context's (default:
+                                                      all are, one connection serves them)
+    ``_client``                                       where ``create_actor`` creates actors (None: the
+                                                      current client)
+    ================================================  ==================================================
+    """
+
+    _REF: ClassVar[type]
+    _client: Any = None
+
+    @abstractmethod
+    def _submit(self, call: TaskCall[R]) -> R: ...
+
+    @abstractmethod
+    def _put(self, obj: Any) -> R: ...
+
+    @abstractmethod
+    def _values(self, refs: list[R], timeout: float | None) -> list[Any]: ...
+
+    @abstractmethod
+    def _first_ready(self, refs: list[R], want: int, timeout: float | None) -> tuple[list[R], list[R]]: ...
+
+    def _owns(self, ref: R) -> bool:
+        return True
+
+    def _is_ref(self, value: Any) -> bool:
+        return isinstance(value, self._REF)
+
+    def create_task(
+        self, fn: Callable[..., Any], *args: Any, resources: ResourceConfig | None = None, **kwargs: Any
+    ) -> R:
+        """Run ``fn(*args, **kwargs)`` as a task; the ref of its result, at once (see :class:`JobContext`)."""
+        checked = check_task(fn, resources)
+        deps = [
+            one_ref(ref, self._REF, "create_task: argument", self._owns)
+            for ref in find_refs(args, kwargs, self._is_ref)
+        ]
+        return self._submit(TaskCall(fn, args, dict(kwargs), checked, deps))
+
+    def put(self, obj: Any) -> R:
+        """Store ``obj``; tasks given the ref receive the value (see :class:`JobContext`)."""
+        check_terminated()
+        return self._put(obj)
+
+    def get(self, refs: Any, timeout: float | None = None) -> Any:
+        """The value of one ref, or the values of a list of refs, in order (see :class:`JobContext`)."""
+        check_terminated()
+        timeout = check_timeout(timeout, "get")
+        if isinstance(refs, self._REF) or not isinstance(refs, list | tuple):
+            return self._values([one_ref(refs, self._REF, "get()", self._owns)], timeout)[0]
+        return self._values(ref_list(refs, self._REF, "get()", self._owns), timeout)
+
+    def wait(self, refs: Sequence[R], num_returns: int = 1, timeout: float | None = None) -> tuple[list[R], list[R]]:
+        """The first ``num_returns`` refs to be ready, and the rest, both in input order (see :class:`JobContext`)."""
+        check_terminated()
+        items = ref_list(refs, self._REF, "wait()", self._owns)
+        want = check_num_returns(num_returns, len(items))
+        timeout = check_timeout(timeout, "wait")
+        return self._first_ready(items, want, timeout)
+
+    def create_actor(self, actor_class: type, *args: Any, name: str | None = None, **kwargs: Any) -> Any:
+        """An actor of this context's client (the current client when it has none), uniquely named if unnamed."""
+        return create_actor_via(self._client, actor_class, args, name, kwargs)
+
+    def shutdown(self) -> None:
+        """Let go of what the context holds (its client calls this at its own shutdown); by default nothing."""
+
+
 # ----- finding the context -------------------------------------------------------------------
 
 _current: contextvars.ContextVar[JobContext | None] = contextvars.ContextVar("fray_job_context", default=None)
@@ -133,15 +232,15 @@ def get_job_context() -> JobContext:
     if context is not None:
         return context
     from fray.client import current_client
+    from fray.core._client_core import ClientCore
 
     client = current_client()
-    hook = getattr(client, "_fray_job_context", None)
-    if hook is None:
+    if not isinstance(client, ClientCore):  # a client object of the user's own (marin's tests install some)
         raise ConfigError(
             f"{type(client).__name__} has no job context; set one with "
             "fray.set_job_context(fray.LocalJobContext()) (tasks on threads of this process)"
         )
-    found: JobContext = hook()
+    found: JobContext = client._fray_job_context()
     return found
 
 
@@ -337,6 +436,22 @@ def first_ready(
     for item, future in zip(items, futures, strict=True):
         (ready if future.done() and len(ready) < want else not_ready).append(item)
     return ready, not_ready
+
+
+def after_all(futures: Sequence[concurrent.futures.Future[Any]], then: Callable[[], None]) -> None:
+    """Call ``then()`` once, in the thread that completes the last of ``futures`` (at once if all are done)."""
+    remaining = [len(futures)]
+    lock = threading.Lock()
+
+    def one_done(_: concurrent.futures.Future[Any]) -> None:
+        with lock:
+            remaining[0] -= 1
+            if remaining[0]:
+                return
+        then()
+
+    for future in futures:
+        future.add_done_callback(one_done)
 
 
 def create_actor_via(

@@ -7,6 +7,7 @@ import dataclasses
 import os
 import re
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -498,6 +499,96 @@ class JobHandle(Protocol):
         ...
 
 
+class JobHandleBase(ABC):
+    """The declared base of every backend's job handle (the :class:`JobHandle` protocol, implemented).
+
+    A backend implements the six public members; the two hooks have defaults:
+
+    ======================================  ==============================================================
+    ``_fray_wait_some(jobs, timeout)``      block until one of ``jobs`` finished (or ``timeout``); their
+                                            statuses in order. Default: poll each job's ``status()``
+    ``_fray_preempt(replica)``              end a replica as a preemption does (:func:`fray.testing.preempt`).
+                                            Default: ``ConfigError``, the backend cannot
+    ======================================  ==============================================================
+    """
+
+    @property
+    @abstractmethod
+    def job_id(self) -> str:
+        """The backend's id for the job; contains the request's name."""
+
+    @abstractmethod
+    def wait(self, timeout: float | None = None, *, raise_on_failure: bool = True) -> JobStatus:
+        """Block until the job finishes; raise :class:`JobFailed` if it failed (unless told not to)."""
+
+    @abstractmethod
+    def status(self) -> JobStatus:
+        """The job's current status."""
+
+    @abstractmethod
+    def info(self) -> JobSummary:
+        """The job's status and, while it is PENDING, why it is (see :class:`JobSummary`)."""
+
+    @abstractmethod
+    def terminate(self) -> None:
+        """Stop the job (all replicas). A no-op for a finished job."""
+
+    @abstractmethod
+    def logs(self, max_lines: int | None = None) -> tuple[str, ...]:
+        """The job's stdout and stderr lines so far: the last ``max_lines``, or all for None or 0."""
+
+    @classmethod
+    def _fray_wait_some(cls, jobs: Sequence[Any], timeout: float | None) -> list[JobStatus]:
+        """Block until one of ``jobs`` (all of this backend) finished or ``timeout`` passed; their statuses.
+
+        This default reads each job's status, backing off to 50 ms between rounds; a
+        backend that can wait for many jobs in one go (one long-poll, a condition) overrides it.
+        """
+        return _poll_some(list(jobs), timeout)
+
+    def _fray_preempt(self, replica: int | None) -> None:
+        """End replica ``replica`` (all if None) as a preemption would; this backend cannot."""
+        raise ConfigError(
+            f"preempt({self!r}): this backend ({type(self).__module__}) cannot preempt a job's replica; "
+            "see docs/testing.md for where fray.testing.preempt works"
+        )
+
+
+def _poll_some(jobs: list[Any], timeout: float | None) -> list[JobStatus]:
+    deadline = None if timeout is None else time.monotonic() + timeout
+    delay = 0.001
+    while True:
+        statuses: list[JobStatus] = [job.status() for job in jobs]
+        if any(status.finished for status in statuses) or (deadline is not None and time.monotonic() >= deadline):
+            return statuses
+        time.sleep(delay if deadline is None else min(delay, max(0.0, deadline - time.monotonic())))
+        delay = min(delay * 2, 0.05)
+
+
+def replicas_to_preempt(job_id: str, count: int, replica: int | None) -> tuple[int, ...]:
+    """The replica indices :func:`preempt` means for a job of ``count`` replicas (backends call it in ``_fray_preempt``)."""
+    if replica is None:
+        return tuple(range(count))
+    if replica >= count:
+        raise ConfigError(f"preempt(replica={replica}): job {job_id!r} has {count} replica(s), numbered from 0")
+    return (replica,)
+
+
+def waiter_groups(jobs: Sequence[JobHandle]) -> list[tuple[Callable[..., list[JobStatus]], list[int]]]:
+    """``jobs`` split by how they are waited on: each ``(wait_some, indices)`` (see ``_fray_wait_some``).
+
+    One backend's handles may be of several classes (one per job kind) sharing one wait;
+    a handle that is not a :class:`JobHandleBase` (a duck-typed one) is polled.
+    """
+    groups: dict[object, tuple[Callable[..., list[JobStatus]], list[int]]] = {}
+    for index, job in enumerate(jobs):
+        cls = type(job)
+        method = cls._fray_wait_some if issubclass(cls, JobHandleBase) else JobHandleBase._fray_wait_some
+        key = getattr(method, "__func__", method)
+        groups.setdefault(key, (method, []))[1].append(index)
+    return list(groups.values())
+
+
 def wait_all(
     jobs: Sequence[JobHandle],
     *,
@@ -509,12 +600,13 @@ def wait_all(
 
     Raises :class:`JobFailed` as soon as any job fails (not after the earlier ones
     finish) when ``raise_on_failure``, and ``TimeoutError`` when ``timeout`` seconds
-    pass first, naming each unfinished job, its status and why it is pending. Returns the final statuses in input order. ``progress`` draws a
-    progress bar of finished jobs on a terminal (nothing when stderr is not a TTY).
+    pass first, naming each unfinished job, its status and why it is pending. Returns
+    the final statuses in input order. ``progress`` draws a progress bar of finished jobs
+    on a terminal (nothing when stderr is not a TTY).
 
-    Backends whose handles can wait for many jobs in one go (a class method
-    ``_fray_wait_some(jobs, timeout) -> list[JobStatus]`` that blocks until at least one
-    of ``jobs`` finished or ``timeout`` passed) are waited on that way; others are polled.
+    Each backend waits for its own jobs in one go (``JobHandleBase._fray_wait_some``:
+    one long-poll per controller on ``fray://``, a condition on local); jobs of several
+    backends are polled.
     """
     jobs = list(jobs)
     with progress_bar("jobs finished", len(jobs), progress) as update:
@@ -526,24 +618,21 @@ def _wait_all(
 ) -> list[JobStatus]:
     deadline = None if timeout is None else time.monotonic() + timeout
     final: dict[int, JobStatus] = {}
-    # One backend's handles may be of several classes (one per job kind) sharing one _fray_wait_some.
-    methods = [getattr(type(job), "_fray_wait_some", None) for job in jobs]
-    waits = {getattr(method, "__func__", method) for method in methods}
-    batch = methods[0] if len(waits) == 1 else None
     delay = 0.001
     while True:
         pending = [i for i in range(len(jobs)) if i not in final]
-        if batch is not None and pending:
-            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            statuses = batch([jobs[i] for i in pending], remaining)
-        else:
-            statuses = [jobs[i].status() for i in pending]
-        for index, status in zip(pending, statuses, strict=True):
-            if status == JobStatus.FAILED and raise_on_failure:
-                jobs[index].wait(timeout=0, raise_on_failure=True)  # raises JobFailed with the job's own details
-                raise JobFailed(jobs[index].job_id, "failed")  # pragma: no cover - a backend that did not raise above
-            if status.finished:
-                final[index] = status
+        groups = waiter_groups([jobs[i] for i in pending])
+        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        for wait_some, indices in groups:
+            # One backend: block in its wait. Several: read each at once, and back off below.
+            statuses = wait_some([jobs[pending[i]] for i in indices], remaining if len(groups) == 1 else 0.0)
+            for local, status in zip(indices, statuses, strict=True):
+                index = pending[local]
+                if status == JobStatus.FAILED and raise_on_failure:
+                    jobs[index].wait(timeout=0, raise_on_failure=True)  # raises JobFailed with the job's own details
+                    raise JobFailed(jobs[index].job_id, "failed")  # pragma: no cover - a backend that did not raise
+                if status.finished:
+                    final[index] = status
         update(len(final))
         if len(final) == len(jobs):
             return [final[i] for i in range(len(jobs))]
@@ -553,9 +642,8 @@ def _wait_all(
                 f"wait_all: {len(waiting)} of {len(jobs)} jobs unfinished after {timeout}s: "
                 + "; ".join(summary.describe() for summary in waiting)
             )
-        if batch is None:
-            pause = delay if deadline is None else min(delay, max(0.0, deadline - time.monotonic()))
-            time.sleep(pause)
+        if len(groups) > 1:
+            time.sleep(delay if deadline is None else min(delay, max(0.0, deadline - time.monotonic())))
             delay = min(delay * 2, 0.05)
 
 

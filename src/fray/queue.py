@@ -25,8 +25,9 @@ import threading
 import time
 import uuid
 import weakref
+from abc import ABC, abstractmethod
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from heapq import heappop, heappush
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
@@ -49,6 +50,7 @@ __all__ = [
     "Lease",
     "LocalQueue",
     "Queue",
+    "QueueClient",
     "QueueCore",
     "QueueCounts",
     "QueueService",
@@ -210,6 +212,140 @@ def done_many_error(leases: list[Lease[Any]], statuses: list[str], queue: str) -
     return type(first)(f"done_many(): {first}{extra}; the other {done} lease(s) of this call are done")
 
 
+# ----- the client side, written once -------------------------------------------------------------
+
+
+class QueueClient(ABC, Generic[T]):
+    """The declared base of every backend's queue handle: the :class:`Queue` methods, written once.
+
+    The public methods check their arguments, stop a terminated job, wait for leases
+    and word lease errors here; a backend supplies only the transport, five calls to
+    wherever its queue's state lives:
+
+    ==========================================  ======================================================
+    ``_push(items)``                            append a non-empty list of items, in order
+    ``_peek()``                                 ``(True, item)`` for the next item, ``(False, None)``
+    ``_take(max_items, lease_timeout, wait)``   lease up to ``max_items``; may wait up to ``wait``
+                                                seconds (None: as long as it takes) for the first
+    ``_done(lease_ids)``                        end the leases; each one's status (``"ok"`` or why not)
+    ``_counts()``                               waiting and leased items at one instant
+    ==========================================  ======================================================
+
+    A transport whose ``_take`` returns at once when the queue is empty (``_TAKE_WAITS =
+    False``: an actor taking one call at a time) is asked again after 1 ms, doubling up
+    to 50 ms, until the caller's ``timeout``.
+    """
+
+    _TAKE_WAITS: bool = True
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    @property
+    def name(self) -> str:
+        """The queue's name."""
+        return self._name
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._name!r})"
+
+    # ----- the transport -------------------------------------------------------------------------
+
+    @abstractmethod
+    def _push(self, items: list[T]) -> None: ...
+
+    @abstractmethod
+    def _peek(self) -> tuple[bool, T | None]: ...
+
+    @abstractmethod
+    def _take(self, max_items: int, lease_timeout: float, wait: float | None) -> list[Lease[T]]: ...
+
+    @abstractmethod
+    def _done(self, lease_ids: list[str]) -> list[str]: ...
+
+    @abstractmethod
+    def _counts(self) -> QueueCounts: ...
+
+    # ----- the Queue protocol ----------------------------------------------------------------------
+
+    def push(self, item: T) -> None:
+        """Append ``item`` (it must be picklable on every backend but the local one)."""
+        check_terminated()
+        self._push([item])
+
+    def push_many(self, items: Iterable[T]) -> None:
+        """Append every item of ``items``, in order, in one call (see :meth:`Queue.push_many`)."""
+        check_terminated()
+        batch = check_items(items)
+        if batch:
+            self._push(batch)
+
+    def peek(self) -> T | None:
+        """The item the next ``pop`` would lease, without leasing it; None when there is none."""
+        check_terminated()
+        found, item = self._peek()
+        return item if found else None
+
+    def pop(self, lease_timeout: float = DEFAULT_LEASE_TIMEOUT, *, timeout: float | None = 0.0) -> Lease[T] | None:
+        """Lease the next item for ``lease_timeout`` seconds (see :meth:`Queue.pop`)."""
+        check_terminated()
+        lease_timeout, timeout = check_pop_arguments(lease_timeout, timeout)
+        leases = self._lease(1, lease_timeout, timeout)
+        return leases[0] if leases else None
+
+    def pop_many(
+        self, max_items: int, lease_timeout: float = DEFAULT_LEASE_TIMEOUT, *, timeout: float | None = 0.0
+    ) -> list[Lease[T]]:
+        """Lease up to ``max_items`` items in one call (see :meth:`Queue.pop_many`)."""
+        check_terminated()
+        max_items = check_max_items(max_items)
+        lease_timeout, timeout = check_pop_arguments(lease_timeout, timeout)
+        return self._lease(max_items, lease_timeout, timeout)
+
+    def _lease(self, max_items: int, lease_timeout: float, timeout: float | None) -> list[Lease[T]]:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pause = 0.001
+        while True:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            leases = self._take(max_items, lease_timeout, remaining)
+            if leases or (deadline is not None and time.monotonic() >= deadline):
+                return leases
+            if not self._TAKE_WAITS:
+                time.sleep(pause if deadline is None else min(pause, max(0.0, deadline - time.monotonic())))
+                pause = min(pause * 2, 0.05)
+
+    def done(self, lease: Lease[T]) -> None:
+        """Remove the leased item for good (see :meth:`Queue.done`)."""
+        check_terminated()
+        check_lease(lease, self._name)
+        status = self._done([lease.lease_id])[0]
+        if status != "ok":
+            raise lease_error(status, lease.lease_id, self._name)
+
+    def done_many(self, leases: Iterable[Lease[T]]) -> None:
+        """Remove the items of several leases in one call (see :meth:`Queue.done_many`)."""
+        check_terminated()
+        batch = check_leases(leases, self._name)
+        if not batch:
+            return
+        error = done_many_error(batch, self._done([lease.lease_id for lease in batch]), self._name)
+        if error is not None:
+            raise error
+
+    def pending(self) -> int:
+        """How many items wait to be popped."""
+        return self.counts().pending
+
+    def in_flight(self) -> int:
+        """How many items are leased and not yet done."""
+        return self.counts().in_flight
+
+    def counts(self) -> QueueCounts:
+        """Waiting and leased items at one instant (one call)."""
+        check_terminated()
+        return self._counts()
+
+
 # ----- the state machine -------------------------------------------------------------------------
 
 # Ended leases remembered so that a late done() says why it failed (expired or done) rather than "unknown".
@@ -306,7 +442,7 @@ class QueueCore:
 _LOCAL: weakref.WeakValueDictionary[str, LocalQueue[Any]] = weakref.WeakValueDictionary()
 
 
-class LocalQueue(Generic[T]):
+class LocalQueue(QueueClient[T]):
     """A queue in this process (the local backend's): items are kept as they are, not copied.
 
     Its handle pickles within this process only (the local backend's jobs and actors
@@ -315,102 +451,41 @@ class LocalQueue(Generic[T]):
     """
 
     def __init__(self, name: str) -> None:
-        self._name = check_queue_name(name)
+        super().__init__(check_queue_name(name))
         self._core = QueueCore(name)
         self._cond = threading.Condition()
         self._key = f"{name}-{uuid.uuid4().hex}"
         _LOCAL[self._key] = self
 
-    @property
-    def name(self) -> str:
-        """The queue's name."""
-        return self._name
-
-    def __repr__(self) -> str:
-        return f"LocalQueue({self._name!r})"
-
     def __reduce__(self) -> tuple[object, ...]:
         return (_find_local, (self._key, self._name))
 
-    def push(self, item: T) -> None:
-        """Append ``item``."""
-        check_terminated()
+    def _push(self, items: list[T]) -> None:
         with self._cond:
-            self._core.push(item)
-            self._cond.notify()
+            self._core.push_many(items)
+            self._cond.notify_all()
 
-    def peek(self) -> T | None:
-        """The next item without leasing it, or None."""
-        check_terminated()
+    def _peek(self) -> tuple[bool, T | None]:
         with self._cond:
-            found, item = self._core.peek(time.monotonic())
-        return item if found else None
+            return self._core.peek(time.monotonic())
 
-    def pop(self, lease_timeout: float = DEFAULT_LEASE_TIMEOUT, *, timeout: float | None = 0.0) -> Lease[T] | None:
-        """Lease the next item (see :meth:`Queue.pop`)."""
-        check_terminated()
-        lease_timeout, timeout = check_pop_arguments(lease_timeout, timeout)
-        leases = self._wait_for(lambda now: self._core.pop_many(1, lease_timeout, now), timeout)
-        return leases[0] if leases else None
-
-    def pop_many(
-        self, max_items: int, lease_timeout: float = DEFAULT_LEASE_TIMEOUT, *, timeout: float | None = 0.0
-    ) -> list[Lease[T]]:
-        """Lease up to ``max_items`` items at once (see :meth:`Queue.pop_many`)."""
-        check_terminated()
-        max_items = check_max_items(max_items)
-        lease_timeout, timeout = check_pop_arguments(lease_timeout, timeout)
-        return self._wait_for(lambda now: self._core.pop_many(max_items, lease_timeout, now), timeout)
-
-    def _wait_for(self, take: Callable[[float], list[Lease[T]]], timeout: float | None) -> list[Lease[T]]:
-        deadline = None if timeout is None else time.monotonic() + timeout
+    def _take(self, max_items: int, lease_timeout: float, wait: float | None) -> list[Lease[T]]:
+        deadline = None if wait is None else time.monotonic() + wait
         with self._cond:
             while True:
                 now = time.monotonic()
-                leases = take(now)
+                leases = self._core.pop_many(max_items, lease_timeout, now)
                 if leases or (deadline is not None and now >= deadline):
                     return leases
                 # Wake for a push, or when the earliest lease runs out (its item comes back).
                 wake = [t for t in (deadline, self._core.next_deadline()) if t is not None]
                 self._cond.wait(max(0.0, min(wake) - now) if wake else None)
 
-    def done(self, lease: Lease[T]) -> None:
-        """Remove the leased item for good (see :meth:`Queue.done`)."""
-        check_terminated()
-        check_lease(lease, self._name)
+    def _done(self, lease_ids: list[str]) -> list[str]:
         with self._cond:
-            status = self._core.done(lease.lease_id, time.monotonic())
-        if status != "ok":
-            raise lease_error(status, lease.lease_id, self._name)
+            return self._core.done_many(lease_ids, time.monotonic())
 
-    def push_many(self, items: Iterable[T]) -> None:
-        """Append every item, in order (see :meth:`Queue.push_many`)."""
-        check_terminated()
-        batch = check_items(items)
-        with self._cond:
-            self._core.push_many(batch)
-            self._cond.notify_all()
-
-    def done_many(self, leases: Iterable[Lease[T]]) -> None:
-        """Remove the items of several leases for good (see :meth:`Queue.done_many`)."""
-        check_terminated()
-        batch = check_leases(leases, self._name)
-        with self._cond:
-            statuses = self._core.done_many([lease.lease_id for lease in batch], time.monotonic())
-        error = done_many_error(batch, statuses, self._name)
-        if error is not None:
-            raise error
-
-    def pending(self) -> int:
-        """Items waiting to be popped."""
-        return self.counts().pending
-
-    def in_flight(self) -> int:
-        """Items leased and not done."""
-        return self.counts().in_flight
-
-    def counts(self) -> QueueCounts:
-        """Waiting and leased items at one instant."""
+    def _counts(self) -> QueueCounts:
         with self._cond:
             return self._core.counts(time.monotonic())
 
@@ -434,23 +509,14 @@ class QueueService:
     def __init__(self, name: str) -> None:
         self._core = QueueCore(name)
 
-    def push(self, item: Any) -> None:
-        self._core.push(item)
-
     def push_many(self, items: list[Any]) -> None:
         self._core.push_many(items)
 
     def peek(self) -> tuple[bool, Any]:
         return self._core.peek(time.monotonic())
 
-    def pop(self, lease_timeout: float) -> Lease[Any] | None:
-        return self._core.pop(lease_timeout, time.monotonic())
-
     def pop_many(self, max_items: int, lease_timeout: float) -> list[Lease[Any]]:
         return self._core.pop_many(max_items, lease_timeout, time.monotonic())
-
-    def done(self, lease_id: str) -> str:
-        return self._core.done(lease_id, time.monotonic())
 
     def done_many(self, lease_ids: list[str]) -> list[str]:
         return self._core.done_many(lease_ids, time.monotonic())
@@ -460,92 +526,35 @@ class QueueService:
         return counts.pending, counts.in_flight
 
 
-class ActorQueue(Generic[T]):
+class ActorQueue(QueueClient[T]):
     """A queue kept by a Fray actor (:class:`QueueService`) of any backend: the fallback for engines without one.
 
     An actor takes one call at a time, so a blocking ``pop`` cannot wait inside it: it
     asks again after 1 ms, doubling up to 50 ms while the queue stays empty.
     """
 
+    _TAKE_WAITS = False
+
     def __init__(self, name: str, actor: Any) -> None:
-        self._name = name
+        super().__init__(name)
         self._actor = actor
 
-    @property
-    def name(self) -> str:
-        """The queue's name."""
-        return self._name
+    def _push(self, items: list[T]) -> None:
+        self._actor.push_many(items)
 
-    def __repr__(self) -> str:
-        return f"ActorQueue({self._name!r})"
-
-    def push(self, item: T) -> None:
-        """Append ``item``."""
-        self._actor.push(item)
-
-    def peek(self) -> T | None:
-        """The next item without leasing it, or None."""
+    def _peek(self) -> tuple[bool, T | None]:
         found, item = self._actor.peek()
-        return item if found else None
+        return bool(found), item
 
-    def pop(self, lease_timeout: float = DEFAULT_LEASE_TIMEOUT, *, timeout: float | None = 0.0) -> Lease[T] | None:
-        """Lease the next item (see :meth:`Queue.pop`)."""
-        lease_timeout, timeout = check_pop_arguments(lease_timeout, timeout)
-        leases = self._poll(lambda: self._actor.pop_many(1, lease_timeout), timeout)
-        return leases[0] if leases else None
+    def _take(self, max_items: int, lease_timeout: float, wait: float | None) -> list[Lease[T]]:
+        leases: list[Lease[T]] = self._actor.pop_many(max_items, lease_timeout)
+        return leases
 
-    def pop_many(
-        self, max_items: int, lease_timeout: float = DEFAULT_LEASE_TIMEOUT, *, timeout: float | None = 0.0
-    ) -> list[Lease[T]]:
-        """Lease up to ``max_items`` items in one call to the actor (see :meth:`Queue.pop_many`)."""
-        max_items = check_max_items(max_items)
-        lease_timeout, timeout = check_pop_arguments(lease_timeout, timeout)
-        return self._poll(lambda: self._actor.pop_many(max_items, lease_timeout), timeout)
+    def _done(self, lease_ids: list[str]) -> list[str]:
+        statuses: list[str] = self._actor.done_many(lease_ids)
+        return statuses
 
-    @staticmethod
-    def _poll(take: Callable[[], list[Lease[T]]], timeout: float | None) -> list[Lease[T]]:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        pause = 0.001
-        while True:
-            leases = take()
-            if leases or (deadline is not None and time.monotonic() >= deadline):
-                return leases
-            remaining = pause if deadline is None else min(pause, max(0.0, deadline - time.monotonic()))
-            time.sleep(remaining)
-            pause = min(pause * 2, 0.05)
-
-    def done(self, lease: Lease[T]) -> None:
-        """Remove the leased item for good (see :meth:`Queue.done`)."""
-        check_lease(lease, self._name)
-        status = self._actor.done(lease.lease_id)
-        if status != "ok":
-            raise lease_error(status, lease.lease_id, self._name)
-
-    def push_many(self, items: Iterable[T]) -> None:
-        """Append every item, in order, in one call to the actor (see :meth:`Queue.push_many`)."""
-        batch = check_items(items)
-        if batch:
-            self._actor.push_many(batch)
-
-    def done_many(self, leases: Iterable[Lease[T]]) -> None:
-        """Remove the items of several leases in one call to the actor (see :meth:`Queue.done_many`)."""
-        batch = check_leases(leases, self._name)
-        if not batch:
-            return
-        error = done_many_error(batch, self._actor.done_many([lease.lease_id for lease in batch]), self._name)
-        if error is not None:
-            raise error
-
-    def pending(self) -> int:
-        """Items waiting to be popped."""
-        return self.counts().pending
-
-    def in_flight(self) -> int:
-        """Items leased and not done."""
-        return self.counts().in_flight
-
-    def counts(self) -> QueueCounts:
-        """Waiting and leased items at one instant (one call to the actor)."""
+    def _counts(self) -> QueueCounts:
         return counts_from(self._actor.counts())
 
 

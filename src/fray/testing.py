@@ -18,7 +18,9 @@ import signal
 import socket
 from typing import Any
 
+from fray.actor import ActorHandleBase
 from fray.errors import ConfigError, NotFound
+from fray.job import JobHandleBase, replicas_to_preempt
 
 __all__ = ["kill_actor", "kill_worker", "preempt", "replicas_to_preempt"]
 
@@ -35,14 +37,9 @@ def kill_actor(handle: Any) -> None:
     Raises :class:`~fray.errors.ConfigError` where the backend cannot kill one actor's
     process, and ``TypeError`` for something that is not an actor handle.
     """
-    if not hasattr(type(handle), "_fray_ready"):
+    if not isinstance(handle, ActorHandleBase):
         raise TypeError(f"kill_actor() takes an actor handle (from client.create_actor), got {handle!r}")
-    kill = getattr(type(handle), "_fray_kill", None)
-    if kill is None:
-        raise ConfigError(
-            f"kill_actor({handle!r}): this backend ({type(handle).__module__}) cannot kill one actor's process"
-        )
-    kill(handle)
+    handle._fray_kill()
 
 
 def preempt(job: Any, replica: int | None = None) -> None:
@@ -62,26 +59,11 @@ def preempt(job: Any, replica: int | None = None) -> None:
     replica the job does not have or a backend without preemption, ``TypeError`` for
     something that is not a job handle. Actors are crashed with :func:`kill_actor`.
     """
-    if not hasattr(type(job), "_fray_wait_some") or not hasattr(job, "job_id"):
+    if not isinstance(job, JobHandleBase):
         raise TypeError(f"preempt() takes a job handle (from client.submit), got {job!r}")
     if replica is not None and (isinstance(replica, bool) or not isinstance(replica, int) or replica < 0):
         raise ConfigError(f"preempt(replica={replica!r}) must be a replica index (0, 1, ...) or None for all")
-    method = getattr(type(job), "_fray_preempt", None)
-    if method is None:
-        raise ConfigError(
-            f"preempt({job!r}): this backend ({type(job).__module__}) cannot preempt a job's replica; "
-            "see docs/testing.md for where fray.testing.preempt works"
-        )
-    method(job, replica)
-
-
-def replicas_to_preempt(job_id: str, count: int, replica: int | None) -> tuple[int, ...]:
-    """The replica indices :func:`preempt` means for a job of ``count`` replicas (for backends)."""
-    if replica is None:
-        return tuple(range(count))
-    if replica >= count:
-        raise ConfigError(f"preempt(replica={replica}): job {job_id!r} has {count} replica(s), numbered from 0")
-    return (replica,)
+    job._fray_preempt(replica)
 
 
 def kill_worker(client: Any, worker_id: str) -> None:

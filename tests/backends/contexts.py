@@ -35,10 +35,7 @@ def ray_context(ray_client: Any) -> Iterator[Any]:
 @pytest.fixture
 def cluster_context(cluster_client: Any) -> Iterator[Any]:
     """Tasks on the session's Fray cluster, through the test's ClusterClient."""
-    hook = getattr(cluster_client, "_fray_job_context", None)
-    if hook is None:
-        pytest.skip("the Fray cluster's job context is not built yet")
-    yield hook()
+    yield cluster_client._fray_job_context()
 
 
 @pytest.fixture

@@ -11,9 +11,9 @@ from fray.local import LocalClient
 def local_client() -> Iterator[LocalClient]:
     """A fresh local client per test: it is cheap, and isolation is free.
 
-    It checks that what it is given pickles (``check_pickling``), as every other backend
-    must, so that the conformance suite holds the local backend to the cluster's rules.
+    Built as users build it: by default it checks that what it is given pickles, as every
+    other backend must, so the conformance suite holds the default to the cluster's rules.
     """
-    client = LocalClient(check_pickling=True)
+    client = LocalClient()
     yield client
     client.shutdown(wait=False)

@@ -1,7 +1,7 @@
 """``ClusterClient.submit_many`` refuses exactly what ``submit`` refuses and honours what it honours.
 
-``submit_many`` bypasses :meth:`ClientCore.submit`, so it applies the same check itself
-(:func:`fray.core._adopt.adopt_or_check` with the client's ``HONOURS``).
+``ClientCore.submit_many`` applies ``submit``'s check to every request before any starts
+(:func:`fray.core._adopt.adopt_or_check` with the client's ``HONOURS``); the cluster only sends them.
 """
 
 from __future__ import annotations

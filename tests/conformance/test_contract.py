@@ -11,8 +11,12 @@ import sys
 
 import pytest
 
-from fray import Entrypoint, JobFailed, JobRequest, JobStatus
+from fray import ConfigError, Entrypoint, JobFailed, JobRequest, JobStatus
+from fray.actor import ActorHandleBase
 from fray.client import Client
+from fray.context import JobContextBase
+from fray.job import JobHandleBase
+from fray.queue import QueueClient
 
 _PROTOCOL_METHODS = sorted(
     name
@@ -66,3 +70,31 @@ def test_sys_exit_nonzero_in_a_callable_job_fails_with_its_code(client, uid) -> 
     with pytest.raises(JobFailed) as info:
         client.submit(request).wait(timeout=120)
     assert info.value.exit_code == 3, info.value
+
+
+class _Echo:
+    def echo(self, value: object) -> object:
+        return value
+
+
+def test_every_role_is_a_subclass_of_its_declared_base(client, uid) -> None:
+    # What each backend hands out is a subclass of the base that declares the role (fray/core/_contract.py),
+    # so a hook a backend forgot fails at instantiation, not as an AttributeError mid-run.
+    job = client.submit(JobRequest(name=f"bases-{uid}", entrypoint=Entrypoint.from_callable(print, args=("ran",))))
+    assert isinstance(job, JobHandleBase), type(job).__mro__
+    actor = client.create_actor(_Echo, name=f"bases-{uid}")
+    assert isinstance(actor, ActorHandleBase), type(actor).__mro__
+    assert actor.echo(7) == 7 and actor.echo.remote(8).result(timeout=120) == 8
+    group = client.create_actor_group(_Echo, name=f"bases-group-{uid}", count=1)
+    assert all(isinstance(member, ActorHandleBase) for member in group.wait_ready(timeout=120))
+    assert isinstance(client._fray_job_context(), JobContextBase)
+    try:
+        queue = client.create_queue(f"bases-{uid}")
+    except ConfigError as exc:  # a backend without queues says so by name (Iris: fray.queue.actor_queue)
+        assert "queue" in str(exc)
+    else:
+        assert isinstance(queue, QueueClient), type(queue).__mro__
+        queue.push(1)
+        assert queue.counts().pending == queue.pending() == 1
+    assert job.wait(timeout=120) == JobStatus.SUCCEEDED
+    group.shutdown()

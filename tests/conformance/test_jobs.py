@@ -14,6 +14,7 @@ import pytest
 
 import fray
 from fray import (
+    ConfigError,
     Entrypoint,
     EnvironmentConfig,
     JobFailed,
@@ -397,3 +398,19 @@ def test_a_client_keeps_no_finished_job_its_caller_let_go(client, uid, monkeypat
         later = client.submit(callable_job(f"light-{uid}-{i}", add_numbers, i), detached=detached)
         assert later.wait(timeout=120) == JobStatus.SUCCEEDED
     wait_until(lambda: gc.collect() >= 0 and let_go() is None, timeout=30, what="the finished job to be let go")
+
+
+def test_submit_many_starts_every_job_and_returns_their_handles_in_order(client, uid):
+    requests = [callable_job(f"many{i}-{uid}", print_lines, i + 1) for i in range(3)]
+    jobs = client.submit_many(requests)
+    assert [f"many{i}-{uid}" in job.job_id for i, job in enumerate(jobs)] == [True, True, True]
+    assert fray.wait_all(jobs, timeout=120) == [JobStatus.SUCCEEDED] * 3
+    assert [len(job.logs()) for job in jobs] == [1, 2, 3]
+
+
+def test_submit_many_refuses_the_whole_call_for_one_bad_request(client, uid):
+    good = callable_job(f"fine-{uid}", print_lines, 1)
+    owned = len(client._owned_work()[0])
+    with pytest.raises(ConfigError, match="submit_many\\(\\) takes JobRequests"):
+        client.submit_many([good, "not a request"])
+    assert len(client._owned_work()[0]) == owned  # nothing of the refused call started

@@ -10,6 +10,7 @@ implements only what differs, the hooks:
 
 ============================  ===============================================================
 ``_start_job(request, detached)``   start a checked job; its handle
+``_start_jobs(requests, detached)`` start several (``submit_many``; by default one ``_start_job`` each)
 ``_create_actor(start)``            start one checked actor (:class:`ActorStart`); its handle and job
 ``_create_actors(starts)``          start a group's members (by default one ``_create_actor`` each)
 ``_create_group(name, starts)``     the group itself (by default an ActorGroup of ``_create_actors``)
@@ -33,18 +34,20 @@ from __future__ import annotations
 
 import contextlib
 import importlib.metadata
+import os
+import random
 import re
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, ClassVar, Generic, Self, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Self, TypeVar
 
 from fray.actor import ActorGroup, ActorHandle, HostedActor, check_actor_request, group_member_names
 from fray.actor_config import ActorConfig, check_actor_config_supported
 from fray.core._adopt import adopt_or_check, is_named
 from fray.core._driver_exit import ExitNotice, Leftovers, report, watch
-from fray.core._ids import random_hex
 from fray.core._owned import OwnedWork
 from fray.core._pending_notice import watch as watch_pending
 from fray.core._runtime import check_terminated
@@ -53,7 +56,10 @@ from fray.job import JobHandle, JobRequest, current_job
 from fray.queue import Queue, check_queue_name
 from fray.resources import ResourceConfig
 
-__all__ = ["ActorStart", "ClientCore", "check_count", "check_installed", "short_id"]
+if TYPE_CHECKING:
+    from fray.client import ClientSpec
+
+__all__ = ["ActorStart", "ClientCore", "check_count", "check_installed", "random_hex", "short_id"]
 
 J = TypeVar("J", bound=JobHandle)
 A = TypeVar("A", bound=ActorHandle)
@@ -91,6 +97,21 @@ def check_installed(job: str, packages: Sequence[str], backend: str) -> None:
 _REQUIREMENT_NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 
 
+# Random hex digits for ids that must be unique, not secret (job ids, attempt keys). ``uuid.uuid4``
+# reads ``os.urandom`` on every call, a system call that also lets go of the GIL: in a driver whose
+# other threads are busy (Ray's, Fray's reaper) getting it back can cost more than the rest of a
+# submit. A PRNG seeded once from the OS is as unique. It is seeded again in a forked child, which
+# would otherwise draw the very ids of its parent; the module-level ``random`` functions are not
+# used, since a script may seed those.
+_ids = random.Random()
+os.register_at_fork(after_in_child=_ids.seed)
+
+
+def random_hex(digits: int) -> str:
+    """``digits`` random lowercase hex digits (unique, not secret)."""
+    return f"{_ids.getrandbits(4 * digits):0{digits}x}"
+
+
 def short_id() -> str:
     """Eight hex digits that make a job id unique: ``{name}-{short_id()}``."""
     return random_hex(8)
@@ -111,7 +132,7 @@ class ActorStart:
     """``(group name, index)`` for a member of :meth:`ClientCore.create_actor_group`."""
 
 
-class ClientCore(Generic[J, A]):
+class ClientCore(ABC, Generic[J, A]):
     """What every Fray client does the same way; subclasses implement the hooks (see the module docstring)."""
 
     BACKEND: ClassVar[str] = "this"
@@ -175,6 +196,27 @@ class ClientCore(Generic[J, A]):
                 self._attached.add(id(handle), handle)  # not job_id: a coalesced submit may not know it yet
         watch_pending(handle, self)  # a job nothing can place says why, once (fray.core._pending_notice)
         return handle
+
+    def submit_many(self, requests: Sequence[JobRequest], *, detached: bool = True) -> list[J]:
+        """Submit many jobs at once; their handles in order (see :meth:`fray.client.Client.submit_many`).
+
+        Every request is checked as :meth:`submit` checks it (but nothing is adopted) before
+        any starts; then the backend starts them together (``_start_jobs``).
+        """
+        self._check_open()
+        requests = list(requests)
+        for request in requests:
+            if not isinstance(request, JobRequest):
+                raise ConfigError(f"submit_many() takes JobRequests, got {type(request).__name__}")
+            adopt_or_check(self.BACKEND, request, None, None, self.HONOURS)
+        handles = self._start_jobs(requests, detached)
+        self._watch_exit()
+        for handle in handles:
+            if not detached:
+                with self._lock:
+                    self._attached.add(id(handle), handle)
+            watch_pending(handle, self)
+        return handles
 
     def create_actor(
         self,
@@ -324,11 +366,20 @@ class ClientCore(Generic[J, A]):
 
     # ----- hooks ----------------------------------------------------------------------------------
 
-    def _start_job(self, request: JobRequest, detached: bool) -> J:
-        raise NotImplementedError
+    @classmethod
+    @abstractmethod
+    def from_spec(cls, spec: ClientSpec) -> Self:
+        """The client a spec string names (``fray.client.client_from_spec`` calls it by scheme)."""
 
-    def _create_actor(self, start: ActorStart) -> tuple[A, JobHandle]:
-        raise NotImplementedError
+    @abstractmethod
+    def _start_job(self, request: JobRequest, detached: bool) -> J: ...
+
+    def _start_jobs(self, requests: list[JobRequest], detached: bool) -> list[J]:
+        """Start checked jobs together; by default one ``_start_job`` each."""
+        return [self._start_job(request, detached) for request in requests]
+
+    @abstractmethod
+    def _create_actor(self, start: ActorStart) -> tuple[A, JobHandle]: ...
 
     def _create_actors(self, starts: list[ActorStart]) -> Sequence[tuple[A, JobHandle]]:
         return [self._create_actor(start) for start in starts]
@@ -352,11 +403,12 @@ class ClientCore(Generic[J, A]):
             "with fray.queue.actor_queue(client, name), or run the pool on a Fray cluster or Ray"
         )
 
-    def _make_job_context(self) -> Any:
-        raise NotImplementedError
+    @abstractmethod
+    def _make_job_context(self) -> Any:  # a fray.context.JobContextBase, which imports this module
+        ...
 
-    def _owned_work(self) -> tuple[Sequence[Any], Sequence[Any]]:
-        raise NotImplementedError
+    @abstractmethod
+    def _owned_work(self) -> tuple[Sequence[Any], Sequence[Any]]: ...
 
     def _end(self, handles: Sequence[Any], wait: bool) -> None:
         for handle in handles:

@@ -1,11 +1,52 @@
-"""The backend contract, checked statically: every backend's client class is a :class:`~fray.client.Client`.
+"""The backend contract in one place: the roles a backend fills, their declared bases, and who fills them.
+
+A backend is a thin adapter: it subclasses one declared base per role and implements
+that base's abstract methods (the hooks); everything the roles have in common (argument
+checks, waiting, errors, the driver-exit rule) is written once in the base.
+
+=====================  ============================================  =====================================
+role                   declared base (hooks)                         what it writes once
+=====================  ============================================  =====================================
+client                 :class:`fray.core._client_core.ClientCore`    refusals after shutdown, request
+                       (``_start_job``, ``_create_actor``,           checks, ``adopt_existing``, groups,
+                       ``_create_actors``, ``_create_group``,        ``submit_many``'s guards, the job
+                       ``_live_job``, ``_known_finished``,           context made once, owned work,
+                       ``_open_queue``, ``_make_job_context``,       shutdown, the driver-exit rule
+                       ``_owned_work``, ``_end``, ``_release``,
+                       ``_exit_notice``, ``_outlives_script``,
+                       ``_leftovers_at_exit``, ``from_spec``)
+job handle             :class:`fray.job.JobHandleBase`               ``wait_all``'s batching, the
+                       (``job_id``, ``wait``, ``status``, ``info``,  default polling wait, refusing
+                       ``terminate``, ``logs``, ``_fray_wait_some``, ``preempt`` by name
+                       ``_fray_preempt``)
+actor handle           :class:`fray.actor.ActorHandleBase`           ``handle.method(...)`` and
+                       (``_fray_call``, ``_fray_call_sync``,         ``.remote(...)`` (RemoteMethod),
+                       ``_fray_ready``, ``_fray_kill``)              refusing ``kill_actor`` by name
+queue client           :class:`fray.queue.QueueClient`               the ten queue methods: argument and
+                       (``_push``, ``_peek``, ``_take``, ``_done``,  lease checks, blocking ``pop``,
+                       ``_counts``)                                  lease errors, ``done_many``'s error
+job context            :class:`fray.context.JobContextBase`          argument and ref checks, refs among
+                       (``_REF``, ``_submit``, ``_put``,             a task's arguments, ``get``'s one-or-
+                       ``_values``, ``_first_ready``, ``_owns``)     list form, ``create_actor``
+=====================  ============================================  =====================================
+
+Who fills each role (``tests/conformance/test_contract.py`` checks these on every backend):
+
+=========  ===================  ====================  =================  =====================================
+backend    job handle           actor handle          queue client       job context
+=========  ===================  ====================  =================  =====================================
+local      LocalJobHandle       LocalActorHandle      LocalQueue         LocalJobContext, ProcessJobContext
+fray://    ClusterJobHandle     ClusterActorHandle    ClusterQueue       ClusterJobContext
+Ray        RayJobHandle (3)     RayActorHandle        RayQueue           RayJobContext
+Monarch    MonarchJobHandle     MonarchActorHandle    ActorQueue         MonarchJobContext
+Iris       IrisJobHandle,       IrisActorHandle       (refused: use      LocalJobContext (threads of the job)
+           IrisMemberJob                              ``actor_queue``)
+=========  ===================  ====================  =================  =====================================
 
 Backends are loaded by scheme through ``importlib`` (:func:`fray.client.client_from_spec`),
 so nothing in the program hands mypy a backend where a ``Client`` is expected; the
 functions below do. Each would fail ``mypy`` the day a backend's public method stops
-matching the protocol (a missing keyword such as ``submit(detached=)``, another return
-type). Nothing imports this module at run time. The conformance suite checks the same
-signatures at run time (``tests/conformance/test_contract.py``).
+matching the protocol. Nothing imports this module at run time.
 """
 
 from __future__ import annotations

@@ -129,18 +129,12 @@ def _open(owner: _Owner) -> bool:
 
 def _statuses(jobs: list[JobHandle]) -> list[JobStatus | None]:
     """Each job's status, read in one go where the backend can (its ``_fray_wait_some`` with no wait)."""
+    from fray.job import waiter_groups
+
     statuses: list[JobStatus | None] = [None] * len(jobs)
-    groups: dict[object, list[int]] = {}
-    for index, job in enumerate(jobs):
-        method = getattr(type(job), "_fray_wait_some", None)
-        groups.setdefault(getattr(method, "__func__", method), []).append(index)
-    for indices in groups.values():
-        method = getattr(type(jobs[indices[0]]), "_fray_wait_some", None)
+    for wait_some, indices in waiter_groups(jobs):
         try:
-            if method is not None:
-                found = method([jobs[i] for i in indices], 0.0)
-            else:
-                found = [jobs[i].status() for i in indices]
+            found = wait_some([jobs[i] for i in indices], 0.0)
         except Exception:  # the backend is gone: nobody is waiting to be told
             continue
         for index, status in zip(indices, found, strict=True):

@@ -37,7 +37,7 @@ from iris.actor.client import ActorClient as IrisActorClient
 from iris.actor.client import _RpcMethod
 from iris.cluster.types import JobName
 
-from fray.actor import ActorFuture, RemoteMethod, check_actor_method
+from fray.actor import ActorFuture, ActorHandleBase, RemoteMethod, check_actor_method
 from fray.core._deferred_calls import DeferredCalls, PendingCall, copy_death
 from fray.core._remote import actor_died
 from fray.core._runtime import check_terminated
@@ -108,7 +108,7 @@ def _rebuild(endpoint_name: str, actor: ActorInfo | None) -> IrisActorHandle:
     return handle
 
 
-class IrisActorHandle:
+class IrisActorHandle(ActorHandleBase):
     """A deferred, picklable handle to the actor registered as ``endpoint_name`` (marin's constructor).
 
     ``resolver`` finds the endpoint (Iris's resolver for the actor's job); without one it is

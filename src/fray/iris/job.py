@@ -33,7 +33,7 @@ from fray.errors import FrayError, NotFound
 from fray.iris import _connect
 from fray.iris._task import END_TAG, FAILURE_TAG, decode_failure_line, untagged
 from fray.iris.mapping import fray_status
-from fray.job import JobStatus, JobSummary, timeout_error
+from fray.job import JobHandleBase, JobStatus, JobSummary, timeout_error
 
 if TYPE_CHECKING:
     from iris.client import IrisClient as IrisLib
@@ -111,7 +111,7 @@ def iris_client_of(job: IrisJob) -> IrisLib:
     return client
 
 
-class IrisJobHandle:
+class IrisJobHandle(JobHandleBase):
     """A submitted job running as an Iris job: ``IrisJobHandle(job)`` wraps an ``iris.client`` ``Job``.
 
     ``meta`` (what Fray's request said: its label, replicas and budgets) words the job's

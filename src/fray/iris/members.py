@@ -28,7 +28,7 @@ from fray.iris.job import (
     terminated_here,
 )
 from fray.iris.mapping import member_status
-from fray.job import JobStatus, JobSummary, timeout_error
+from fray.job import JobHandleBase, JobStatus, JobSummary, timeout_error
 
 if TYPE_CHECKING:
     from iris.client.workload import TaskStatus
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 __all__ = ["IrisMemberJob"]
 
 
-class IrisMemberJob:
+class IrisMemberJob(JobHandleBase):
     """Member ``index`` of an actor group, as a job: task ``index * hosts`` of the group's Iris job.
 
     Terminating it stops that member alone: a group of one is its job, cancelled; in a larger

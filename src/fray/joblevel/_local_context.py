@@ -20,28 +20,22 @@ import os
 import threading
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from fray.context import (
+    JobContextBase,
+    TaskCall,
+    after_all,
     bind_context,
-    check_num_returns,
-    check_task,
-    check_timeout,
-    create_actor_via,
-    find_refs,
     first_ready,
     new_context_id,
     not_ready_error,
-    one_ref,
-    ref_list,
     resolve_arguments,
     task_name,
 )
 from fray.core._remote import RemoteFailure, remote_error
-from fray.core._runtime import check_terminated
 from fray.errors import ConfigError, TaskLostError
-from fray.resources import ResourceConfig
 
 __all__ = ["LocalJobContext", "LocalObjectRef"]
 
@@ -180,7 +174,7 @@ class _Threads:
             drop()
 
 
-class LocalJobContext:
+class LocalJobContext(JobContextBase[LocalObjectRef]):
     """The job level on threads of this process: see the module docstring.
 
     ``max_workers`` bounds how many tasks run at once (default: the machine's CPU
@@ -217,22 +211,16 @@ class LocalJobContext:
     def _new_ref(self, future: concurrent.futures.Future[Any]) -> LocalObjectRef:
         return LocalObjectRef(self.context_id, f"{self.context_id}/{next(self._ids)}", future)
 
+    _REF = LocalObjectRef
+
     def _owns(self, ref: LocalObjectRef) -> bool:
         return ref._context_id == self.context_id
 
-    def _is_ref(self, value: Any) -> bool:
-        return isinstance(value, LocalObjectRef)
-
     # ----- tasks --------------------------------------------------------------------------------
 
-    def create_task(
-        self, fn: Callable[..., Any], *args: Any, resources: ResourceConfig | None = None, **kwargs: Any
-    ) -> LocalObjectRef:
+    def _submit(self, call: TaskCall[LocalObjectRef]) -> LocalObjectRef:
         """Run ``fn(*args, **kwargs)`` on a thread once the refs among its arguments are ready."""
-        check_task(fn, resources)
-        deps = find_refs(args, kwargs, self._is_ref)
-        for dep in deps:
-            one_ref(dep, LocalObjectRef, "create_task: argument", self._owns)
+        fn, args, kwargs, deps = call.fn, call.args, call.kwargs, call.deps
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
         context = contextvars.copy_context()
         # The task's own context: the submitter's variables, with this job context bound.
@@ -269,14 +257,8 @@ class LocalJobContext:
         drop: Callable[[], None],
     ) -> None:
         """Submit ``run`` once every dep is done; fail ``future`` with the first dep that failed."""
-        remaining = [len(deps)]
-        lock = threading.Lock()
 
-        def one_done(_: concurrent.futures.Future[Any]) -> None:
-            with lock:
-                remaining[0] -= 1
-                if remaining[0]:
-                    return
+        def start() -> None:
             for dep in deps:
                 exc = dep._future.exception()
                 if exc is not None:
@@ -287,26 +269,15 @@ class LocalJobContext:
             except ConfigError:
                 drop()
 
-        for dep in deps:
-            dep._future.add_done_callback(one_done)
+        after_all([dep._future for dep in deps], start)
 
-    def put(self, obj: Any) -> LocalObjectRef:
+    def _put(self, obj: Any) -> LocalObjectRef:
         """A ref to ``obj`` itself (shared, not copied)."""
-        check_terminated()
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
         future.set_result(obj)
         return self._new_ref(future)
 
     # ----- results ------------------------------------------------------------------------------
-
-    def get(self, refs: Any, timeout: float | None = None) -> Any:
-        """The value of one ref, or the values of a list of refs, in order (see :class:`~fray.JobContext`)."""
-        check_terminated()
-        timeout = check_timeout(timeout, "get")
-        if isinstance(refs, LocalObjectRef) or not isinstance(refs, list | tuple):
-            ref = one_ref(refs, LocalObjectRef, "get()", self._owns)
-            return self._values([ref], timeout)[0]
-        return self._values(ref_list(refs, LocalObjectRef, "get()", self._owns), timeout)
 
     def _values(self, refs: list[LocalObjectRef], timeout: float | None) -> list[Any]:
         futures = [ref._future for ref in refs]
@@ -317,22 +288,12 @@ class LocalJobContext:
                 raise not_ready_error("get", len(not_done), len(futures), timeout)
         return [_value(ref) for ref in refs]
 
-    def wait(
-        self, refs: Sequence[LocalObjectRef], num_returns: int = 1, timeout: float | None = None
+    def _first_ready(
+        self, refs: list[LocalObjectRef], want: int, timeout: float | None
     ) -> tuple[list[LocalObjectRef], list[LocalObjectRef]]:
-        """The first ``num_returns`` refs to be ready, without polling (see :class:`~fray.JobContext`)."""
-        check_terminated()
-        items = ref_list(refs, LocalObjectRef, "wait()", self._owns)
-        want = check_num_returns(num_returns, len(items))
-        timeout = check_timeout(timeout, "wait")
+        # Blocks on the futures themselves, without polling; a task waiting here lends its thread.
         with self._threads.waiting():
-            return first_ready(items, [ref._future for ref in items], want, timeout)
-
-    # ----- actors -------------------------------------------------------------------------------
-
-    def create_actor(self, actor_class: type, *args: Any, name: str | None = None, **kwargs: Any) -> Any:
-        """An actor of this context's client (the current client when none was given)."""
-        return create_actor_via(self._client, actor_class, args, name, kwargs)
+            return first_ready(refs, [ref._future for ref in refs], want, timeout)
 
 
 def _value(ref: LocalObjectRef) -> Any:

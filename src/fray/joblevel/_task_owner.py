@@ -36,25 +36,18 @@ import threading
 import traceback
 import weakref
 from collections import deque
-from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection, Listener, wait
 from typing import Any
 
 from fray.context import (
-    check_num_returns,
-    check_task,
-    check_timeout,
-    create_actor_via,
-    find_refs,
+    JobContextBase,
+    TaskCall,
     first_ready,
     new_context_id,
     not_ready_error,
-    one_ref,
-    ref_list,
     resolve_arguments,
     task_name,
 )
-from fray.core._runtime import check_terminated
 from fray.core._serialization import call_parts, check_picklable
 from fray.errors import ConfigError, ObjectLostError
 from fray.joblevel import _objects
@@ -77,7 +70,7 @@ from fray.resources import ResourceConfig
 __all__ = ["TaskOwner"]
 
 
-class TaskOwner:
+class TaskOwner(JobContextBase[ProcessObjectRef]):
     """A job context whose tasks run on worker processes that connect to this process: see the module docstring.
 
     Subclasses say where workers come from (:meth:`_launcher`) and on which address
@@ -448,17 +441,15 @@ class TaskOwner:
 
     # ----- the JobContext API ------------------------------------------------------------------
 
+    _REF = ProcessObjectRef
+
     def _owns(self, ref: ProcessObjectRef) -> bool:
         return ref.context_id == self.context_id
 
-    def create_task(
-        self, fn: Callable[..., Any], *args: Any, resources: ResourceConfig | None = None, **kwargs: Any
-    ) -> ProcessObjectRef:
+    def _submit(self, call: TaskCall[ProcessObjectRef]) -> ProcessObjectRef:
         """Run ``fn(*args, **kwargs)`` in a worker process once the refs among its arguments are ready."""
-        self._check_task_resources(check_task(fn, resources))
-        deps = [
-            one_ref(d, ProcessObjectRef, "create_task: argument", self._owns) for d in find_refs(args, kwargs, _is_ref)
-        ]
+        fn, args, kwargs, deps = call.fn, call.args, call.kwargs, call.deps
+        self._check_task_resources(call.resources)
         name = task_name(fn)
         try:
             key, fn_blob = function_blob(fn, self._pickled)
@@ -485,9 +476,8 @@ class TaskOwner:
         if self._closed:
             raise ConfigError(f"this {type(self).__name__} is shut down; create a new one")
 
-    def put(self, obj: Any) -> ProcessObjectRef:
+    def _put(self, obj: Any) -> ProcessObjectRef:
         """Store a snapshot of ``obj`` (pickled now); tasks receive copies, ``get`` here returns ``obj``."""
-        check_terminated()
         kind, frames = _objects.encode(obj)
         with self._lock:
             self._check_open()
@@ -497,14 +487,6 @@ class TaskOwner:
             record.value = obj
             self._complete(record, kind, frames)
             return self._new_ref(ref_id)
-
-    def get(self, refs: Any, timeout: float | None = None) -> Any:
-        """The value of one ref, or the values of a list of refs, in order (see :class:`~fray.JobContext`)."""
-        check_terminated()
-        timeout = check_timeout(timeout, "get")
-        if isinstance(refs, ProcessObjectRef) or not isinstance(refs, list | tuple):
-            return self._values([one_ref(refs, ProcessObjectRef, "get()", self._owns)], timeout)[0]
-        return self._values(ref_list(refs, ProcessObjectRef, "get()", self._owns), timeout)
 
     def _records(self, refs: list[ProcessObjectRef]) -> list[ObjectRecord]:
         with self._lock:
@@ -529,20 +511,11 @@ class TaskOwner:
             out.append(record.value)
         return out
 
-    def wait(
-        self, refs: Sequence[ProcessObjectRef], num_returns: int = 1, timeout: float | None = None
+    def _first_ready(
+        self, refs: list[ProcessObjectRef], want: int, timeout: float | None
     ) -> tuple[list[ProcessObjectRef], list[ProcessObjectRef]]:
-        """The first ``num_returns`` refs to be ready, without polling (see :class:`~fray.JobContext`)."""
-        check_terminated()
-        items = ref_list(refs, ProcessObjectRef, "wait()", self._owns)
-        want = check_num_returns(num_returns, len(items))
-        timeout = check_timeout(timeout, "wait")
-        records = self._records(items)
-        return first_ready(items, [record.future for record in records], want, timeout)
-
-    def create_actor(self, actor_class: type, *args: Any, name: str | None = None, **kwargs: Any) -> Any:
-        """An actor of this context's client (the current client when none was given)."""
-        return create_actor_via(self._client, actor_class, args, name, kwargs)
+        records = self._records(refs)
+        return first_ready(refs, [record.future for record in records], want, timeout)
 
     # ----- shutdown ------------------------------------------------------------------------------
 

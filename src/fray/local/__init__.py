@@ -74,6 +74,8 @@ class MarinLocalClient(ClientCore["LocalJobHandle", "LocalActorHandle"]):
 
     #: Whether create_actor(_group) waits for the constructors (marin's local rule).
     CONSTRUCTS_AT_CREATE: ClassVar[bool] = True
+    #: Whether values are checked to pickle unless told (marin's local rule: never).
+    CHECKS_PICKLING: ClassVar[bool] = False
 
     BACKEND = "local"
     HONOURS = frozenset({"JobRequest.processes_per_task", "EnvironmentConfig.extras"})
@@ -84,14 +86,14 @@ class MarinLocalClient(ClientCore["LocalJobHandle", "LocalActorHandle"]):
         *,
         namespace: str | None = None,
         echo_logs: bool = True,
-        check_pickling: bool = False,
+        check_pickling: bool | None = None,
     ) -> None:
         self.max_threads = check_count(max_threads, "LocalClient(max_threads=")
         super().__init__()
         self.client_id = short_id()
         self.namespace = namespace or f"local-{self.client_id}"
-        #: Refuse what another backend could not pickle (off: values are passed as they are).
-        self.check_pickling = bool(check_pickling)
+        #: Refuse what another backend could not pickle (off: values are passed as they are, unchecked).
+        self.check_pickling = self.CHECKS_PICKLING if check_pickling is None else bool(check_pickling)
         self._echo = echo_logs
         self._jobs: OwnedWork[LocalJob] = OwnedWork(lambda job: job.lifecycle.finished)
         self._actors_by_job: dict[str, LocalActor] = {}
@@ -101,19 +103,23 @@ class MarinLocalClient(ClientCore["LocalJobHandle", "LocalActorHandle"]):
 
     @classmethod
     def from_spec(cls, spec: ClientSpec) -> Self:
-        """Build from ``local``, ``local?threads=N`` and/or ``local?pickle=1`` (``check_pickling``)."""
+        """Build from ``local``, ``local?threads=N`` and/or ``local?pickle=0|1`` (``check_pickling``)."""
         if spec.address is not None:
             raise spec.invalid("the local backend takes no address")
         options = spec.only("local", "threads", "pickle")
-        pickle, threads = options.get("pickle", "0"), options.get("threads", "")
-        if pickle not in ("0", "1"):
-            raise spec.invalid(f"pickle={pickle!r} must be 1 (check that everything pickles) or 0")
+        pickle, threads = options.get("pickle"), options.get("threads", "")
+        if pickle not in (None, "0", "1"):
+            raise spec.invalid(
+                f"pickle={pickle!r} must be 1 (check that everything pickles) or 0 (pass values as they are)"
+            )
         if threads and (not threads.isdigit() or int(threads) < 1):
             raise spec.invalid(f"threads={threads!r} must be a whole number >= 1")
-        return cls(max_threads=int(threads) if threads else None, check_pickling=pickle == "1")
+        return cls(
+            max_threads=int(threads) if threads else None, check_pickling=None if pickle is None else pickle == "1"
+        )
 
     def __repr__(self) -> str:
-        pickling = ", check_pickling=True" if self.check_pickling else ""
+        pickling = "" if self.check_pickling == self.CHECKS_PICKLING else f", check_pickling={self.check_pickling}"
         return f"{type(self).__name__}(namespace={self.namespace!r}, max_threads={self.max_threads}{pickling})"
 
     # ----- marin's local rules ----------------------------------------------------------------
@@ -328,11 +334,13 @@ class LocalClient(MarinLocalClient):
     marin's ``fray.local_backend.LocalClient``: the same backend with marin's local rules.
 
     Callables, their arguments, actor calls and their results are passed to the job or
-    actor as they are. ``check_pickling=True`` (spec ``local?pickle=1``) refuses, as every
-    other backend does, what would not pickle -- a job's callable and arguments at submit,
-    an actor call's arguments in the caller and its return value -- with
+    actor as they are (the very objects), but first checked to pickle: what every other
+    backend could not ship -- a job's callable and arguments at submit, an actor call's
+    arguments in the caller and its return value -- is refused with
     :class:`~fray.errors.SerializationError`, so that code that passes here does not fail
-    later on a cluster; Fray's conformance suite turns it on.
+    later on a cluster. Plain data (builtin scalars in builtin containers) is known to
+    pickle and costs nothing. ``check_pickling=False`` (spec ``local?pickle=0``) skips the
+    check, for speed with large non-plain values; :class:`MarinLocalClient` never checks.
 
     How ``terminate()`` stops threads is on :meth:`fray.local._local_job.LocalJobHandle.terminate`;
     a terminated actor's calls fail with ``ActorDiedError`` at once.
@@ -346,6 +354,7 @@ class LocalClient(MarinLocalClient):
     """
 
     CONSTRUCTS_AT_CREATE = False
+    CHECKS_PICKLING = True
 
     def _live_job(self, request: JobRequest) -> LocalJobHandle | None:
         return ClientCore._live_job(self, request)

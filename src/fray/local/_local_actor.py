@@ -27,7 +27,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from fray.actor import ActorFuture, RemoteMethod, check_actor_method
+from fray.actor import ActorFuture, ActorHandleBase, RemoteMethod, check_actor_method
 from fray.actor_config import ActorConfig
 from fray.actor_context import SHUTDOWN_GRACE, ActorContext, ActorEnd, bind_actor
 from fray.client import Client, _bind_client
@@ -418,7 +418,7 @@ def _settle(future: concurrent.futures.Future[Any], value: Any, error: BaseExcep
             future.set_result(value)
 
 
-class LocalActorHandle:
+class LocalActorHandle(ActorHandleBase):
     """Handle to an actor of a :class:`~fray.local.LocalClient`; calls run on the actor's own threads."""
 
     def __init__(self, actor: LocalActor | None, cls: type, name: str, client_id: str, missing: str = "") -> None:

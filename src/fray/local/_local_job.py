@@ -19,9 +19,8 @@ from fray.core._logcapture import LogBuffer
 from fray.core._remote import RemoteFailure, job_failed
 from fray.core._runtime import StoppableRun, check_terminated
 from fray.errors import ActorUnavailableError, FrayError, JobFailed
-from fray.job import JobStatus, JobSummary, _current_job, timeout_error
+from fray.job import JobHandleBase, JobStatus, JobSummary, _current_job, replicas_to_preempt, timeout_error
 from fray.process._procjob import ReplicaProcess
-from fray.testing import replicas_to_preempt
 
 __all__ = ["STOP_GRACE", "Attempt", "LocalJob", "LocalJobHandle", "stop_deadline", "wait_for_stop"]
 
@@ -256,7 +255,7 @@ def _notify_future_done(_: object) -> None:
         _FINISHED.notify_all()
 
 
-class LocalJobHandle:
+class LocalJobHandle(JobHandleBase):
     """Handle to a job of a :class:`~fray.local.LocalClient`. Picklable within the process that created it.
 
     ``LocalJobHandle(job_id, future)`` (marin's constructor) wraps any

@@ -33,7 +33,7 @@ import cloudpickle
 from monarch._rust_bindings.monarch_hyperactor.supervision import SupervisionError
 from monarch.actor import ActorError
 
-from fray.actor import ActorFuture, RemoteMethod, check_actor_method
+from fray.actor import ActorFuture, ActorHandleBase, RemoteMethod, check_actor_method
 from fray.actor_context import SHUTDOWN_GRACE
 from fray.core._lifecycle import Failure, JobLifecycle
 from fray.core._logcapture import log_tail
@@ -330,7 +330,7 @@ def _reason(exc: BaseException) -> str:
 MonarchActorMethod = RemoteMethod
 
 
-class MonarchActorHandle:
+class MonarchActorHandle(ActorHandleBase):
     """A deferred, picklable handle to a Fray actor on Monarch (see the module docstring)."""
 
     def __init__(self, name: str, cls: type, ref: Any, job_id: str, host: str = _HOSTNAME, death: str = "") -> None:

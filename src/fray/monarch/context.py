@@ -30,29 +30,23 @@ import threading
 import uuid
 import weakref
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from fray.context import (
+    JobContextBase,
+    TaskCall,
+    after_all,
     bind_context,
-    check_num_returns,
-    check_task,
-    check_timeout,
     clear_job_context,
-    create_actor_via,
-    find_refs,
     first_ready,
     new_context_id,
     not_ready_error,
-    one_ref,
-    ref_list,
     resolve_arguments,
     task_name,
 )
-from fray.core._runtime import check_terminated
 from fray.core._serialization import call_parts, check_picklable
 from fray.errors import ActorDiedError, ConfigError, TaskLostError
-from fray.resources import ResourceConfig
 
 __all__ = ["MonarchJobContext", "MonarchObjectRef", "TaskRunner"]
 
@@ -182,7 +176,7 @@ class _Pool:
             self._pump(context)
 
 
-class MonarchJobContext:
+class MonarchJobContext(JobContextBase[MonarchObjectRef]):
     """The job level on a pool of Monarch processes: see the module docstring.
 
     ``procs`` is the pool's size (``MonarchClient(procs=N)`` / ``monarch?procs=N``;
@@ -218,23 +212,16 @@ class MonarchJobContext:
                 self._pool = _Pool(self._client, name, list(group._handles), self._deferred)
             return self._pool
 
+    _REF = MonarchObjectRef
+
     def _owns(self, ref: MonarchObjectRef) -> bool:
         return ref._context_id == self.context_id
 
-    def _is_ref(self, value: Any) -> bool:
-        return isinstance(value, MonarchObjectRef)
-
     # ----- tasks ---------------------------------------------------------------------------------
 
-    def create_task(
-        self, fn: Callable[..., Any], *args: Any, resources: ResourceConfig | None = None, **kwargs: Any
-    ) -> MonarchObjectRef:
+    def _submit(self, call: TaskCall[MonarchObjectRef]) -> MonarchObjectRef:
         """Queue ``run(fn, args, kwargs)`` for the next free rank once the refs among the arguments are ready."""
-        check_task(fn, resources)
-        deps = [
-            one_ref(d, MonarchObjectRef, "create_task: argument", self._owns)
-            for d in find_refs(args, kwargs, self._is_ref)
-        ]
+        fn, args, kwargs, deps = call.fn, call.args, call.kwargs, call.deps
         _check_here(deps)
         name = task_name(fn)
         parts = call_parts(fn, args, kwargs, "the function")
@@ -246,14 +233,8 @@ class MonarchJobContext:
         if not deps:
             self._ensure_pool().submit((fn, args, kwargs, future, name), self)
             return ref
-        remaining = [len(deps)]
-        lock = threading.Lock()
 
-        def one_done(_: concurrent.futures.Future[Any]) -> None:
-            with lock:
-                remaining[0] -= 1
-                if remaining[0]:
-                    return
+        def start() -> None:
             try:
                 values = resolve_arguments(args, kwargs, self._is_ref, _value)
             except BaseException as exc:  # an argument's task failed: this one fails the same way, unrun
@@ -261,11 +242,10 @@ class MonarchJobContext:
                 return
             self._ensure_pool().submit((fn, *values, future, name), self)
 
-        for dep in deps:
-            dep._future.add_done_callback(one_done)
+        after_all([dep._future for dep in deps], start)
         return ref
 
-    def put(self, obj: Any) -> MonarchObjectRef:
+    def _put(self, obj: Any) -> MonarchObjectRef:
         """Refused: Monarch has no object store (the message names the alternatives)."""
         raise ConfigError(
             "MonarchJobContext.put: the Monarch backend has no object store; pass the value to create_task directly "
@@ -274,14 +254,6 @@ class MonarchJobContext:
 
     # ----- results -------------------------------------------------------------------------------
 
-    def get(self, refs: Any, timeout: float | None = None) -> Any:
-        """The value of one ref, or the values of a list of refs, in order (see :class:`~fray.JobContext`)."""
-        check_terminated()
-        timeout = check_timeout(timeout, "get")
-        if isinstance(refs, MonarchObjectRef) or not isinstance(refs, list | tuple):
-            return self._values([one_ref(refs, MonarchObjectRef, "get()", self._owns)], timeout)[0]
-        return self._values(ref_list(refs, MonarchObjectRef, "get()", self._owns), timeout)
-
     def _values(self, refs: list[MonarchObjectRef], timeout: float | None) -> list[Any]:
         _check_here(refs)
         _, not_done = concurrent.futures.wait([ref._future for ref in refs], timeout)
@@ -289,20 +261,11 @@ class MonarchJobContext:
             raise not_ready_error("get", len(not_done), len(refs), timeout)
         return [_value(ref) for ref in refs]
 
-    def wait(
-        self, refs: Sequence[MonarchObjectRef], num_returns: int = 1, timeout: float | None = None
+    def _first_ready(
+        self, refs: list[MonarchObjectRef], want: int, timeout: float | None
     ) -> tuple[list[MonarchObjectRef], list[MonarchObjectRef]]:
-        """The first ``num_returns`` refs to be ready, without polling (see :class:`~fray.JobContext`)."""
-        check_terminated()
-        items = ref_list(refs, MonarchObjectRef, "wait()", self._owns)
-        want = check_num_returns(num_returns, len(items))
-        timeout = check_timeout(timeout, "wait")
-        _check_here(items)
-        return first_ready(items, [ref._future for ref in items], want, timeout)
-
-    def create_actor(self, actor_class: type, *args: Any, name: str | None = None, **kwargs: Any) -> Any:
-        """An actor of this context's client (inside a task: the current client of that process)."""
-        return create_actor_via(self._client, actor_class, args, name, kwargs)
+        _check_here(refs)
+        return first_ready(refs, [ref._future for ref in refs], want, timeout)
 
     def shutdown(self) -> None:
         """Stop the pool's processes."""

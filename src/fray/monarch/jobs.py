@@ -29,6 +29,7 @@ from fray.job import (
     BinaryEntrypoint,
     CallableEntrypoint,
     EnvironmentConfig,
+    JobHandleBase,
     JobInfo,
     JobRequest,
     JobStatus,
@@ -183,7 +184,7 @@ def _run_replica(replica: ReplicaProcess) -> Failure | None:
         return Failure.from_exception(exc)
 
 
-class MonarchJobHandle:
+class MonarchJobHandle(JobHandleBase):
     """Handle to a job (or an actor's job) of a :class:`~fray.monarch.MonarchClient`.
 
     Picklable; it works in the process that created the job (the job's state lives

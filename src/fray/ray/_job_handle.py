@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from fray.core._lifecycle import JobLifecycle
 from fray.core._logcapture import LogBuffer, log_tail
 from fray.errors import FrayError
-from fray.job import JobStatus, JobSummary, timeout_error
+from fray.job import JobHandleBase, JobStatus, JobSummary, timeout_error
 from fray.ray._board import BOARD
 from fray.ray._pending import placement_reason
 
@@ -29,7 +29,7 @@ LIVE: weakref.WeakValueDictionary[str, RayJobHandle] = weakref.WeakValueDictiona
 _GATHER = 0.02
 
 
-class RayJobHandle:
+class RayJobHandle(JobHandleBase):
     """Handle to a job submitted through a :class:`~fray.ray.RayClient`.
 
     ``wait`` blocks without polling for callable jobs (it waits on Ray itself); binary

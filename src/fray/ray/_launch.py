@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Any, Protocol
 
-from fray.core._ids import random_hex
+from fray.core._client_core import random_hex
 from fray.job import JobRequest
 from fray.ray._connection import prepare_token_auth
 from fray.ray.inside import _worker

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from fray.actor import ActorFuture, check_actor_method
+from fray.actor import ActorFuture, ActorHandleBase, check_actor_method
 from fray.core._remote import RemoteFailure, actor_died
 from fray.core._serialization import check_call_picklable
 from fray.errors import ActorDiedError, ActorUnavailableError
@@ -235,7 +235,7 @@ class _RayActorMethod:
             raise err from err.__cause__
 
 
-class RayActorHandle:
+class RayActorHandle(ActorHandleBase):
     """Handle to a named Ray actor of a :class:`RayClient`.
 
     Picklable: it travels as (name, namespace, class) and finds the actor by name on
@@ -273,6 +273,16 @@ class RayActorHandle:
         method = _RayActorMethod(self, method_name)
         self.__dict__[method_name] = method  # later lookups skip __getattr__ entirely
         return method
+
+    def _fray_call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ActorFuture:
+        """Start ``method(*args, **kwargs)``: the same path as ``handle.method.remote(...)``."""
+        bound: _RayActorMethod = getattr(self, method)
+        return bound.remote(*args, **kwargs)
+
+    def _fray_call_sync(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Make the call and wait for it: the same path as ``handle.method(...)``."""
+        bound: _RayActorMethod = getattr(self, method)
+        return bound(*args, **kwargs)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, RayActorHandle) and (other._name, other._namespace) == (self._name, self._namespace)

@@ -207,7 +207,7 @@ class RayClient(ClientCore["RayJobHandle", "RayActorHandle"]):
 
     # ----- the job level ----------------------------------------------------------------------
 
-    def _fray_job_context(self) -> RayJobContext:
+    def _make_job_context(self) -> RayJobContext:
         """This client's job context (``fray.get_job_context()`` inside its jobs): Ray tasks and objects."""
         return context_for(self.namespace, self)
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 import types
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
@@ -27,28 +27,22 @@ import ray.exceptions
 import ray
 from fray.client import client_from_spec
 from fray.context import (
+    JobContextBase,
+    TaskCall,
     bind_context,
-    check_num_returns,
-    check_task,
-    check_timeout,
     clear_job_context,
     create_actor_via,
-    find_refs,
     not_ready_error,
-    one_ref,
-    ref_list,
     resolve_arguments,
     task_name,
 )
 from fray.core._codepickle import dumps
 from fray.core._remote import RemoteFailure, remote_error
-from fray.core._runtime import check_terminated
 from fray.core._serialization import call_parts, check_picklable, refused
 from fray.errors import ObjectLostError, TaskLostError
 from fray.ray._errors import translate
 from fray.ray._values import shield
 from fray.ray.resources import head_node_resource, ray_options
-from fray.resources import ResourceConfig
 
 __all__ = ["RayJobContext", "RayObjectRef", "context_for"]
 
@@ -133,13 +127,15 @@ def _pickled_task(pickled_fn: bytes, namespace: str, packed: tuple[Any, dict[str
     return _run(cloudpickle.loads(pickled_fn), namespace, packed, values)
 
 
-class RayJobContext:
+class RayJobContext(JobContextBase[RayObjectRef]):
     """The job level on the Ray cluster of a :class:`~fray.ray.RayClient`: see the module docstring.
 
     ``create_task(resources=...)`` maps to Ray's task options as for jobs
     (``num_cpus``, ``memory``, GPUs, non-preemptible placement); without it a task
     takes Ray's default of one CPU. Actors are the client's.
     """
+
+    _REF = RayObjectRef
 
     def __init__(self, client: Any = None, *, namespace: str | None = None) -> None:
         self._client = client
@@ -183,12 +179,9 @@ class RayJobContext:
 
     # ----- the JobContext API ------------------------------------------------------------------
 
-    def create_task(
-        self, fn: Callable[..., Any], *args: Any, resources: ResourceConfig | None = None, **kwargs: Any
-    ) -> RayObjectRef:
-        """Submit ``fn(*args, **kwargs)`` as a Ray task; returns its ref at once."""
-        check_task(fn, resources)
-        found = [one_ref(r, RayObjectRef, "create_task: argument", _ours) for r in find_refs(args, kwargs, _is_ref)]
+    def _submit(self, call: TaskCall[RayObjectRef]) -> RayObjectRef:
+        """Submit ``fn(*args, **kwargs)`` as a Ray task; its ref at once (Ray resolves the argument refs)."""
+        fn, args, kwargs, deps = call.fn, call.args, call.kwargs, call.deps
         refs: list[Any] = []
         slots: dict[Any, _Slot] = {}
 
@@ -198,12 +191,12 @@ class RayJobContext:
                 refs.append(ref.ray_ref)
             return slots[ref.ray_ref]
 
-        packed = resolve_arguments(args, kwargs, _is_ref, slot) if found else (args, dict(kwargs))
+        packed = resolve_arguments(args, kwargs, _is_ref, slot) if deps else (args, kwargs)
         name = task_name(fn)
         try:
             remote, leading = self._remote_for(fn)
-            if resources is not None:
-                remote = remote.options(**ray_options(resources, pin_resource=self._pin_resource()))
+            if call.resources is not None:
+                remote = remote.options(**ray_options(call.resources, pin_resource=self._pin_resource()))
             ray_ref = remote.remote(*leading, self.namespace, packed, *refs)
         except Exception as exc:
             if "pickle" not in str(exc).lower() and "serializ" not in str(exc).lower():
@@ -212,18 +205,9 @@ class RayJobContext:
             raise
         return RayObjectRef(ray_ref, name)
 
-    def put(self, obj: Any) -> RayObjectRef:
+    def _put(self, obj: Any) -> RayObjectRef:
         """``ray.put(obj)``: a copy in Ray's object store."""
-        check_terminated()
         return RayObjectRef(ray.put(shield(obj)))
-
-    def get(self, refs: Any, timeout: float | None = None) -> Any:
-        """``ray.get``, with Ray's errors turned into Fray's (see :class:`~fray.JobContext`)."""
-        check_terminated()
-        timeout = check_timeout(timeout, "get")
-        if isinstance(refs, RayObjectRef) or not isinstance(refs, list | tuple):
-            return self._values([one_ref(refs, RayObjectRef, "get()", _ours)], timeout)[0]
-        return self._values(ref_list(refs, RayObjectRef, "get()", _ours), timeout)
 
     def _values(self, refs: list[RayObjectRef], timeout: float | None) -> list[Any]:
         try:
@@ -234,27 +218,23 @@ class RayJobContext:
         except ray.exceptions.RayError as exc:
             raise _translate(exc, refs) from None
 
-    def wait(
-        self, refs: Sequence[RayObjectRef], num_returns: int = 1, timeout: float | None = None
+    def _first_ready(
+        self, refs: list[RayObjectRef], want: int, timeout: float | None
     ) -> tuple[list[RayObjectRef], list[RayObjectRef]]:
-        """``ray.wait`` (Ray blocks; nothing polls), both lists in input order."""
-        check_terminated()
-        items = ref_list(refs, RayObjectRef, "wait()", _ours)
-        want = check_num_returns(num_returns, len(items))
-        timeout = check_timeout(timeout, "wait")
-        unique = [r.ray_ref for r in _unique(items)]
+        """``ray.wait`` (Ray blocks; nothing polls)."""
+        unique = [r.ray_ref for r in _unique(refs)]
         if want == 0 or not unique:
-            return [], list(items)
+            return [], list(refs)
         done, _ = ray.wait(unique, num_returns=min(want, len(unique)), timeout=timeout)
         done_set = set(done)
         ready: list[RayObjectRef] = []
         not_ready: list[RayObjectRef] = []
-        for ref in items:
+        for ref in refs:
             (ready if ref.ray_ref in done_set and len(ready) < want else not_ready).append(ref)
         return ready, not_ready
 
     def create_actor(self, actor_class: type, *args: Any, name: str | None = None, **kwargs: Any) -> Any:
-        """An actor of this context's RayClient."""
+        """An actor of this context's RayClient (inside a task: one made for the namespace, once)."""
         return create_actor_via(self.client, actor_class, args, name, kwargs)
 
 
@@ -276,11 +256,6 @@ def context_for(namespace: str, client: Any = None) -> RayJobContext:
 
 def _is_ref(value: Any) -> bool:
     return isinstance(value, RayObjectRef)
-
-
-def _ours(_: RayObjectRef) -> bool:
-    # Every RayJobContext of this process talks to the one Ray connection: their refs mix freely.
-    return True
 
 
 def _unique(refs: list[RayObjectRef]) -> list[RayObjectRef]:

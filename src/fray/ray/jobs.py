@@ -23,7 +23,7 @@ from fray.actor_context import SHUTDOWN_GRACE
 from fray.core._lifecycle import ActorRestartBudget, Failure
 from fray.core._remote import RemoteFailure
 from fray.errors import FrayError
-from fray.job import JobInfo, JobRequest, JobStatus, replica_env, timeout_error
+from fray.job import JobInfo, JobRequest, JobStatus, replica_env, replicas_to_preempt, timeout_error
 from fray.ray._board import BOARD
 from fray.ray._errors import first_line, is_preemption
 from fray.ray._job_handle import LIVE, RayJobHandle
@@ -33,7 +33,6 @@ from fray.ray.inside import _worker
 from fray.ray.inside._actor_end import read_end
 from fray.ray.resources import bundle, ray_options
 from fray.resources import device_name
-from fray.testing import replicas_to_preempt
 
 __all__ = ["ActorJob", "CallableJob", "RayJobHandle"]
 

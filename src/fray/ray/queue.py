@@ -11,27 +11,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Iterable
-from typing import Any, Generic, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import ray
-from fray.core._runtime import check_terminated
-from fray.queue import (
-    DEFAULT_LEASE_TIMEOUT,
-    Lease,
-    QueueCore,
-    QueueCounts,
-    check_items,
-    check_lease,
-    check_leases,
-    check_max_items,
-    check_pop_arguments,
-    check_queue_name,
-    counts_from,
-    done_many_error,
-    lease_error,
-    queue_exists,
-)
+from fray.queue import Lease, QueueClient, QueueCore, QueueCounts, check_queue_name, counts_from, queue_exists
 from fray.ray._errors import translate
 from fray.ray._values import shield
 
@@ -52,12 +36,6 @@ class _QueueActor:
             self._changed = asyncio.Condition()
         return self._changed
 
-    async def push(self, item: Any) -> None:
-        self._core.push(item)
-        changed = self._condition()
-        async with changed:
-            changed.notify()
-
     async def push_many(self, items: list[Any]) -> None:
         self._core.push_many(items)
         changed = self._condition()
@@ -66,10 +44,6 @@ class _QueueActor:
 
     async def peek(self) -> tuple[bool, Any]:
         return self._core.peek(time.monotonic())
-
-    async def pop(self, lease_timeout: float, timeout: float | None) -> Lease[Any] | None:
-        leases = await self._wait_for(lambda now: self._core.pop_many(1, lease_timeout, now), timeout)
-        return leases[0] if leases else None
 
     async def pop_many(self, max_items: int, lease_timeout: float, timeout: float | None) -> list[Lease[Any]]:
         return await self._wait_for(lambda now: self._core.pop_many(max_items, lease_timeout, now), timeout)
@@ -86,9 +60,6 @@ class _QueueActor:
             async with changed:
                 with contextlib.suppress(TimeoutError):  # woken by the clock: a lease may have run out
                     await asyncio.wait_for(changed.wait(), max(0.0, min(wake) - now) if wake else None)
-
-    async def done(self, lease_id: str) -> str:
-        return self._core.done(lease_id, time.monotonic())
 
     async def done_many(self, lease_ids: list[str]) -> list[str]:
         return self._core.done_many(lease_ids, time.monotonic())
@@ -112,85 +83,40 @@ def _actor_name(name: str) -> str:
     return f"fray-queue-{name}"
 
 
-class RayQueue(Generic[T]):
+class RayQueue(QueueClient[T]):
     """A queue with leases on Ray (see :mod:`fray.queue`); picklable, usable from any task or actor."""
 
     def __init__(self, name: str, namespace: str, actor: Any) -> None:
-        self._name = name
+        super().__init__(name)
         self._namespace = namespace
         self._actor = actor
-
-    @property
-    def name(self) -> str:
-        """The queue's name."""
-        return self._name
 
     def __repr__(self) -> str:
         return f"RayQueue({self._name!r}, namespace={self._namespace!r})"
 
     def _call(self, method: str, *args: Any) -> Any:
-        check_terminated()
         try:
             return ray.get(getattr(self._actor, method).remote(*(shield(a) for a in args)))
         except ray.exceptions.RayError as exc:
             raise translate(exc, actor=_actor_name(self._name), method=method) from None
 
-    def push(self, item: T) -> None:
-        """Append ``item``."""
-        self._call("push", item)
+    def _push(self, items: list[T]) -> None:
+        self._call("push_many", items)
 
-    def peek(self) -> T | None:
-        """The next item without leasing it, or None."""
+    def _peek(self) -> tuple[bool, T | None]:
         found, item = self._call("peek")
-        return item if found else None
+        return bool(found), item
 
-    def pop(self, lease_timeout: float = DEFAULT_LEASE_TIMEOUT, *, timeout: float | None = 0.0) -> Lease[T] | None:
-        """Lease the next item (see :meth:`fray.queue.Queue.pop`)."""
-        lease_timeout, timeout = check_pop_arguments(lease_timeout, timeout)
-        lease: Lease[T] | None = self._call("pop", lease_timeout, timeout)
-        return lease
-
-    def done(self, lease: Lease[T]) -> None:
-        """Remove the leased item for good (see :meth:`fray.queue.Queue.done`)."""
-        check_lease(lease, self._name)
-        status = self._call("done", lease.lease_id)
-        if status != "ok":
-            raise lease_error(status, lease.lease_id, self._name)
-
-    def push_many(self, items: Iterable[T]) -> None:
-        """Append every item, in order, in one call to the actor (see :meth:`fray.queue.Queue.push_many`)."""
-        batch = check_items(items)
-        if batch:
-            self._call("push_many", batch)
-
-    def pop_many(
-        self, max_items: int, lease_timeout: float = DEFAULT_LEASE_TIMEOUT, *, timeout: float | None = 0.0
-    ) -> list[Lease[T]]:
-        """Lease up to ``max_items`` items in one call (see :meth:`fray.queue.Queue.pop_many`)."""
-        max_items = check_max_items(max_items)
-        lease_timeout, timeout = check_pop_arguments(lease_timeout, timeout)
-        leases: list[Lease[T]] = self._call("pop_many", max_items, lease_timeout, timeout)
+    def _take(self, max_items: int, lease_timeout: float, wait: float | None) -> list[Lease[T]]:
+        # The actor is async: it waits for an item without holding up other callers.
+        leases: list[Lease[T]] = self._call("pop_many", max_items, lease_timeout, wait)
         return leases
 
-    def done_many(self, leases: Iterable[Lease[T]]) -> None:
-        """Remove the items of several leases in one call (see :meth:`fray.queue.Queue.done_many`)."""
-        batch = check_leases(leases, self._name)
-        if not batch:
-            return
-        error = done_many_error(batch, self._call("done_many", [lease.lease_id for lease in batch]), self._name)
-        if error is not None:
-            raise error
+    def _done(self, lease_ids: list[str]) -> list[str]:
+        statuses: list[str] = self._call("done_many", lease_ids)
+        return statuses
 
-    def pending(self) -> int:
-        """Items waiting to be popped."""
-        return self.counts().pending
-
-    def in_flight(self) -> int:
-        """Items leased and not done."""
-        return self.counts().in_flight
-
-    def counts(self) -> QueueCounts:
-        """Waiting and leased items at one instant (one call)."""
+    def _counts(self) -> QueueCounts:
         return counts_from(self._call("counts"))
 
     def _kill(self) -> None:

@@ -35,19 +35,13 @@ from fray.cluster.credentials import Credential
 from fray.cluster.envs._shipping import ship_environment
 from fray.cluster.messages import JobSpec, JobView
 from fray.cluster.taskproc._actor_host import host_actor
-from fray.core._adopt import adopt_or_check
 from fray.core._client_core import ActorStart, ClientCore
 from fray.core._driver_exit import ExitNotice, Leftovers
 from fray.core._lifecycle import Failure
 from fray.core._logcapture import log_tail
-from fray.core._pending_notice import watch as watch_pending
 from fray.core._remote import job_failed
-from fray.core._runtime import check_terminated
-from fray.errors import (
-    ConfigError,
-    FrayError,
-)
-from fray.job import Entrypoint, EnvironmentConfig, JobRequest, JobStatus, JobSummary, timeout_error
+from fray.errors import FrayError
+from fray.job import Entrypoint, EnvironmentConfig, JobHandleBase, JobRequest, JobStatus, JobSummary, timeout_error
 from fray.process._ranks import check_processes
 from fray.rpc.namespace import resolve_namespace
 
@@ -80,7 +74,7 @@ _EXIT_SECONDS = 2.0
 _POLL_SECONDS = 10.0
 
 
-class ClusterJobHandle:
+class ClusterJobHandle(JobHandleBase):
     """A job on a Fray cluster. Picklable: it keeps the controller address and job id."""
 
     def __init__(self, address: str, job_id: str | Future[str], token: CredentialLike = None) -> None:
@@ -278,29 +272,15 @@ class ClusterClient(ClientCore["ClusterJobHandle", "ClusterActorHandle"]):
             self._owned.append((view.job_id, is_actor, detached))
         return ClusterJobHandle(self.address, view.job_id, self._token)
 
-    def submit_many(self, requests: Sequence[JobRequest], *, detached: bool = True) -> list[ClusterJobHandle]:
-        """Submit many jobs at once (a few controller round trips, one transaction each); returns at once.
-
-        Each batch is recorded whole or not at all; the handles are in the order of
-        ``requests``. ``detached`` as for :meth:`submit`.
-        """
-        check_terminated()
-        if self._closed:
-            raise self._shut_down()
+    def _start_jobs(self, requests: list[JobRequest], detached: bool) -> list[ClusterJobHandle]:
+        # A few controller round trips, one transaction per batch (each recorded whole or not at all).
         self._batcher.flush()  # plain submits made before these are recorded before them
-        self._watch_exit()
-        for request in requests:
-            if not isinstance(request, JobRequest):
-                raise ConfigError(f"submit_many() takes JobRequests, got {type(request).__name__}")
-            adopt_or_check(self.BACKEND, request, None, None, self.HONOURS)  # refuses what submit() refuses
         specs = [self._spec(request) for request in requests]
         handles: list[ClusterJobHandle] = []
         for batch in batches(specs):
             views = self._send_batch(batch)
             self._own_batch(views, [detached] * len(views))
             handles.extend(ClusterJobHandle(self.address, view.job_id, self._token) for view in views)
-        for handle in handles:
-            watch_pending(handle, self)
         return handles
 
     def _start_job(self, request: JobRequest, detached: bool) -> ClusterJobHandle:

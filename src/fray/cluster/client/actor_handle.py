@@ -18,7 +18,7 @@ import time
 import weakref
 from typing import Any
 
-from fray.actor import ActorFuture, RemoteMethod, check_actor_method
+from fray.actor import ActorFuture, ActorHandleBase, RemoteMethod, check_actor_method
 from fray.cluster.controller_client import CredentialLike, connect_controller, resolve_credential
 from fray.cluster.messages import JobView
 from fray.cluster.taskproc._actor_host import CONTROL_SUFFIX, control_url
@@ -42,7 +42,7 @@ _RESOLVE_AGAIN = 0.05
 live_clients: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
-class ClusterActorHandle:
+class ClusterActorHandle(ActorHandleBase):
     """A deferred handle on an actor hosted by a cluster job.
 
     Calls made before the actor serves are queued and sent, in order, once it does.

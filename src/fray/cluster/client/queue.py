@@ -12,29 +12,14 @@ fit in one request: the controller's largest job argument, plus 16 MB).
 from __future__ import annotations
 
 import pickle
-import time
 import uuid
-from collections.abc import Iterable
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 import cloudpickle
 
 from fray.cluster.controller_client import CredentialLike, connect_controller, resolve_credential
-from fray.core._runtime import check_terminated
 from fray.core._serialization import plain_data
-from fray.queue import (
-    DEFAULT_LEASE_TIMEOUT,
-    Lease,
-    QueueCounts,
-    check_items,
-    check_lease,
-    check_leases,
-    check_max_items,
-    check_pop_arguments,
-    counts_from,
-    done_many_error,
-    lease_error,
-)
+from fray.queue import Lease, QueueClient, QueueCounts, counts_from
 
 __all__ = ["ClusterQueue"]
 
@@ -50,16 +35,16 @@ def _dumps(item: Any) -> bytes:
     return bytes(cloudpickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL))
 
 
-class ClusterQueue(Generic[T]):
+class ClusterQueue(QueueClient[T]):
     """A queue of the Fray cluster at ``address``, named ``name`` in namespace ``key``'s first part.
 
     Picklable: a job or actor that receives it calls the controller with its own credential.
     """
 
     def __init__(self, address: str, key: str, name: str, token: CredentialLike = None) -> None:
+        super().__init__(name)
         self._address = address
         self._key = key
-        self._name = name
         self._token = resolve_credential(token)
         self._controller = connect_controller(address, self._token)
 
@@ -69,84 +54,29 @@ class ClusterQueue(Generic[T]):
     def __repr__(self) -> str:
         return f"ClusterQueue({self._key!r} at {self._address})"
 
-    @property
-    def name(self) -> str:
-        """The queue's name (without its namespace)."""
-        return self._name
-
     def _call(self, method: str, *args: Any) -> Any:
-        check_terminated()
         return self._controller.queue(method, self._key, *args)
 
-    def push(self, item: T) -> None:
-        """Append ``item`` (pickled here; the controller keeps the bytes)."""
-        self._call("push", uuid.uuid4().hex, _dumps(item))
+    def _push(self, items: list[T]) -> None:
+        # Each item carries its id: a push sent again after a controller restart is not pushed twice.
+        self._call("push_many", [[uuid.uuid4().hex, _dumps(item)] for item in items])
 
-    def peek(self) -> T | None:
-        """The next item without leasing it, or None."""
+    def _peek(self) -> tuple[bool, T | None]:
         found, payload = self._call("peek")
-        return pickle.loads(payload) if found else None
+        return (True, pickle.loads(payload)) if found else (False, None)
 
-    def pop(self, lease_timeout: float = DEFAULT_LEASE_TIMEOUT, *, timeout: float | None = 0.0) -> Lease[T] | None:
-        """Lease the next item (see :meth:`fray.queue.Queue.pop`); a blocking pop long-polls the controller."""
-        lease_timeout, timeout = check_pop_arguments(lease_timeout, timeout)
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            remaining = _POLL_SECONDS if deadline is None else max(0.0, deadline - time.monotonic())
-            answer = self._call("pop", lease_timeout, min(remaining, _POLL_SECONDS))
-            if answer is not None:
-                return self._lease(answer, lease_timeout)
-            if deadline is not None and time.monotonic() >= deadline:
-                return None
+    def _take(self, max_items: int, lease_timeout: float, wait: float | None) -> list[Lease[T]]:
+        # One long-poll of at most _POLL_SECONDS: the caller's loop asks again until its timeout.
+        seconds = _POLL_SECONDS if wait is None else min(wait, _POLL_SECONDS)
+        answer = self._call("pop_many", lease_timeout, seconds, max_items)
+        return [
+            Lease(pickle.loads(payload), str(lease_id), self._name, int(deliveries), lease_timeout)
+            for lease_id, payload, deliveries in answer
+        ]
 
-    def pop_many(
-        self, max_items: int, lease_timeout: float = DEFAULT_LEASE_TIMEOUT, *, timeout: float | None = 0.0
-    ) -> list[Lease[T]]:
-        """Lease up to ``max_items`` items in one call and one transaction (see :meth:`fray.queue.Queue.pop_many`)."""
-        max_items = check_max_items(max_items)
-        lease_timeout, timeout = check_pop_arguments(lease_timeout, timeout)
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            remaining = _POLL_SECONDS if deadline is None else max(0.0, deadline - time.monotonic())
-            answer = self._call("pop_many", lease_timeout, min(remaining, _POLL_SECONDS), max_items)
-            if answer or (deadline is not None and time.monotonic() >= deadline):
-                return [self._lease(one, lease_timeout) for one in answer]
+    def _done(self, lease_ids: list[str]) -> list[str]:
+        # The call id makes a done sent again after a controller restart harmless.
+        return [str(status) for status in self._call("done_many", lease_ids, uuid.uuid4().hex)]
 
-    def _lease(self, answer: Any, lease_timeout: float) -> Lease[T]:
-        lease_id, payload, deliveries = answer
-        return Lease(pickle.loads(payload), str(lease_id), self._name, int(deliveries), lease_timeout)
-
-    def done(self, lease: Lease[T]) -> None:
-        """Remove the leased item for good (see :meth:`fray.queue.Queue.done`)."""
-        check_lease(lease, self._name)
-        status = self._call("done", lease.lease_id, uuid.uuid4().hex)
-        if status != "ok":
-            raise lease_error(str(status), lease.lease_id, self._name)
-
-    def push_many(self, items: Iterable[T]) -> None:
-        """Append every item, in order, in one call and one transaction (see :meth:`fray.queue.Queue.push_many`)."""
-        batch = [[uuid.uuid4().hex, _dumps(item)] for item in check_items(items)]
-        if batch:
-            self._call("push_many", batch)
-
-    def done_many(self, leases: Iterable[Lease[T]]) -> None:
-        """Remove the items of several leases in one call and one transaction (see :meth:`fray.queue.Queue.done_many`)."""
-        batch = check_leases(leases, self._name)
-        if not batch:
-            return
-        statuses = self._call("done_many", [lease.lease_id for lease in batch], uuid.uuid4().hex)
-        error = done_many_error(batch, [str(status) for status in statuses], self._name)
-        if error is not None:
-            raise error
-
-    def pending(self) -> int:
-        """Items waiting to be popped."""
-        return self.counts().pending
-
-    def in_flight(self) -> int:
-        """Items leased and not done."""
-        return self.counts().in_flight
-
-    def counts(self) -> QueueCounts:
-        """Waiting and leased items at one instant (one call)."""
+    def _counts(self) -> QueueCounts:
         return counts_from(self._call("counts"))

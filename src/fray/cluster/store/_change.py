@@ -31,8 +31,7 @@ from fray.cluster.scheduler import SchedulingDecision
 from fray.cluster.store._schema import active_keys_on, read_job, read_task, read_tasks
 from fray.core._lifecycle import Failure, RetryBudget, check_transition
 from fray.errors import FrayError, StoreError
-from fray.job import JobStatus
-from fray.testing import replicas_to_preempt
+from fray.job import JobStatus, replicas_to_preempt
 
 __all__ = ["STALE", "Change", "reported_failure"]
 
