@@ -272,6 +272,11 @@ def main() -> None:
     parser.add_argument("--kill-worker-on-shard", type=int, help="kill the worker that starts this map shard")
     args = parser.parse_args()
     client = fray.current_client()
+    from _extras import capacity
+
+    capacity(
+        client
+    )  # on a Fray cluster: exits at once, saying so, when no worker is alive (its actors reserve no cores)
     with tempfile.TemporaryDirectory(prefix="fray-pipeline-") as scratch:
         # A fresh name per run: actor names and storage prefixes of earlier runs stay taken.
         name = f"pipeline-{uuid.uuid4().hex[:6]}"

@@ -243,9 +243,15 @@ def run(
 
 
 if __name__ == "__main__":
-    from _extras import answer_help
+    from _extras import answer_help, cannot_run, capacity, require_pinned
 
     answer_help(__doc__)
+    client = fray.current_client()
+    cap = capacity(client)
+    if cap is not None:
+        require_pinned(cap, "the controller job (preemptible=False)")
+        if cap.slots(0.5) < FILTER_REPLICAS:
+            cannot_run(f"the filter step is a gang of {FILTER_REPLICAS} half-core replicas; it has {cap.describe()}")
     with tempfile.TemporaryDirectory(prefix="fray-experiment-") as directory:
-        outcome = run(fray.current_client(), directory)
+        outcome = run(client, directory)
     print("pipeline succeeded" if outcome.succeeded else "pipeline failed")

@@ -228,9 +228,22 @@ def main() -> None:
     parser.add_argument("--kill-during-request", type=int, help="kill the server that takes this request")
     args = parser.parse_args()
     client = fray.current_client()
+    from _extras import cannot_run, capacity
+
+    # A server takes one core: on a Fray cluster the pool grows only as far as the cluster has room.
+    cap = capacity(client)
+    max_workers = 4
+    if cap is not None:
+        max_workers = min(4, cap.slots(1.0))
+        if max_workers < 1:
+            cannot_run(f"a model server needs a worker with 1 core; it has {cap.describe()}")
+        if max_workers < 4:
+            print(f"(the cluster has room for {max_workers} one-core servers: the pool grows to {max_workers})")
     fault = Fault(args.kill_during_request) if args.kill_during_request is not None else None
     # Queues outlive a run on a Fray cluster (they are durable there): a fresh name each run.
-    result = run(client, name=f"infer-{uuid.uuid4().hex[:6]}", requests=args.requests, fault=fault)
+    result = run(
+        client, name=f"infer-{uuid.uuid4().hex[:6]}", requests=args.requests, max_workers=max_workers, fault=fault
+    )
     print(f"backend: {client!r}")
     print(f"{len(result.outputs)} of {args.requests} requests answered; missing: {list(result.missing)}")
     print(f"duplicate results: {list(result.duplicates)}; redelivered: {list(result.redelivered)}")

@@ -68,8 +68,8 @@ def flaky() -> None:
     raise ValueError("shard 17 has a corrupt header")
 
 
-def main() -> None:
-    client = fray.current_client()
+def main(client: fray.Client | None = None, tokenize_replicas: int = 4) -> None:
+    client = client or fray.current_client()
     print(f"backend: {client!r}\n")
 
     # 1. A shared actor, created by the driver and passed to jobs as an argument.
@@ -91,8 +91,8 @@ def main() -> None:
         client.submit(
             JobRequest(
                 name="tokenize",
-                entrypoint=Entrypoint.from_callable(tokenize_shard, args=(4,)),
-                replicas=4,
+                entrypoint=Entrypoint.from_callable(tokenize_shard, args=(tokenize_replicas,)),
+                replicas=tokenize_replicas,
                 # Half a core each: the gang of 4 fits the 2 cores of a small machine, which
                 # `fray cluster up` divides among its workers.
                 resources=ResourceConfig(cpu=0.5),
@@ -126,7 +126,18 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from _extras import answer_help
+    from _extras import answer_help, cannot_run, capacity, require_pinned
 
     answer_help(__doc__)
-    main()
+    client = fray.current_client()
+    # On a Fray cluster: fit the gang to it, or say at once why the demo cannot run there.
+    cap = capacity(client)
+    replicas = 4
+    if cap is not None:
+        require_pinned(cap, "the shared curriculum actor (preemptible=False)")
+        if cap.largest < 1:
+            cannot_run(f"the rollout jobs need a worker with 1 core; it has {cap.describe()}")
+        replicas = min(4, cap.slots(0.5))
+        if replicas < 4:
+            print(f"(the cluster has room for {replicas} half-core replicas at once: the gang gets {replicas})")
+    main(client, replicas)

@@ -462,15 +462,24 @@ def _tracked_since(workdir: Path, when: float, replicas: int) -> bool:
 
 
 if __name__ == "__main__":
-    from _extras import answer_help, require
+    from _extras import answer_help, cannot_run, capacity, require
 
     answer_help(__doc__)
 
     require("ray", "ray")  # the replicas (on this machine's workers) run Ray from this same install
     current = fray.current_client()
+    # One Ray node per half-core replica, all at once (a gang): as many as fit, up to 3.
+    cap = capacity(current)
+    replicas = 3
+    if cap is not None:
+        replicas = min(3, cap.slots(0.5))
+        if replicas < 1:
+            cannot_run(f"its replicas need half a core each; it has {cap.describe()}")
+        if replicas < 3:
+            print(f"(the cluster has room for {replicas} half-core replicas at once: a Ray cluster of {replicas})")
     with tempfile.TemporaryDirectory(prefix="fray-ray-in-fray-") as tmp:
         try:
-            result = run(current, tmp)
+            result = run(current, tmp, replicas=replicas)
         except ConfigError as exc:
             sys.exit(str(exc))
     print(f"Fray job {result.fray_status}; the Ray program saw {result.program['ray_nodes']} Ray nodes")

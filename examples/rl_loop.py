@@ -281,9 +281,20 @@ def run(
 
 
 if __name__ == "__main__":
-    from _extras import answer_help
+    from _extras import answer_help, cannot_run, capacity, require_pinned
 
     answer_help(__doc__)
-    result = run(fray.current_client())
-    assert result.lesson_stats == expected_stats(3, 12, 3), "the statistics do not add up"
+    client = fray.current_client()
+    # The loop is lock-step: the trainer and every rollout (half a core each) must run at once.
+    cap = capacity(client)
+    rollouts = 3
+    if cap is not None:
+        require_pinned(cap, "the curriculum and the weight coordinator (preemptible=False)")
+        rollouts = min(3, cap.slots(0.5) - 1)
+        if rollouts < 1:
+            cannot_run(f"the trainer and a rollout need half a core each, at once; it has {cap.describe()}")
+        if rollouts < 3:
+            print(f"(the cluster runs {rollouts + 1} half-core jobs at once: {rollouts} rollouts and the trainer)")
+    result = run(client, rollouts=rollouts)
+    assert result.lesson_stats == expected_stats(rollouts, 12, 3), "the statistics do not add up"
     print("statistics add up exactly")

@@ -169,11 +169,25 @@ def _write_atomically(path: Path, text: str) -> None:
 
 
 if __name__ == "__main__":
-    from _extras import answer_help
+    from _extras import answer_help, cannot_run, capacity
 
     answer_help(__doc__)
+    client = fray.current_client()
+    # Whole v4-16 slices (2 hosts each) or nothing: one slice if that is all there is; none, and it says so.
+    cap = capacity(client)
+    slices = 2
+    if cap is not None:
+        slices = min(2, cap.tpu_slices("v4-16", TpuConfig("v4-16").slice.hosts))
+        if slices == 0:
+            cannot_run(
+                f"it needs v4-16 TPU slices and none of its {cap.describe()} is a TPU host (start workers with "
+                "--device tpu:v4-16:4 --attr tpu-name=SLICE --attr tpu-worker-id=0|1, or "
+                "`fray cluster up --config examples/cluster.yaml`, whose autoscaler makes them)"
+            )
+        if slices == 1:
+            print("(the cluster has one complete v4-16 slice: the job runs on one)")
     with tempfile.TemporaryDirectory(prefix="fray-train-") as tmp:
-        result = run(fray.current_client(), tmp)
+        result = run(client, tmp, slices=slices)
     if result.local_dry_run:
         print("local backend: no TPU slices here; each replica ran once, as a dry run of the training code")
     print(f"training job finished after {result.attempts} attempt(s) on {len(result.hosts)} host process(es)")
