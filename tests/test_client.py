@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -58,6 +61,28 @@ def test_malformed_specs_list_the_valid_forms(text):
         parse_client_spec(text)
     assert "local?threads=N" in str(info.value)
     assert isinstance(info.value, ValueError)
+
+
+def _script(code: str, spec: str, **extra: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FRAY_")}
+    env.update(FRAY_CLIENT_SPEC=spec, **extra)
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_a_script_with_a_malformed_spec_ends_with_one_line() -> None:
+    """A script that never catches it: one line naming FRAY_CLIENT_SPEC and the valid forms, exit 1, no traceback."""
+    out = _script("import fray\nfray.current_client()", "fary://127.0.0.1:7100")
+    assert out.returncode == 1
+    (line,) = out.stderr.strip().splitlines()
+    assert line.startswith("fray: FRAY_CLIENT_SPEC: client spec 'fary://127.0.0.1:7100': unknown backend 'fary'")
+    assert "valid forms" in line and "FRAY_DEBUG=1" in line
+    # Code may still catch it; another uncaught error keeps its traceback; FRAY_DEBUG=1 shows this one's.
+    caught = "import fray\ntry:\n    fray.current_client()\nexcept fray.ConfigError:\n    print('caught')\nraise KeyError('x')"
+    out = _script(caught, "fary://x")
+    assert out.stdout == "caught\n" and "Traceback" in out.stderr and "KeyError" in out.stderr
+    assert "fray: FRAY_CLIENT_SPEC" not in out.stderr
+    out = _script("import fray\nfray.current_client()", "fary://x", FRAY_DEBUG="1")
+    assert out.returncode == 1 and "Traceback" in out.stderr and "ConfigError" in out.stderr
 
 
 @pytest.mark.parametrize("text", ["local?threads=0", "local?threads=x", "local?workers=2", "local://h:1"])

@@ -247,14 +247,47 @@ def current_client() -> Client:
         found = _engine_context_client()
         if found is not None:
             return found
+    from_environment = bool(spec)
     spec = spec or detect_spec() or "local"
     with _defaults_lock:
         client = _defaults.get(spec)
         # A default client someone shut down is replaced rather than handed out dead.
         if client is None or getattr(client, "closed", False):
-            client = client_from_spec(spec)
+            try:
+                client = client_from_spec(spec)
+            except ConfigError as exc:
+                if from_environment:
+                    _one_line_if_uncaught(exc, "FRAY_CLIENT_SPEC")
+                raise
             _defaults[spec] = client
         return client
+
+
+_uncaught_quietly: list[BaseException] = []  # the latest error to print as one line if nothing catches it
+
+
+def _one_line_if_uncaught(exc: BaseException, source: str) -> None:
+    """If nothing catches ``exc`` (a script's mistake in ``source``), end the script with one line, not a traceback.
+
+    The exception is raised as usual (code may catch it); only Python's report of an uncaught
+    one changes, through ``sys.excepthook``, and only for this exception. ``FRAY_DEBUG=1``
+    keeps the traceback.
+    """
+    if os.environ.get("FRAY_DEBUG", "").lower() in ("1", "true", "yes"):
+        return
+    _uncaught_quietly[:] = [exc]
+    if getattr(sys.excepthook, "_fray_one_line", False):
+        return
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+        if _uncaught_quietly and value is _uncaught_quietly[0]:
+            print(f"fray: {source}: {value} (FRAY_DEBUG=1 shows the traceback)", file=sys.stderr)
+            return
+        previous(kind, value, tb)
+
+    hook._fray_one_line = True  # type: ignore[attr-defined]
+    sys.excepthook = hook
 
 
 def _engine_context_client() -> Client | None:
