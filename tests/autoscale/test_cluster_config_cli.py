@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -328,7 +329,10 @@ def test_quota_exhaustion_routes_demand_to_the_next_group(faults: ConfigCluster,
         cpu_rows = [line for line in status.splitlines() if line.strip("│┃ ").startswith("cpu ")]
         assert cpu_rows and "quota" in cpu_rows[0], status
     finally:
-        faults.fray("cluster", "vm", "quota", "cpu", "--available")
+        available = faults.fray("cluster", "vm", "quota", "cpu", "--available").stdout
+    # The refusal blocked the group for quota_block_seconds: --available says it stays blocked, and until when.
+    assert "accepts creates in group cpu again; the autoscaler keeps the group quota-blocked until " in available
+    assert re.search(r"until \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC \(", available), available
 
 
 def test_a_failed_boot_is_replaced(faults: ConfigCluster, tmp_path: Path) -> None:

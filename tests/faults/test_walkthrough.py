@@ -220,6 +220,8 @@ def test_several_machines_walkthrough_as_written(tmp_path: Path, hosts: Hosts) -
                 continue
             shown = admin.run(ours(command)).stdout
             assert "alive" in shown or "user:alice" in shown, shown
+            if command.startswith("fray token list"):
+                assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", shown), shown  # the CLI's one time format
         credentials = json.loads(admin.run(f"fray token list --controller {here}:7100 --json").stdout)
         (alice_id,) = [row["id"] for row in credentials if row["subject"] == "user:alice"]
         revoke_worker = next(c for c in steps[5] if c.startswith("fray worker revoke ID"))

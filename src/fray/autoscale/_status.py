@@ -9,15 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
+from fray._timefmt import format_time
 from fray.autoscale._createrate import CreateRate
 from fray.autoscale._demand import Routing
 from fray.autoscale._vmstate import SliceRecord, VmState
 from fray.autoscale.config import ScaleGroup
 
-__all__ = ["BOOTING", "GroupState", "autoscaler_status", "iso", "job_notes"]
+__all__ = ["BOOTING", "GroupState", "autoscaler_status", "job_notes"]
 
 #: The states of a slice that is on its way (created, not READY yet).
 BOOTING = (VmState.REQUESTED, VmState.BOOTING)
@@ -35,11 +35,6 @@ class GroupState:
     blocked_message: str = ""
     last_error: str = ""
     wanted: int = 0  # slices wanted in the last tick but not created (rate-limited)
-
-
-def iso(at: float) -> str:
-    """``at`` (seconds since the epoch) as an ISO 8601 UTC time, to the second."""
-    return datetime.fromtimestamp(at, UTC).isoformat(timespec="seconds")
 
 
 def job_notes(
@@ -99,7 +94,7 @@ def autoscaler_status(
         if stopped:
             state = "stopped"
         elif group.blocked_until > now:
-            state = f"{group.blocked_message} until {iso(group.blocked_until)}"
+            state = f"{group.blocked_message} until {format_time(group.blocked_until)}"
         elif group.rate.throttled:
             state = f"backoff ({group.rate.failures} boot failures)"
         else:

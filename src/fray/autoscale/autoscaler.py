@@ -41,9 +41,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from fray._timefmt import format_time
 from fray.autoscale._createrate import CreateRate
 from fray.autoscale._demand import Routing, Unit, group_vector, route
-from fray.autoscale._status import BOOTING, GroupState, autoscaler_status, iso, job_notes
+from fray.autoscale._status import BOOTING, GroupState, autoscaler_status, job_notes
 from fray.autoscale._vmstate import SliceRecord, VmRecord, VmState, vm_worker_info
 from fray.autoscale.config import ClusterConfig, ScaleGroup
 from fray.autoscale.provider import CloudState, Provider, ProviderVm, SliceRequest, slice_vms
@@ -410,7 +411,10 @@ class Autoscaler:
                 blocked[name] = ("stopped", "is being deleted (fray cluster down)")
             elif group.blocked_until > now:
                 # A fixed time, not a countdown: the reason of every job it holds stays the same until then.
-                blocked[name] = (group.blocked_code, f"is {group.blocked_message} until {iso(group.blocked_until)}")
+                blocked[name] = (
+                    group.blocked_code,
+                    f"is {group.blocked_message} until {format_time(group.blocked_until)}",
+                )
         return route(unplaced, self._groups_by_priority, self._counts(), blocked, units)
 
     # -- create ----------------------------------------------------------------------------------

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from fray._timefmt import format_time as _format_time
 from fray.cli._errors import CliError, set_target
 from fray.client import parse_client_spec
 from fray.cluster.controller_client import ControllerHandle, OpsProxy, connect_controller, ops_client
@@ -80,8 +80,8 @@ def echo_json(data: Any) -> None:
 
 
 def format_time(at: float | None) -> str:
-    """A timestamp as local ``YYYY-MM-DD HH:MM:SS`` ("" for None)."""
-    return "" if at is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
+    """A timestamp as ``YYYY-MM-DD HH:MM:SS UTC`` ("" for None): the one format of every time the CLI shows."""
+    return _format_time(at)
 
 
 def format_duration(seconds: float | None) -> str:

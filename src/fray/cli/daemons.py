@@ -17,7 +17,7 @@ import click
 from rich.table import Table
 
 import fray
-from fray.cli._common import Session, controller_option, echo_json, plain_row, stdout_console
+from fray.cli._common import Session, controller_option, echo_json, format_time, plain_row, stdout_console
 from fray.cli._errors import CliError
 from fray.cluster._retention import DEFAULT_MAX_JOBS
 from fray.cluster.envs._environments import runtime_available
@@ -499,7 +499,7 @@ def token_create(address: str | None, role: str, ttl: float | None) -> None:
     except PermissionDenied as exc:
         raise _administrators_only(exc) from None
     expires = made["expires_at"]
-    until = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(expires)) if expires else "never"
+    until = format_time(expires) if expires else "never"
     use = "fray worker --controller HOST:PORT --join '<line>'" if role == "worker" else "FRAY_CREDENTIAL='<line>'"
     click.echo(f"token {made['id']} ({role}), expires {until}; use: {use}", err=True)
     click.echo(made["line"])
@@ -521,7 +521,7 @@ def token_list(address: str | None, as_json: bool) -> None:
     for row in rows:
 
         def when(t: float | None) -> str:
-            return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "-"
+            return format_time(t) if t else "-"
 
         subject = "worker join token" if row["subject"] == "join" else row["subject"]
         plain_row(table, row["id"], subject, row["state"], when(row["created_at"]), when(row["expires_at"]), row["via"])

@@ -8,13 +8,15 @@ On a cluster started without ``--config`` each command exits 2 saying so.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any, TypeVar
 
 import click
 from rich.table import Table
 
-from fray.cli._common import Session, controller_option, echo_json, plain_row, stdout_console
+from fray.cli._common import Session, controller_option, echo_json, format_time, plain_row, stdout_console
 from fray.cli._errors import CliError
 from fray.errors import ConfigError, VmNotFound
 
@@ -53,7 +55,7 @@ def _ops_call(address: str | None, call: Callable[[Any], T]) -> T:
 @click.option("--all", "include_deleted", is_flag=True, help="Include deleted VMs.")
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 def vm_list(address: str | None, include_deleted: bool, as_json: bool) -> None:
-    """List the VMs: id, group, slice, state, worker id, created and ready times (UTC), and why a VM FAILED."""
+    """List the VMs: id, group, slice, state, worker id, created and ready times, and why a VM FAILED."""
     rows: list[dict[str, Any]] = _ops_call(address, lambda ops: list(ops.vms(include_deleted)))
     if as_json:
         echo_json([{key: row.get(key) for key in _COLUMNS} for row in rows])
@@ -61,7 +63,7 @@ def vm_list(address: str | None, include_deleted: bool, as_json: bool) -> None:
     if not rows:
         click.echo("no VMs" + ("" if include_deleted else " (`--all` includes deleted ones)"))
         return
-    table = Table("vm", "group", "slice", "state", "worker", "created (UTC)", "ready (UTC)", "reason")
+    table = Table("vm", "group", "slice", "state", "worker", "created", "ready", "reason")
     for row in rows:
         plain_row(table, *(_cell(row.get(key)) for key in _COLUMNS))
     stdout_console().print(table)
@@ -71,9 +73,10 @@ def _cell(value: object) -> str:
     if value is None:
         return ""
     text = str(value)
-    # ISO 8601 times shown to the second: the table is for people, --json has them whole.
+    # ISO 8601 times in the CLI's one format for people (fray._timefmt); --json has them whole.
     if len(text) > 19 and text[4:5] == "-" and text[10:11] == "T":
-        return text[:19].replace("T", " ")
+        with contextlib.suppress(ValueError):
+            return format_time(datetime.fromisoformat(text).timestamp())
     return text
 
 
@@ -99,11 +102,23 @@ def vm_quota(address: str | None, group: str, state: str | None) -> None:
     if state is None:
         raise CliError("say which: --exhausted or --available", f"e.g. fray cluster vm quota {group} --exhausted")
     exhausted = state == "exhausted"
-    _ops_call(address, lambda ops: ops.vm_quota(group, exhausted))
+
+    def set_quota(ops: Any) -> str:
+        ops.vm_quota(group, exhausted)
+        groups = (ops.status().get("autoscaler") or {}).get("groups", [])
+        return next((str(g["state"]) for g in groups if g["name"] == group), "")
+
+    now = _ops_call(address, set_quota)
     if exhausted:
         click.echo(f"quota of group {group} exhausted: its demand goes to the next group by priority")
+    elif "until" in now:
+        # The autoscaler learns of a quota only from a refusal, and tries the group again when its block ends.
+        click.echo(
+            f"the provider accepts creates in group {group} again; the autoscaler keeps the group {now} "
+            "(provider.quota_block_seconds after the last refusal), then creates VMs there again"
+        )
     else:
-        click.echo(f"quota of group {group} available again")
+        click.echo(f"quota of group {group} available again: the autoscaler creates VMs there when demand needs them")
 
 
 @vm.command("fail-boot")
