@@ -12,8 +12,9 @@ from fray import Entrypoint, EnvironmentConfig, JobFailed, JobRequest, JobStatus
 from fray.cluster.controller_client import ops_client
 from fray.cluster.launcher import LocalCluster
 from fray.cluster.records import WorkerState
+from support import alive
 
-from .helpers import gated_then_mark, lines, wait_lines, with_workers
+from .helpers import client_of, gated_then_mark, lines, wait_lines, with_workers
 
 
 @pytest.mark.parametrize("where", ["argv", "env"])
@@ -77,3 +78,37 @@ def test_a_sigterm_drains_the_worker_its_job_is_preempted_and_completes_once_els
     assert "left the cluster (SIGTERM" in first_attempt[0]["error"]
     print(f"SIGTERM to worker exit: {drain_seconds:.3f}s")
     assert drain_seconds < 10
+
+
+def test_a_drain_is_bounded_by_drain_seconds_even_for_a_task_that_ignores_sigterm(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    cluster.add_worker("w-a", "--cpu", "1", "--drain-seconds", "1")
+    cluster.wait_for_workers(1)
+    client = client_of(cluster)
+    marker = tmp_path / "started"
+    stubborn = client.submit(
+        JobRequest(
+            name="stubborn",
+            entrypoint=Entrypoint.from_binary("sh", ["-c", f"trap '' TERM; echo $$ >> {marker}; sleep 600"]),
+            max_retries_preemption=1,
+        )
+    )
+    wait_lines(marker, 1, "the task to start")
+    worker = cluster.workers["w-a"]
+    signalled = time.monotonic()
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(timeout=30) == 0
+    took = time.monotonic() - signalled
+    print(f"SIGTERM to exit with a task ignoring SIGTERM, --drain-seconds 1: {took:.3f}s")
+    assert 1.0 <= took < 6.0, "it waited for the task, up to --drain-seconds, then killed it and left"
+    assert not alive(int(lines(marker)[0])), "the task was killed before the worker left"
+    ops = ops_client(cluster.address, cluster.token)
+    try:
+        detail = ops.job_detail(stubborn.job_id)
+    finally:
+        ops.close()
+    assert (detail["state"], detail["failures"], detail["preemptions"]) == ("pending", 0, 1), detail
+    assert [t["state"] for t in detail["tasks"] if t["attempt"] == 0] == ["lost"]
+    stubborn.terminate()
+    client.shutdown()

@@ -82,8 +82,9 @@ class WorkerSessions:
         self._heartbeat_written[worker_id] = now
 
     def end_epoch(self, worker_id: str) -> None:
-        """Refuse ``worker_id``'s polls and reports from now on, until it registers again."""
+        """Refuse ``worker_id``'s polls and reports from now on, until it registers again (a poll waiting now too)."""
         self._epochs.pop(worker_id, None)
+        self._ready.notify_all()
 
     # ----- outboxes -----------------------------------------------------------------------------
 
@@ -105,6 +106,8 @@ class WorkerSessions:
             if outbox is not None and (outbox.start or outbox.kill):
                 del self._outboxes[worker_id]
                 return WorkerCommands(start=tuple(outbox.start), kill=tuple(outbox.kill))
+            if worker_id not in self._epochs:  # its epoch ended meanwhile (it left, or was lost or revoked)
+                return WorkerCommands(reregister=True)
             remaining = deadline - time.monotonic()
             if remaining <= 0 or stopping.is_set():
                 return WorkerCommands()

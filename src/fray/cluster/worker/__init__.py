@@ -243,11 +243,12 @@ class Worker:
             for task in tasks:
                 if task.proc is not None:
                     kill_process_group(task.proc, grace=1.0)
+        # Closing the client first ends a long poll in flight at once (the command loop then sees it is stopping).
+        self._client.close()
         for thread in self._threads:
             thread.join(timeout=5)
         if self._forkserver is not None:
             self._forkserver.close()
-        self._client.close()
 
     def drain(self, reason: str = "SIGTERM") -> bool:
         """Leave the cluster (see the module's docstring): hand the tasks back, tell the controller, :meth:`stop`.
@@ -350,6 +351,8 @@ class Worker:
                     commands = self._confirmed(commands)
                 self._obey(commands)
             except Exception as exc:  # never dies: an unreachable controller, or a bug of ours
+                if self._stopping.is_set():
+                    return  # stopped while a call was in flight (stop() closes the client under it)
                 if self._joined:
                     refusal = revoked(self.worker_id, self.controller, exc)
                 else:
