@@ -78,15 +78,16 @@ def test_up_after_a_crash_refuses_then_resumes_keeping_the_history(fray_cli, tmp
     assert alive(old_worker), "a refusal touches nothing"
     both = fray_cli("cluster", "up", "--resume", "--fresh", check=False)
     assert both.returncode == 2 and "contradict" in both.stderr
-    resumed = fray_cli("cluster", "up", "--workers", "1", "--port", "0", "--resume", check=False)
+    resumed = fray_cli("cluster", "up", "--workers", "0", "--port", "0", "--resume", check=False)
     assert resumed.returncode == 0, resumed.stderr
     assert "is not running" in resumed.stderr and "jobs and history kept" in resumed.stderr
     assert not alive(old_worker)  # the crashed cluster's worker (still ours) was stopped
     listed = json.loads(fray_cli("job", "list", "--json").stdout)
     assert job_id in {row["job_id"] for row in listed}
-    # Its worker was listed as stopped before the new one (same id) registered: never alive, then lost.
+    # The crashed cluster's worker (stopped by `up`) is listed as stopped at once: never alive, then lost.
     workers = json.loads(fray_cli("worker", "list", "--json").stdout)
-    assert [(w["worker_id"], w["state"]) for w in workers] == [("worker-0", "alive")]
+    assert [(w["worker_id"], w["state"]) for w in workers] == [("worker-0", "stopped")]
+    assert "its 1 worker listed as stopped" in resumed.stdout + resumed.stderr
     again = fray_cli("cluster", "up", "--port", "0", check=False)
     assert again.returncode == 2 and "already up" in again.stderr
 
