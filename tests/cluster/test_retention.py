@@ -93,10 +93,13 @@ def test_the_controller_prunes_on_its_own(store: ClusterStore):
     now = [100 * DAY]
     old = _job(store, "old", now=0.0)
     _finish(store, old.job_id, now=0.0)
+    store.register_worker(WorkerInfo("gone", 1000, 1 << 30, 1 << 30), "h:1", now=0.0)
+    store.stop_worker("gone", 0.0, "drained")
     ops = OpsService(store, spec_command=lambda job_id: "", clock=lambda: now[0], prune_interval=3600)
     ops.start()  # prunes once at start
     try:
         wait_until(lambda: old.job_id not in _ids(store), what="the retention thread to prune the old job")
+        wait_until(lambda: not store.list_workers(), what="the retention thread to prune the stopped worker")
     finally:
         ops.stop()
 
