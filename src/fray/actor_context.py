@@ -15,15 +15,18 @@ from __future__ import annotations
 
 import contextvars
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from fray.errors import ActorContextError
+from fray.core._remote import copy_died, self_ended
+from fray.errors import ActorContextError, ActorDiedError
 from fray.job import current_job
 
 __all__ = [
     "SHUTDOWN_GRACE",
+    "ActorCalls",
     "ActorContext",
     "ActorEnd",
     "bind_actor",
@@ -156,6 +159,88 @@ class ActorContext:
         """What the actor asked for (``exit()`` or ``fail()``), or None: read by the backend after each call."""
         with self._lock:
             return self._end
+
+
+class ActorCalls:
+    """An actor host's calls: how many run, and whether new ones may start. Every backend's host uses one.
+
+    ``enter()`` and ``leave()`` bracket each call. ``check_end()``, after the constructor
+    and after each call, acts on an actor that asked to end (``exit()`` / ``fail()``):
+    ``on_end(end)`` runs once (the backend records the end, tells its creator, exits),
+    then the actor is refused as ``refuse(death)`` refuses it for any other reason (its
+    job is being terminated): every later ``enter()`` raises a copy of ``death`` (one per
+    caller) and ``done`` is set. ``wait_idle`` waits for the calls still running.
+
+    ============  ==========================  ===========================================
+    state         entered by                  ``enter()``
+    ============  ==========================  ===========================================
+    serving       the constructor returned    counts the call in
+    ended         ``check_end`` / ``refuse``  raises the actor's death; ``done`` is set
+    ============  ==========================  ===========================================
+    """
+
+    def __init__(self, context: ActorContext, on_end: Callable[[ActorEnd], None] | None = None) -> None:
+        self.context = context
+        self.done = threading.Event()
+        self._on_end = on_end
+        self._idle = threading.Condition()
+        self._running = 0
+        self._ending = False
+        self._death: ActorDiedError | None = None
+
+    @property
+    def death(self) -> ActorDiedError | None:
+        """Why calls are refused, once they are."""
+        return self._death
+
+    def enter(self) -> None:
+        """A call starts; raises the actor's death (a fresh copy) once it ended."""
+        with self._idle:
+            death = self._death
+            if death is None:
+                self._running += 1
+                return
+        raise copy_died(death)
+
+    def leave(self) -> None:
+        """A call that ``enter`` let in has returned."""
+        with self._idle:
+            self._running -= 1
+            if self._running == 0:
+                self._idle.notify_all()
+
+    def refuse(self, death: ActorDiedError) -> bool:
+        """Refuse every later call with ``death``; False if the actor had ended already (its first death stays)."""
+        with self._idle:
+            first = self._death is None
+            if first:
+                self._death = death
+        self.done.set()
+        return first
+
+    def check_end(self) -> None:
+        """If the actor asked to end, end it: ``on_end`` first (so what it records is there for refused calls)."""
+        end = self.context.end_request()
+        if end is None:
+            return
+        with self._idle:
+            if self._ending or self._death is not None:
+                return
+            self._ending = True
+        if self._on_end is not None:
+            self._on_end(end)
+        self.refuse(self_ended(self.context.name, end.error))
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until no call runs; False if some still ran after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        with self._idle:
+            while self._running > 0:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._idle.wait(remaining)
+        return True
 
 
 #: The actor of the running code, where actors are threads of a shared process (marin's name).

@@ -28,20 +28,24 @@ queue client           :class:`fray.queue.QueueClient`               the ten que
 job context            :class:`fray.context.JobContextBase`          argument and ref checks, refs among
                        (``_REF``, ``_submit``, ``_put``,             a task's arguments, ``get``'s one-or-
                        ``_values``, ``_first_ready``, ``_owns``)     list form, ``create_actor``
+actor host             :class:`fray.actor_context.ActorCalls`        counting calls in and out, refusing
+                       (``on_end``: what the backend does when       them once the actor ended (a copy of
+                       the actor ends itself)                        its death each), ``wait_idle``
 =====================  ============================================  =====================================
 
-Who fills each role (``tests/conformance/test_contract.py`` checks these on every backend):
+Who fills each role (``tests/conformance/test_contract.py`` checks the first four on every backend):
 
-=========  ===================  ====================  =================  =====================================
-backend    job handle           actor handle          queue client       job context
-=========  ===================  ====================  =================  =====================================
-local      LocalJobHandle       LocalActorHandle      LocalQueue         LocalJobContext, ProcessJobContext
-fray://    ClusterJobHandle     ClusterActorHandle    ClusterQueue       ClusterJobContext
-Ray        RayJobHandle (3)     RayActorHandle        RayQueue           RayJobContext
-Monarch    MonarchJobHandle     MonarchActorHandle    ActorQueue         MonarchJobContext
-Iris       IrisJobHandle,       IrisActorHandle       (refused: use      LocalJobContext (threads of the job)
-           IrisMemberJob                              ``actor_queue``)
-=========  ===================  ====================  =================  =====================================
+=========  ===================  ====================  =================  ===========================  ======================
+backend    job handle           actor handle          queue client       job context                  actor host
+=========  ===================  ====================  =================  ===========================  ======================
+local      LocalJobHandle       LocalActorHandle      LocalQueue         LocalJobContext,             (threads of the
+                                                                         ProcessJobContext            caller's process)
+fray://    ClusterJobHandle     ClusterActorHandle    ClusterQueue       ClusterJobContext            taskproc._actor_host
+Ray        RayJobHandle (3)     RayActorHandle        RayQueue           RayJobContext                inside._actor_host
+Monarch    MonarchJobHandle     MonarchActorHandle    ActorQueue         MonarchJobContext            host.FrayHost
+Iris       IrisJobHandle,       IrisActorHandle       (refused: use      LocalJobContext (threads     _actor_host._Dispatch
+           IrisMemberJob                              ``actor_queue``)   of the job)
+=========  ===================  ====================  =================  ===========================  ======================
 
 Backends are loaded by scheme through ``importlib`` (:func:`fray.client.client_from_spec`),
 so nothing in the program hands mypy a backend where a ``Client`` is expected; the

@@ -48,10 +48,10 @@ from connectrpc.code import Code
 from connectrpc.errors import ConnectError
 
 from fray.actor import public_methods
-from fray.actor_context import ActorContext, set_process_actor
+from fray.actor_context import ActorCalls, ActorContext, set_process_actor
 from fray.core._eventloop import ActorLoop, invoke
 from fray.core._lifecycle import ActorRestartBudget
-from fray.core._remote import RemoteFailure, self_ended
+from fray.core._remote import RemoteFailure
 from fray.core._serialization import check_result_picklable
 from fray.errors import ActorDiedError, SerializationError
 from fray.iris import _connect, _task
@@ -85,20 +85,20 @@ class _Dispatch:
         self._instance = instance
         self._context = context
         self._loop = ActorLoop(name)
-        self._lock = threading.Lock()
         # The actor's own limit; the server has threads to spare for the controls, which must
         # answer while a method runs (a handle asking which instance serves; kill_actor).
         self._slots = threading.Semaphore(concurrency)
-        self._death: ActorDiedError | None = None
+        self._calls = ActorCalls(context)
         self._id = uuid.uuid4().hex
-        self.ended = threading.Event()
+        #: Set once the actor ended itself: the host's main thread wakes.
+        self.ended = self._calls.done
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Pickled:
         """Run ``method`` with the call's arguments; its value pickled, or :class:`CallFailed`."""
-        with self._lock:
-            death = self._death
-        if death is not None:
-            raise CallFailed(RemoteFailure.capture(death).encode())
+        try:
+            self._calls.enter()
+        except ActorDiedError as death:
+            raise CallFailed(RemoteFailure.capture(death).encode()) from None
         try:
             call_args, call_kwargs = call_arguments(args, kwargs)
             with self._slots:
@@ -106,7 +106,8 @@ class _Dispatch:
         except Exception as exc:
             raise CallFailed(RemoteFailure.capture(exc).encode()) from None
         finally:
-            self.check_end()
+            self._calls.leave()
+            self._calls.check_end()
         try:
             return Pickled(cloudpickle.dumps(value))
         except Exception as exc:
@@ -134,15 +135,8 @@ class _Dispatch:
         return served
 
     def check_end(self) -> None:
-        """After a call (or the constructor): if the actor asked to end, refuse later calls and wake the host."""
-        end = self._context.end_request()
-        if end is None:
-            return
-        death = self_ended(self._name, end.error)
-        with self._lock:
-            if self._death is None:
-                self._death = death
-        self.ended.set()
+        """After the constructor: if the actor asked to end, refuse later calls and wake the host."""
+        self._calls.check_end()
 
 
 class _Served:

@@ -33,7 +33,6 @@ from __future__ import annotations
 import os
 import sys
 import threading
-import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -42,12 +41,12 @@ from typing import Any
 import cloudpickle
 from monarch.actor import Actor, Port, current_rank, endpoint
 
-from fray.actor_context import ActorContext, set_process_actor
+from fray.actor_context import ActorCalls, ActorContext, ActorEnd, set_process_actor
 from fray.core._eventloop import ActorLoop, invoke
 from fray.core._lifecycle import Failure
 from fray.core._remote import RemoteFailure
 from fray.core._serialization import check_result_picklable
-from fray.errors import ActorContextError, SerializationError
+from fray.errors import ActorContextError, ActorDiedError, SerializationError
 from fray.job import JobInfo, replica_env
 from fray.monarch import supervision
 
@@ -93,12 +92,12 @@ class FrayHost(Actor):
         os.environ.update(replica_env(member.info, member.client_spec))
         self._loop = ActorLoop(self._label)
         self._pool = ThreadPoolExecutor(member.max_concurrency, thread_name_prefix=f"fray-actor-{self._label}")
-        self._lock = threading.Condition()
-        self._running = 0
+        self._lock = threading.Lock()
         self._ended: tuple[bytes | None] | None = None  # set once the actor ended itself
         self._end_port: Any = None
         self._handle: Any = None
         self._context = ActorContext.of_actor(self._label, member.group, member.index, self._own_handle)
+        self._calls = ActorCalls(self._context, on_end=self._tell_end)
         set_process_actor(self._context)
         self._instance: object | None = None
         self._failure: bytes | None = None
@@ -110,7 +109,7 @@ class FrayHost(Actor):
             sys.stderr.write(failure.traceback_text)
             self._failure = failure.encode()
             return
-        self._check_end()
+        self._calls.check_end()
 
     def _own_handle(self) -> Any:
         if self._handle is None:
@@ -149,31 +148,21 @@ class FrayHost(Actor):
     def notify_shutdown(self, grace: float) -> bool:
         """Set ``shutdown_requested``; True once no call runs, False if some still ran after ``grace`` seconds."""
         self._context.shutdown_requested.set()
-        deadline = time.monotonic() + grace
-        with self._lock:
-            while self._running > 0:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return False
-                self._lock.wait(remaining)
-        return True
+        return self._calls.wait_idle(grace)
 
     def _serve(self, port: Port[tuple[str, Any]], method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        with self._lock:
-            ended = self._ended
-            if ended is None:
-                self._running += 1
-        if ended is not None:
-            port.send((ENDED, ended[0]))
+        try:
+            self._calls.enter()
+        except ActorDiedError:
+            ended = self._ended  # set before calls are refused (ActorCalls.check_end)
+            port.send((ENDED, ended[0] if ended is not None else None))
             return
         try:
             reply = self._invoke(method, args, kwargs)
         finally:
-            with self._lock:
-                self._running -= 1
-                self._lock.notify_all()
+            self._calls.leave()
         port.send(reply)
-        self._check_end()
+        self._calls.check_end()
 
     def _invoke(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, Any]:
         instance = self._instance
@@ -190,11 +179,8 @@ class FrayHost(Actor):
         except Exception as exc:
             return UNPICKLABLE, _unpicklable_message(self._label, method, result, exc)
 
-    def _check_end(self) -> None:
-        """After a call (or the constructor): if the actor asked to end, refuse later calls and tell the creator."""
-        end = self._context.end_request()
-        if end is None:
-            return
+    def _tell_end(self, end: ActorEnd) -> None:
+        """The actor asked to end (``ActorCalls.check_end``): tell the creator how, once."""
         payload = None
         if end.error is not None:
             failure = Failure.from_exception(end.error)

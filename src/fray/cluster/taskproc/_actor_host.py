@@ -25,15 +25,13 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
-import time
 from typing import Any
 
-from fray.actor_context import SHUTDOWN_GRACE, ActorContext, set_process_actor
+from fray.actor_context import SHUTDOWN_GRACE, ActorCalls, ActorContext, set_process_actor
 from fray.cluster.controller_client import connect_controller
 from fray.cluster.records import TaskKey
 from fray.core._lifecycle import Failure
-from fray.core._remote import copy_died, self_ended
+from fray.core._remote import copy_died
 from fray.errors import ActorDiedError
 from fray.job import current_job
 from fray.process import _jobmain
@@ -50,62 +48,28 @@ def control_url(actor_url: str, name: str) -> str:
     return actor_url.removesuffix(name) + name + CONTROL_SUFFIX
 
 
-class _Host:
-    """The actor's calls as its host sees them: how many run, and whether new ones may start."""
+class _Host(ActorCalls):
+    """The actor's calls as the RPC server sees them (its call hooks), and the job's termination."""
 
-    def __init__(self, context: ActorContext) -> None:
-        self.context = context
-        self.done = threading.Event()  # the actor ended itself, or the job is being terminated
-        self.terminating = False
-        self._idle = threading.Condition()
-        self._running = 0
-        self._death: ActorDiedError | None = None
+    terminating = False
 
     def started(self) -> None:
-        with self._idle:
-            death = self._death
-            if death is None:
-                self._running += 1
-                return
-        raise copy_died(death)
+        self.enter()
 
     def withheld(self) -> ActorDiedError | None:
         """Once the job is being terminated, every call still running is answered: the actor died."""
-        with self._idle:
-            death = self._death if self.terminating else None
+        death = self.death if self.terminating else None
         return None if death is None else copy_died(death)
 
     def ended(self) -> None:
-        with self._idle:
-            self._running -= 1
-            if self._running == 0:
-                self._idle.notify_all()
+        self.leave()
         self.check_end()
-
-    def check_end(self) -> None:
-        """After a call (or the constructor): if the actor asked to end, refuse new calls and wake the host."""
-        end = self.context.end_request()
-        if end is None:
-            return
-        self._refuse(self_ended(self.context.name, end.error))
-
-    def _refuse(self, death: ActorDiedError) -> None:
-        with self._idle:
-            if self._death is None:
-                self._death = death
-        self.done.set()
 
     def terminate(self, *_: Any) -> None:
         """SIGTERM: the job is being terminated."""
         self.terminating = True
         self.context.shutdown_requested.set()
-        self._refuse(ActorDiedError(f"actor {self.context.name!r} was terminated"))
-
-    def wait_idle(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        with self._idle:
-            while self._running > 0 and (remaining := deadline - time.monotonic()) > 0:
-                self._idle.wait(remaining)
+        self.refuse(ActorDiedError(f"actor {self.context.name!r} was terminated"))
 
 
 class _Control:

@@ -23,14 +23,11 @@ import functools
 import inspect
 import os
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
-from fray.actor_context import ActorContext, set_process_actor
+from fray.actor_context import ActorCalls, ActorContext, ActorEnd, set_process_actor
 from fray.core._eventloop import ActorLoop
-from fray.core._remote import actor_died, self_ended
-from fray.errors import ActorDiedError
 from fray.ray._values import shield
 from fray.ray.actors import RayActorHandle
 from fray.ray.inside._actor_end import record_end
@@ -42,7 +39,7 @@ GROUP_ENV = "FRAY_ACTOR_GROUP"
 INDEX_ENV = "FRAY_ACTOR_INDEX"
 
 
-class _Host:
+class _Host(ActorCalls):
     """The actor process's Fray state: its context, the calls running, and how it ends."""
 
     def __init__(self, env: dict[str, str], cls: type) -> None:
@@ -51,43 +48,11 @@ class _Host:
         namespace = env.get("FRAY_NAMESPACE", "")
         group = env.get(GROUP_ENV) or None
         index = int(env.get(INDEX_ENV, "0"))
-        self.context = ActorContext.of_actor(name, group, index, lambda: _handle(name, namespace, cls, job_id))
-        self._idle = threading.Condition()
-        self._running = 0
-        self.death: ActorDiedError | None = None
+        context = ActorContext.of_actor(name, group, index, lambda: _handle(name, namespace, cls, job_id))
+        super().__init__(context, on_end=self._end)
 
-    def enter(self) -> None:
-        with self._idle:
-            if self.death is not None:
-                copy = actor_died(str(self.death), self.death.__cause__)
-                raise copy
-            self._running += 1
-
-    def leave(self) -> None:
-        with self._idle:
-            self._running -= 1
-            if self._running == 0:
-                self._idle.notify_all()
-
-    def wait_idle(self, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        with self._idle:
-            while self._running > 0:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return False
-                self._idle.wait(remaining)
-        return True
-
-    def check_end(self) -> None:
-        """After a call (or the constructor): if the actor asked to end, end it now."""
-        end = self.context.end_request()
-        if end is None:
-            return
-        with self._idle:
-            if self.death is not None:
-                return
-            self.death = self_ended(self.context.name, end.error)
+    def _end(self, end: ActorEnd) -> None:
+        """The actor asked to end: record how, then exit once the calls running (its own included) return."""
         record_end(self.job_id, end)
         threading.Thread(target=_exit_self, name="fray-actor-exit", daemon=True).start()
 
