@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,13 +96,25 @@ def capacity(client: Any) -> Capacity | None:
 
     if not isinstance(client, ClusterClient):
         return None
+    ops = ops_client(client.address)
     try:
-        status = ops_client(client.address).status()
+        status = ops.status()
     except FrayError:
         return None
     if status.get("autoscaler"):
         return None
     alive = tuple(w for w in status["workers"] if w["state"] == "alive")
+    job_id, worker_id = os.environ.get("FRAY_JOB_ID"), os.environ.get("FRAY_WORKER_ID")
+    if job_id and worker_id:
+        # The script runs as a job of this cluster (fray job submit): the cores it holds stay held while its
+        # own jobs wait for room, so they are not there for them.
+        try:
+            held = float(ops.job_detail(job_id).get("cpu", 0.0))
+        except FrayError:
+            held = 0.0
+        alive = tuple(
+            {**w, "cpu_total": max(0.0, w["cpu_total"] - held)} if w["worker_id"] == worker_id else w for w in alive
+        )
     if not alive:
         cannot_run(f"the cluster at {client.address} has no alive worker (`fray worker list` shows them)")
     return Capacity(client.address, alive)

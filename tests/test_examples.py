@@ -144,3 +144,25 @@ def test_every_example_runs_or_says_at_once_why_not(
                 f"{name} on {where}: exit {out.returncode} after {took:.1f}s\n{out.stdout[-1500:]}{out.stderr[-1500:]}"
             )
     assert not failures, "\n\n".join(failures)
+
+
+@pytest.mark.slow
+def test_the_quickstart_as_a_job_fits_its_gang_beside_itself(
+    small_clusters: dict[str, LocalCluster], tmp_path: Path
+) -> None:
+    """`fray job submit --wait -- python quickstart.py` on two 1-core workers: the job holds one core, so its
+    gang gets the two half-core replicas that fit beside it (it used to ask for 4 and time out after 120 s)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FRAY_")}
+    env.update(small_clusters["workers-2"].env, HOME=str(tmp_path))
+    started = time.monotonic()
+    out = subprocess.run(
+        [sys.executable, "-m", "fray.cli", "job", "submit", "--wait", "--", "python", "quickstart.py"],
+        env=env,
+        cwd=ROOT / "examples",
+        capture_output=True,
+        text=True,
+        timeout=RUN_SECONDS + 30,
+    )
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert time.monotonic() - started < RUN_SECONDS
+    assert "the gang gets 2" in out.stdout and "job.logs() holds 2 lines" in out.stdout, out.stdout
