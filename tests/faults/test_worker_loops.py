@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from fray import Entrypoint, EnvironmentConfig, JobFailed, JobRequest, JobStatus
+from fray import ActorConfig, Entrypoint, EnvironmentConfig, JobFailed, JobRequest, JobStatus
 from fray.cluster.controller_client import ops_client
 from fray.cluster.launcher import LocalCluster
 from fray.cluster.records import WorkerState
-from support import alive
+from fray.errors import ActorDiedError, ActorUnavailableError
+from support import alive, wait_until
 
 from .helpers import client_of, gated_then_mark, lines, wait_lines, with_workers
 
@@ -112,3 +115,30 @@ def test_a_drain_is_bounded_by_drain_seconds_even_for_a_task_that_ignores_sigter
     assert [t["state"] for t in detail["tasks"] if t["attempt"] == 0] == ["lost"]
     stubborn.terminate()
     client.shutdown()
+
+
+class WhereAmI:
+    """An actor that says which worker it runs on."""
+
+    def where(self) -> str:
+        return os.environ["FRAY_WORKER_ID"]
+
+
+def test_an_actor_on_a_drained_worker_restarts_elsewhere_instead_of_ending(cluster: LocalCluster) -> None:
+    # An actor exits 0 on SIGTERM (it stops serving cleanly): a drain must not count that as its job's end.
+    client = with_workers(cluster, 1)
+    actor = client.create_actor(WhereAmI, name="where", actor_config=ActorConfig(max_restarts=2))
+    assert actor.where.remote().result(timeout=60) == "w-a"
+    cluster.add_worker("w-b", "--cpu", "1")
+    cluster.wait_for_workers(2)
+    cluster.workers["w-a"].send_signal(signal.SIGTERM)
+    assert cluster.workers["w-a"].wait(timeout=30) == 0
+    assert wait_until(lambda: _where(actor) == "w-b", timeout=60, what="the actor to serve again on w-b")
+    client.shutdown()
+
+
+def _where(actor: Any) -> str | None:
+    try:
+        return str(actor.where.remote().result(timeout=10))
+    except (ActorDiedError, ActorUnavailableError):
+        return None

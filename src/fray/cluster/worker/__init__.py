@@ -22,8 +22,10 @@ task's environment is built by :mod:`._task_env`, what the worker keeps of its t
 Leaving (:meth:`Worker.drain`, what ``fray worker`` does on SIGTERM or SIGINT): the worker
 takes no new task (its health note says it is draining, so the controller places nothing more
 here), sends SIGTERM to every task and gives them up to ``drain_seconds`` to end (then SIGKILL).
-A task that exits 0 meanwhile succeeded; every other one is *handed back*: the worker tells the
-controller it leaves (``leave``), and the controller, in one transaction, records the last exits,
+Every task it stopped is *handed back*, whatever its exit status: it was interrupted, and a clean
+exit on SIGTERM (an actor's, a trainer's that saved a checkpoint) is not its job's end. The worker
+tells the controller it leaves (``leave``), and the controller, in one transaction, records the
+exits of tasks that had ended before the drain,
 loses what the worker still held -- its gangs get new attempts elsewhere under
 ``max_retries_preemption``, as for a preempted VM -- and lists the worker as STOPPED, not lost.
 The tasks have ended before the controller hears of it, so none runs twice. A worker that cannot
@@ -600,9 +602,10 @@ class Worker:
                 f"worker {self.worker_id} stopped renewing its lease for more than {self._lease_seconds:g}s; "
                 "its tasks were killed so that they cannot run beside their replacements"
             ).encode()
-        elif task.handed_back and code != 0 and not task.killed:
-            # Stopped by the drain: not a failure of the task. The controller loses it with this worker
-            # (a preemption) when the worker leaves; its exit is not reported.
+        elif task.handed_back and not task.killed:
+            # Stopped by the drain, whatever its exit status (a clean exit on SIGTERM is not the job's end):
+            # not a failure nor a success of the task. The controller loses it with this worker (a
+            # preemption) when the worker leaves; its exit is not reported.
             self._queue_logs(key, [f"[fray] worker {self.worker_id} is leaving ({self._draining}): task stopped, "
                                    "handed back to the controller to run again elsewhere"])  # fmt: skip
             with self._lock:

@@ -28,7 +28,7 @@ class TaskProcess:
     proc: Process | None
     failure_path: Path
     killed: bool = False
-    #: Stopped by the worker's drain: unless it exits 0, it is handed back to the controller (preempted), not failed.
+    #: Stopped by the worker's drain: handed back to the controller (preempted) whatever its exit status.
     handed_back: bool = False
 
     def failure(self, code: int, last_output: list[str]) -> bytes:
