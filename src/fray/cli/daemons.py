@@ -311,7 +311,7 @@ def _size(option: str, text: str | None) -> int | None:
     default=DEFAULT_DRAIN_SECONDS,
     show_default=True,
     help="On SIGTERM/SIGINT the worker takes no new task, sends SIGTERM to its tasks and gives them this long "
-    "to end (then SIGKILL; a second signal: at once); the rest run again elsewhere as preempted, and the worker "
+    "to end (then SIGKILL; a second signal: at once); they run again elsewhere as preempted, and the worker "
     "is listed as stopped, not lost.",
 )
 def worker(
