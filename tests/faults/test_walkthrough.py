@@ -233,6 +233,11 @@ def test_several_machines_walkthrough_as_written(tmp_path: Path, hosts: Hosts) -
         # The refusal says why (issue 36): revoked, not merely refused.
         assert again.returncode != 0 and "credential 'user:alice#" in again.stderr, again.stderr[-2000:]
         assert "was revoked" in again.stderr, again.stderr[-2000:]
+
+        # A controller that stops takes its record with it (a later one on that address records its own).
+        controller.terminate()
+        assert controller.wait(timeout=30) == 0, (tmp_path / "controller.log").read_text()
+        assert not (admin.home / ".config" / "fray" / "cas" / f"{here}-7100.pem").is_symlink()
     finally:
         for shell in (alice, worker_machine, admin):
             shell.stop()
