@@ -270,22 +270,29 @@ class Worker:
         )  # fmt: skip
         self._report_ready.set()  # the health note: the controller places nothing more here
         self._report_urgent.set()
-        for task in tasks:
-            if task.proc is not None:
-                _signal_group(task.proc, signal.SIGTERM)
+        signalled: set[TaskKey] = set()
         killed = False
         reap_by = deadline + 5.0  # SIGKILLed tasks are reaped at once; one that is not is left behind
         while True:
             with self._lock:
+                for task in self._tasks.values():  # also one whose start was under way when the drain began
+                    task.handed_back = True
                 left = [t for t in self._tasks.values() if t.proc is not None]
             now = time.monotonic()
             if not left or now >= reap_by:
                 break
+            for task in left:
+                if task.assignment.key not in signalled:
+                    signalled.add(task.assignment.key)
+                    _signal_group(task.proc, signal.SIGKILL if killed else signal.SIGTERM)
             if not killed and (now >= deadline or self._hand_back_now.is_set()):
                 killed = True
                 for task in left:
                     _signal_group(task.proc, signal.SIGKILL)
-            self._hand_back_now.wait(0.02)
+            if killed:
+                time.sleep(0.02)  # waiting for the kernel to reap them: there is nothing to block on
+            else:
+                self._hand_back_now.wait(0.02)
         told = self._leave(reason)
         self.stop()
         return told
