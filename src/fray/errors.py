@@ -32,6 +32,7 @@ __all__ = [
     "JobAlreadyExists",
     "JobFailed",
     "JobTerminated",
+    "JobTimeout",
     "LeaseError",
     "LeaseExpired",
     "NotFound",
@@ -155,6 +156,26 @@ class JobFailed(_Remote, RuntimeError):
         self.status = "failed"
         self._text = f"job {job_id!r} failed: {message}"
         _chain(self, cause, traceback_text)
+
+
+class JobTimeout(JobFailed):
+    """A job ran longer than its ``JobRequest.timeout`` after it first started: it was stopped and is FAILED.
+
+    The clock starts when the job's first attempt starts running and a retry does not
+    reset it (the limit bounds the job, not each attempt). ``timeout`` is the limit in seconds.
+    """
+
+    def __init__(self, job_id: str, timeout: float) -> None:
+        super().__init__(job_id, "failed", message=timeout_message(timeout))
+        self.timeout = timeout
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (JobTimeout, (self.job_id, self.timeout))
+
+
+def timeout_message(timeout: float) -> str:
+    """The one wording of a job stopped by its timeout (``JobTimeout``, ``fray job status``, the dashboard)."""
+    return f"ran longer than its timeout of {timeout:g}s (JobRequest.timeout) and was stopped"
 
 
 class RemoteError(_Remote):

@@ -82,14 +82,14 @@ def test_every_role_is_a_subclass_of_its_declared_base(client, uid) -> None:
     # so a hook a backend forgot fails at instantiation, not as an AttributeError mid-run.
     job = client.submit(JobRequest(name=f"bases-{uid}", entrypoint=Entrypoint.from_callable(print, args=("ran",))))
     assert isinstance(job, JobHandleBase), type(job).__mro__
-    actor = client.create_actor(_Echo, name=f"bases-{uid}")
+    actor = client.create_actor(_Echo, name=f"bases-actor-{uid}")
     assert isinstance(actor, ActorHandleBase), type(actor).__mro__
     assert actor.echo(7) == 7 and actor.echo.remote(8).result(timeout=120) == 8
     group = client.create_actor_group(_Echo, name=f"bases-group-{uid}", count=1)
     assert all(isinstance(member, ActorHandleBase) for member in group.wait_ready(timeout=120))
     assert isinstance(client._fray_job_context(), JobContextBase)
     try:
-        queue = client.create_queue(f"bases-{uid}")
+        queue = client.create_queue(f"bases-queue-{uid}")
     except ConfigError as exc:  # a backend without queues says so by name (Iris: fray.queue.actor_queue)
         assert "queue" in str(exc)
     else:

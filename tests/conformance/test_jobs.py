@@ -20,6 +20,7 @@ from fray import (
     JobFailed,
     JobRequest,
     JobStatus,
+    JobTimeout,
     SerializationError,
     current_client,
     current_job,
@@ -414,3 +415,38 @@ def test_submit_many_refuses_the_whole_call_for_one_bad_request(client, uid):
     with pytest.raises(ConfigError, match="submit_many\\(\\) takes JobRequests"):
         client.submit_many([good, "not a request"])
     assert len(client._owned_work()[0]) == owned  # nothing of the refused call started
+
+
+def sleep_in_steps(seconds: float) -> None:
+    # Short sleeps: a job run as a thread is stopped between two of them (a long C call ends first).
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("kind", ["callable", "binary"])
+def test_a_job_running_past_its_timeout_is_stopped_and_fails_with_job_timeout(client, uid, kind):
+    entrypoint = (
+        Entrypoint.from_callable(sleep_in_steps, args=(120,))
+        if kind == "callable"
+        else Entrypoint.from_binary(sys.executable, ["-c", "import time; time.sleep(120)"])
+    )
+    request = JobRequest(name=f"late-{kind}-{uid}", entrypoint=entrypoint, timeout=2, max_retries_failure=3)
+    if "JobRequest.timeout" not in type(client).HONOURS:
+        with pytest.raises(ConfigError, match=r"JobRequest\.timeout"):
+            client.submit(request)
+        return
+    job = client.submit(request)
+    with pytest.raises(JobTimeout, match="timeout of 2s") as info:
+        job.wait(timeout=90)  # far less than the job's 120 s: it was stopped, not run out
+    assert isinstance(info.value, JobFailed) and info.value.timeout == 2
+    assert job.status() == JobStatus.FAILED  # final: the failure budget does not retry a timeout
+
+
+def test_a_job_that_ends_within_its_timeout_succeeds(client, uid):
+    request = JobRequest(name=f"prompt-{uid}", entrypoint=Entrypoint.from_callable(print, args=("done",)), timeout=120)
+    if "JobRequest.timeout" not in type(client).HONOURS:
+        with pytest.raises(ConfigError, match=r"JobRequest\.timeout"):
+            client.submit(request)
+        return
+    assert client.submit(request).wait(timeout=120) == JobStatus.SUCCEEDED

@@ -27,14 +27,17 @@ budget allows another; every replica of a gang goes back together.
 
 from __future__ import annotations
 
+import heapq
 import json
+import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from fray.core._remote import RemoteFailure, job_failed
-from fray.errors import IllegalTransition, JobFailed
+from fray.errors import IllegalTransition, JobFailed, JobTimeout, timeout_message
 from fray.job import JobStatus
 
 __all__ = [
@@ -95,6 +98,7 @@ class FailureKind(StrEnum):
 
     FAILURE = "failure"  #: the job's own code failed (an exception, a non-zero exit)
     PREEMPTION = "preemption"  #: the host went away (preempted VM, lost worker or node)
+    TIMEOUT = "timeout"  #: the job outlived its JobRequest.timeout: final, never retried
 
 
 @dataclass(frozen=True)
@@ -111,6 +115,8 @@ class Failure:
     remote: RemoteFailure | None = None
     exit_code: int | None = None
     original: BaseException | None = field(default=None, compare=False, repr=False)
+    timeout: float | None = None
+    """The limit a TIMEOUT failure exceeded, in seconds."""
 
     @classmethod
     def from_exception(cls, exc: BaseException, kind: FailureKind = FailureKind.FAILURE) -> Failure:
@@ -137,6 +143,11 @@ class Failure:
         return cls(message, FailureKind.FAILURE, exit_code=exit_code)
 
     @classmethod
+    def timed_out(cls, timeout: float) -> Failure:
+        """A job stopped because it ran longer than its ``JobRequest.timeout``: ``wait()`` raises JobTimeout."""
+        return cls(timeout_message(timeout), FailureKind.TIMEOUT, exit_code=None, original=None, timeout=timeout)
+
+    @classmethod
     def lost(cls, reason: str) -> Failure:
         """An attempt whose host went away: counts against the preemption budget."""
         return cls(reason, FailureKind.PREEMPTION)
@@ -153,11 +164,16 @@ class Failure:
 
     def error(self, job_id: str) -> JobFailed:
         """The exception ``wait()`` raises: a fresh one per call (raising one object from many threads tangles)."""
+        if self.kind == FailureKind.TIMEOUT and self.timeout is not None:
+            return JobTimeout(job_id, self.timeout)
         return job_failed(job_id, self.message, self.remote, original=self.original, exit_code=self.exit_code)
 
     def encode(self) -> bytes:
         """Data-only bytes (JSON, then the remote failure's own encoding) for stores and wires."""
-        head = json.dumps({"message": self.message, "kind": self.kind.value, "exit_code": self.exit_code}).encode()
+        fields: dict[str, object] = {"message": self.message, "kind": self.kind.value, "exit_code": self.exit_code}
+        if self.timeout is not None:
+            fields["timeout"] = self.timeout
+        head = json.dumps(fields).encode()
         tail = self.remote.encode() if self.remote is not None else b""
         return len(head).to_bytes(4, "big") + head + tail
 
@@ -167,12 +183,13 @@ class Failure:
         length = int.from_bytes(data[:4], "big")
         head = json.loads(bytes(data[4 : 4 + length]))
         tail = bytes(data[4 + length :])
-        exit_code = head.get("exit_code")
+        exit_code, timeout = head.get("exit_code"), head.get("timeout")
         return cls(
             str(head["message"]),
             FailureKind(head.get("kind", "failure")),
             RemoteFailure.decode(tail) if tail else None,
             int(exit_code) if exit_code is not None else None,
+            timeout=float(timeout) if timeout is not None else None,
         )
 
 
@@ -267,10 +284,27 @@ class JobLifecycle:
 
     Every status change goes through :data:`TRANSITIONS`; once final, nothing changes it
     again (a job terminated while its last attempt was failing stays STOPPED).
+
+    ``timeout`` (``JobRequest.timeout``, seconds) starts counting when the job first
+    starts RUNNING; a retry does not reset it. When it runs out before the job finished,
+    ``on_timeout()`` is called -- the backend's ``terminate``, which stops the replicas and
+    calls :meth:`stop` -- and the job ends FAILED with :meth:`Failure.timed_out` instead of
+    STOPPED (``wait()`` raises :class:`~fray.errors.JobTimeout`).
     """
 
-    def __init__(self, job_id: str, max_retries_failure: int = 0, max_retries_preemption: int = 0) -> None:
+    def __init__(
+        self,
+        job_id: str,
+        max_retries_failure: int = 0,
+        max_retries_preemption: int = 0,
+        *,
+        timeout: float | None = None,
+    ) -> None:
         self.job_id = job_id
+        self.timeout = timeout
+        #: Stops the job's replicas when its timeout runs out (set by the backend; called once).
+        self.on_timeout: Callable[[], object] = lambda: None
+        self._timed_out: Failure | None = None
         self._lock = threading.Lock()
         # Made by the first thread that blocks on the job: most jobs are never waited on that way
         # (Ray waits on its own futures), and an Event costs a fifth of a Ray job's handle.
@@ -332,15 +366,30 @@ class JobLifecycle:
             ok = self._move(JobStatus.RUNNING)
             if ok:
                 self._pending_reason = ""
-            return ok
+            first = ok and self._attempt == 0
+        if first and self.timeout is not None:
+            _DEADLINES.add(time.monotonic() + self.timeout, self._time_out)
+        return ok
 
     def succeed(self) -> bool:
         """End as SUCCEEDED (if nothing ended it first)."""
         return self._finish(JobStatus.SUCCEEDED, None)
 
     def stop(self) -> bool:
-        """End as STOPPED (if nothing ended it first)."""
+        """End as STOPPED (if nothing ended it first); FAILED with the timeout once the timeout stopped it."""
+        if self._timed_out is not None:
+            return self._finish(JobStatus.FAILED, self._timed_out)
         return self._finish(JobStatus.STOPPED, None)
+
+    def _time_out(self) -> None:
+        # The deadline thread: stop the job (the backend's terminate calls stop(), which records the timeout).
+        if self._finished or self.timeout is None:
+            return
+        self._timed_out = Failure.timed_out(self.timeout)
+        try:
+            self.on_timeout()
+        finally:
+            self.stop()  # in case the backend's terminate left it to a thread that is gone
 
     def fail(self, failure: Failure) -> bool:
         """End as FAILED without consulting the budget (the job cannot run at all)."""
@@ -452,3 +501,36 @@ class JobLifecycle:
         if status == JobStatus.FAILED and raise_on_failure and self._failure is not None:
             raise self._failure.error(self.job_id)
         return status
+
+
+class _Deadlines:
+    """One daemon thread that calls each ``action`` at its ``time.monotonic()`` deadline (job timeouts)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._heap: list[tuple[float, int, Callable[[], None]]] = []
+        self._count = 0
+        self._thread: threading.Thread | None = None
+
+    def add(self, deadline: float, action: Callable[[], None]) -> None:
+        with self._cond:
+            self._count += 1
+            heapq.heappush(self._heap, (deadline, self._count, action))
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="fray-job-timeouts", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._heap or self._heap[0][0] > time.monotonic():
+                    self._cond.wait(self._heap[0][0] - time.monotonic() if self._heap else None)
+                _, _, action = heapq.heappop(self._heap)
+            try:
+                action()
+            except Exception:  # one job's stop must not end the timeouts of the others
+                logging.getLogger(__name__).exception("stopping a job at its timeout failed")
+
+
+_DEADLINES = _Deadlines()

@@ -253,4 +253,5 @@ def _meta(request: JobRequest, label: str, binary: bool) -> JobMeta:
         hosts_per_replica=placement(request.resources, request.replicas).hosts_per_replica,
         max_retries_failure=request.max_retries_failure,
         max_retries_preemption=request.max_retries_preemption,
+        timeout=request.timeout_seconds,
     )

@@ -103,6 +103,7 @@ class JobMeta:
     hosts_per_replica: int
     max_retries_failure: int
     max_retries_preemption: int
+    timeout: float | None = None  #: JobRequest.timeout, which Iris enforces per task
 
 
 def iris_client_of(job: IrisJob) -> IrisLib:
@@ -293,10 +294,16 @@ class IrisJobHandle(JobHandleBase):
 # ----- shared with actor-group members: a task's failure and output --------------------------------
 
 
+# How Iris words a task it killed at its execution timeout (iris.cluster.controller: TerminalKind.TIMEOUT).
+_IRIS_TIMEOUT = "Execution timeout exceeded"
+
+
 def task_failure(iris: IrisLib, task: TaskStatus, meta: JobMeta) -> Failure:
     """Why ``task`` failed: its host was lost, or its last attempt's exception, or how its process exited."""
     if TaskState(task.state) in LOST or any(a.is_worker_failure for a in task.attempts[-1:]):
         return Failure.lost(f"host lost: {task.error_message or 'the worker went away'}")
+    if meta.timeout is not None and _IRIS_TIMEOUT in (task.error_message or ""):
+        return Failure.timed_out(meta.timeout)  # Iris killed it at the execution timeout Fray forwarded
     attempt = task.current_attempt_number
     await_end(iris.task(task.task_id), {task.task_id: attempt})
     entries = iris.task(task.task_id).attempt(attempt).logs(tail=True, max_lines=LAST_LINES * 4)

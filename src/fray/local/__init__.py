@@ -78,7 +78,7 @@ class MarinLocalClient(ClientCore["LocalJobHandle", "LocalActorHandle"]):
     CHECKS_PICKLING: ClassVar[bool] = False
 
     BACKEND = "local"
-    HONOURS = frozenset({"JobRequest.processes_per_task", "EnvironmentConfig.extras"})
+    HONOURS = frozenset({"JobRequest.processes_per_task", "JobRequest.timeout", "EnvironmentConfig.extras"})
 
     def __init__(
         self,
@@ -191,7 +191,9 @@ class MarinLocalClient(ClientCore["LocalJobHandle", "LocalActorHandle"]):
                     f"job {request.name!r} asks for {request.replicas} replicas, which start all together, but this "
                     f"LocalClient runs at most {self.max_threads} threads; raise threads or lower replicas"
                 )
-        job = self._new_job(request.name, request.max_retries_failure, request.max_retries_preemption)
+        job = self._new_job(
+            request.name, request.max_retries_failure, request.max_retries_preemption, request.timeout_seconds
+        )
         try:
             if environment.docker_image:
                 job.logs.write(f"[fray] the local backend ignores docker_image={environment.docker_image!r}\n")
@@ -208,7 +210,9 @@ class MarinLocalClient(ClientCore["LocalJobHandle", "LocalActorHandle"]):
             raise
         return LocalJobHandle(job)
 
-    def _new_job(self, name: str, max_retries_failure: int = 0, max_retries_preemption: int = 0) -> LocalJob:
+    def _new_job(
+        self, name: str, max_retries_failure: int = 0, max_retries_preemption: int = 0, timeout: float | None = None
+    ) -> LocalJob:
         job_id = self._child_job_id(name)
         job = LocalJob(
             self.client_id,
@@ -218,6 +222,7 @@ class MarinLocalClient(ClientCore["LocalJobHandle", "LocalActorHandle"]):
             wake=self._runner.wake,
             max_retries_failure=max_retries_failure,
             max_retries_preemption=max_retries_preemption,
+            timeout=timeout,
         )
         with self._lock:
             if self._closed:

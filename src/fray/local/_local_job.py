@@ -107,11 +107,13 @@ class LocalJob:
         wake: Callable[[], None],
         max_retries_failure: int = 0,
         max_retries_preemption: int = 0,
+        timeout: float | None = None,
     ) -> None:
         self.client_id = client_id
         self.job_id = job_id
         self.name = name
-        self.lifecycle = JobLifecycle(job_id, max_retries_failure, max_retries_preemption)
+        self.lifecycle = JobLifecycle(job_id, max_retries_failure, max_retries_preemption, timeout=timeout)
+        self.lifecycle.on_timeout = self.terminate
         self.lifecycle.add_done_callback(_notify_finished)
         self.logs = LogBuffer(echo=echo)
         self.cancel = threading.Event()  # set by terminate(); checked at every Fray call

@@ -75,7 +75,10 @@ class MonarchJob:
         self.namespace = namespace
         self.client_spec = client_spec
         self.workdir = workdir
-        self.lifecycle = JobLifecycle(job_id, request.max_retries_failure, request.max_retries_preemption)
+        self.lifecycle = JobLifecycle(
+            job_id, request.max_retries_failure, request.max_retries_preemption, timeout=request.timeout_seconds
+        )
+        self.lifecycle.on_timeout = self.terminate
         self.log = LogBuffer(echo=echo)
         self.environment = request.environment or EnvironmentConfig()
         self._lock = threading.Lock()

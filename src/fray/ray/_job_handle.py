@@ -36,10 +36,18 @@ class RayJobHandle(JobHandleBase):
     jobs are watched through Ray's job API, actor jobs through the actor's state.
     """
 
-    def __init__(self, job_id: str, name: str, max_retries_failure: int = 0, max_retries_preemption: int = 0) -> None:
+    def __init__(
+        self,
+        job_id: str,
+        name: str,
+        max_retries_failure: int = 0,
+        max_retries_preemption: int = 0,
+        timeout: float | None = None,
+    ) -> None:
         self._job_id = job_id
         self._name = name
-        self._lifecycle = JobLifecycle(job_id, max_retries_failure, max_retries_preemption)
+        self._lifecycle = JobLifecycle(job_id, max_retries_failure, max_retries_preemption, timeout=timeout)
+        self._lifecycle.on_timeout = self.terminate
         self._log = LogBuffer(echo=False)
         # Reentrant: the lifecycle calls back (self._notify) from whichever thread ends the job.
         self._lock = threading.RLock()

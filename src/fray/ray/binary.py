@@ -58,7 +58,9 @@ class BinaryJob(RayJobHandle):
     _POLL = 0.2  # seconds between two looks at Ray's job API
 
     def __init__(self, launcher: Launcher, job_id: str, request: JobRequest) -> None:
-        super().__init__(job_id, request.name, request.max_retries_failure, request.max_retries_preemption)
+        super().__init__(
+            job_id, request.name, request.max_retries_failure, request.max_retries_preemption, request.timeout_seconds
+        )
         assert isinstance(request.entrypoint, BinaryEntrypoint)
         self._launcher = launcher
         self._request = request

@@ -81,6 +81,7 @@ class RayClient(ClientCore["RayJobHandle", "RayActorHandle"]):
     """
 
     BACKEND = "Ray"
+    HONOURS = frozenset({"JobRequest.timeout"})
 
     def __init__(
         self,

@@ -53,7 +53,9 @@ class CallableJob(RayJobHandle):
     """
 
     def __init__(self, launcher: Launcher, job_id: str, request: JobRequest, payload: tuple[bytes, bytes]) -> None:
-        super().__init__(job_id, request.name, request.max_retries_failure, request.max_retries_preemption)
+        super().__init__(
+            job_id, request.name, request.max_retries_failure, request.max_retries_preemption, request.timeout_seconds
+        )
         self._launcher = launcher
         self._request = request
         self._payload = payload
