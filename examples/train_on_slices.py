@@ -144,11 +144,42 @@ def run(
         hosts = slices * device.slice.hosts
         _wait_for(lambda: len([r for r in read_reports(workdir) if r.attempt == 0]) >= hosts, timeout, job)
         preempt(job, preempt_slice)
-    job.wait(timeout=timeout)
+    _wait_placeable(job, timeout)
     reports = read_reports(workdir)
     last = max(r.attempt for r in reports)
     local = all(r.slice_name is None for r in reports)
     return TrainResult(last + 1, tuple(r for r in reports if r.attempt == last), local)
+
+
+class NeverScheduled(RuntimeError):
+    """The cluster says the job can never be scheduled there (no such slices, and no autoscaler to make them)."""
+
+
+#: How long "can never be scheduled" must last before the job is given up: an autoscaler replaces the
+#: scheduler's first verdict on a new job ("with the current workers") with its own within a tick.
+_NEVER_SECONDS = 3.0
+
+
+def _wait_placeable(job: JobHandle, timeout: float) -> None:
+    """``job.wait(timeout)``, but a job the backend keeps saying can never be scheduled is stopped and raised."""
+    deadline = time.monotonic() + timeout
+    never_since: float | None = None
+    while True:
+        try:
+            job.wait(timeout=max(0.0, min(0.5, deadline - time.monotonic())))
+            return
+        except TimeoutError:
+            reason = job.info().pending_reason
+            now = time.monotonic()
+            if not reason.startswith("can never be scheduled"):
+                never_since = None
+            elif never_since is None:
+                never_since = now
+            elif now - never_since >= _NEVER_SECONDS:
+                job.terminate()
+                raise NeverScheduled(f"job {job.job_id} {reason}") from None
+            if now >= deadline:
+                raise
 
 
 def _wait_for(done: Callable[[], bool], timeout: float, job: JobHandle) -> None:
@@ -187,7 +218,10 @@ if __name__ == "__main__":
         if slices == 1:
             print("(the cluster has one complete v4-16 slice: the job runs on one)")
     with tempfile.TemporaryDirectory(prefix="fray-train-") as tmp:
-        result = run(client, tmp, slices=slices)
+        try:
+            result = run(client, tmp, slices=slices)
+        except NeverScheduled as exc:  # e.g. a cluster file without a v4-16 group
+            cannot_run(str(exc))
     if result.local_dry_run:
         print("local backend: no TPU slices here; each replica ran once, as a dry run of the training code")
     print(f"training job finished after {result.attempts} attempt(s) on {len(result.hosts)} host process(es)")

@@ -166,3 +166,21 @@ def test_the_quickstart_as_a_job_fits_its_gang_beside_itself(
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert time.monotonic() - started < RUN_SECONDS
     assert "the gang gets 2" in out.stdout and "job.logs() holds 2 lines" in out.stdout, out.stdout
+
+
+def test_train_on_slices_stops_at_once_where_no_slice_can_ever_be(small_clusters: dict[str, LocalCluster]) -> None:
+    """Past its start-up check (e.g. a cluster file without a v4-16 group), the job the cluster says can never be
+    scheduled is stopped and raised within seconds, not waited on for 300 s."""
+    from fray.cluster.client import ClusterClient
+    from workloads.example_modules import load_example
+
+    slices = load_example("train_on_slices")
+    cluster = small_clusters["workers-2"]
+    client = ClusterClient(cluster.address, token=cluster.token)
+    started = time.monotonic()
+    try:
+        with pytest.raises(slices.NeverScheduled, match="can never be scheduled"):
+            slices.run(client, "/nonexistent", name="no-slices", timeout=300)
+    finally:
+        client.shutdown(wait=False)
+    assert time.monotonic() - started < EXIT_SECONDS
