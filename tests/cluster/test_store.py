@@ -34,8 +34,8 @@ from fray.cluster.records import (
 from fray.cluster.scheduler import Assignment, PendingReason, SchedulingDecision, schedule
 from fray.cluster.store import ClusterStore, _blobs
 from fray.cluster.store._schema import SCHEMA_VERSION
-from fray.core._lifecycle import TRANSITIONS, Failure, RetryBudget, check_transition
-from fray.errors import IllegalTransition, NotFound, StoreError
+from fray.core._lifecycle import TRANSITIONS, Failure, FailureKind, RetryBudget, check_transition
+from fray.errors import IllegalTransition, JobTimeout, NotFound, StoreError
 from fray.job import Entrypoint, JobRequest, JobStatus
 from fray.resources import ResourceConfig, TpuConfig
 
@@ -536,12 +536,45 @@ def test_reopening_gives_back_exactly_the_committed_state(tmp_path: Path) -> Non
         assert again.schema_version == SCHEMA_VERSION
 
 
+def _drop_timeouts(conn: sqlite3.Connection) -> None:
+    """Make a current file look as it did before version 6: jobs without a timeout or deadline."""
+    conn.execute("DROP INDEX jobs_by_deadline")
+    conn.execute("ALTER TABLE jobs DROP COLUMN deadline")
+    conn.execute("ALTER TABLE jobs DROP COLUMN timeout")
+
+
+def test_a_version_5_file_gains_job_timeouts_and_keeps_its_jobs(tmp_path: Path) -> None:
+    path = tmp_path / "db"
+    with ClusterStore(path) as store:
+        store.register_worker(make_worker("w-1"), "10.0.0.1:1", 0.0)
+        old = submit(store, "old")
+    with sqlite3.connect(path) as conn:
+        _drop_timeouts(conn)
+        conn.execute("UPDATE schema_version SET version = 5")
+    with ClusterStore(path) as store:
+        assert store.schema_version == SCHEMA_VERSION == 6
+        assert store.get_job(old.job_id).state == JobStatus.PENDING  # unchanged, and no timeout
+        limited = submit(store, "limited", now=1.0, timeout=5.0, max_retries_failure=1)
+        (first,) = start(store, store.get_job(limited.job_id), ["w-1"], now=2.0)
+        store.mark_task_exited(first, 1, 3.0)  # retried: the deadline stays 2.0 + 5.0
+        start(store, store.get_job(limited.job_id), ["w-1"], now=4.0)
+        assert not store.time_out_jobs(6.9).applied
+        assert store.time_out_jobs(7.0).applied
+        failed = store.get_job(limited.job_id)
+        assert failed.state == JobStatus.FAILED and "timeout of 5s" in failed.error
+        failure = Failure.decode(store.job_failure(limited.job_id) or b"")
+        assert failure.kind == FailureKind.TIMEOUT and isinstance(failure.error(limited.job_id), JobTimeout)
+        assert store.get_job(old.job_id).state == JobStatus.PENDING
+        assert store.check_invariants() == []
+
+
 def test_a_version_1_file_is_migrated(tmp_path: Path) -> None:
     path = tmp_path / "db"
     with ClusterStore(path) as store:
         store.register_worker(make_worker("w-1"), "10.0.0.1:1", 0.0)
         job = submit(store)
     with sqlite3.connect(path) as conn:  # what version 1 looked like: no final failure per job
+        _drop_timeouts(conn)
         conn.execute("ALTER TABLE jobs DROP COLUMN failure")
         conn.execute("ALTER TABLE workers DROP COLUMN epoch")
         conn.execute("ALTER TABLE workers DROP COLUMN health")
@@ -573,6 +606,7 @@ def test_version_2_and_3_files_gain_the_blobs_table(tmp_path: Path, version: int
         if had_blobs:  # an operator build before version 4 made this table outside the schema
             store.write_with(lambda cur: _blobs.put_blob(cur, "sha256:kept", b"old workspace", 1.0))
     with sqlite3.connect(path) as conn:
+        _drop_timeouts(conn)
         conn.execute("DROP TABLE credentials")  # versions before 5 had none
         if not had_blobs:
             conn.execute("DROP TABLE blobs")
@@ -581,7 +615,7 @@ def test_version_2_and_3_files_gain_the_blobs_table(tmp_path: Path, version: int
             conn.execute("ALTER TABLE workers DROP COLUMN health")
         conn.execute("UPDATE schema_version SET version = ?", (version,))
     with ClusterStore(path) as store:
-        assert store.schema_version == SCHEMA_VERSION == 5
+        assert store.schema_version == SCHEMA_VERSION == 6
         assert store.issued() == []  # the credentials table is there
         assert store.get_job(done.job_id).state == JobStatus.SUCCEEDED  # finished jobs keep their history
         kept = store.write_with(lambda cur: _blobs.get_blob(cur, "sha256:kept", 5.0))

@@ -167,6 +167,11 @@ def spec_from(data: Any) -> JobSpec:
         processes = values["processes_per_task"] = _int(values.get("processes_per_task", 1))
         if processes < 1:  # workers start that many processes a task
             raise ValueError(f"processes_per_task {processes} must be >= 1")
+        timeout = values.get("timeout_seconds")
+        if timeout is not None:
+            timeout = values["timeout_seconds"] = float(timeout)
+            if not timeout > 0:  # the controller adds it to a start time
+                raise ValueError(f"timeout_seconds {timeout} must be > 0")
         digest = values["workspace_digest"] = _str(values.get("workspace_digest", ""))
         if digest and _DIGEST.fullmatch(digest) is None:  # workers make a directory name of it
             raise ValueError(f"workspace_digest {digest[:80]!r} is not sha256:<64 hex digits>")

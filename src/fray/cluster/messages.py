@@ -63,6 +63,8 @@ class JobSpec:
     workspace_digest: str = ""
     #: How many processes each task runs (``JobRequest.processes_per_task``; see :mod:`fray.process._ranks`).
     processes_per_task: int = 1
+    #: ``JobRequest.timeout`` in seconds: the controller fails the job (``JobTimeout``) that long after it first started.
+    timeout_seconds: float | None = None
 
     @classmethod
     def from_request(cls, request: JobRequest, *, actor_name: str = "", command: str | None = None) -> JobSpec:
@@ -90,6 +92,7 @@ class JobSpec:
             actor_name=actor_name,
             command=command if command is not None else describe_entrypoint(entry),
             processes_per_task=request.processes_per_task,
+            timeout_seconds=request.timeout_seconds,
         )
 
 

@@ -232,7 +232,7 @@ class ClusterClient(ClientCore["ClusterJobHandle", "ClusterActorHandle"]):
 
     BACKEND = "Fray cluster"
     CONTEXT_FIRST = True  # its executors are jobs of this client that serve until told
-    HONOURS = frozenset({"JobRequest.processes_per_task", "EnvironmentConfig.extras"})
+    HONOURS = frozenset({"JobRequest.processes_per_task", "JobRequest.timeout", "EnvironmentConfig.extras"})
 
     def __init__(
         self, address: str, *, token: CredentialLike = None, namespace: str | None = None, user: str | None = None

@@ -1,4 +1,4 @@
-"""The controller's scheduling thread: expire silent workers, accrue credit, run scheduling passes.
+"""The controller's scheduling thread: expire silent workers, time out jobs, accrue credit, run scheduling passes.
 
 :class:`~fray.cluster.controller.ControllerService` runs one :class:`SchedulingLoop`. A pass
 runs soon after something kicks the loop (a submit, an exit, a worker joining) -- at once
@@ -104,6 +104,8 @@ class SchedulingLoop:
                 for worker_id in expired.lost_workers:
                     logger.warning("worker %s is lost: no heartbeat for more than %gs", worker_id, self._worker_timeout)
                 self._apply(expired)
+                # Jobs past their timeout (one indexed query; nothing when none has one).
+                self._apply(self._store.time_out_jobs(now))
                 if now - last_accrual >= 5.0:
                     self._store.accrue_credits(now)
                     last_accrual = now

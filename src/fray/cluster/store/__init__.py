@@ -66,6 +66,7 @@ from fray.cluster.store._schema import (
     read_tasks,
     with_reason,
 )
+from fray.core._lifecycle import Failure
 from fray.errors import NotFound, StoreError
 from fray.job import JobStatus
 
@@ -145,6 +146,7 @@ class ClusterStore:
         parent_id: str | None = None,
         namespace: str | None = None,
         label: str = "",
+        timeout: float | None = None,
     ) -> JobRecord:
         """Record a new PENDING job with its first attempt's PENDING tasks; return it.
 
@@ -152,7 +154,8 @@ class ClusterStore:
         a job submitted from inside job ``parent_id``. The namespace defaults to the
         parent's, and for a top-level job to its own id. ``request`` is stored as opaque
         bytes (the pickled :class:`~fray.job.JobRequest`). ``label`` is a free tag (the
-        controller puts an actor's name there, see :meth:`live_job_with_label`).
+        controller puts an actor's name there, see :meth:`live_job_with_label`). ``timeout``
+        (seconds) fails the job that long after it first started (:meth:`time_out_jobs`).
         """
         with self._db.txn() as cur:
             return _job_rows.submit_job(
@@ -168,6 +171,7 @@ class ClusterStore:
                 namespace=namespace,
                 label=label,
                 initial_credit=self.credit_policy.initial_credit,
+                timeout=timeout,
             )
 
     def submit_request(
@@ -200,6 +204,7 @@ class ClusterStore:
             parent_id=parent_id,
             namespace=namespace,
             label=label,
+            timeout=request.timeout_seconds,
         )
 
     def get_job(self, job_id: str) -> JobRecord:
@@ -242,6 +247,18 @@ class ClusterStore:
         """One task attempt (with its pending reason, see :meth:`get_tasks`); raises :class:`NotFound`."""
         with self._db.read() as cur:
             return with_reason(read_task(cur, key), read_job(cur, key.job_id))
+
+    def time_out_jobs(self, now: float) -> Effects:
+        """Fail every unfinished job whose timeout ran out by ``now`` (counted from its first start): ``JobTimeout``."""
+        with self._db.txn() as cur:
+            due = _job_rows.timed_out(cur, now)
+            if not due:
+                return STALE
+            change = self._change(cur, now)
+            for job_id, timeout in due:
+                failure = Failure.timed_out(timeout)
+                change.finish_job(read_job(cur, job_id), JobStatus.FAILED, error=failure.message, failure=failure)
+            return change.effects()
 
     def terminate_job(self, job_id: str, now: float, reason: str = "terminated") -> Effects:
         """Stop ``job_id`` and all its unfinished descendants; a no-op (not applied) on a finished job."""

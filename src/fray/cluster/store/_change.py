@@ -263,6 +263,11 @@ class Change:
                 [(w, now, job.job_id, job.attempt, i) for i, w in enumerate(assignment.worker_ids)],
             )
             self.set_job_state(job, JobStatus.RUNNING, started_at=now, pending_reason="")
+            # A job's timeout counts from its first start: a retry does not move the deadline.
+            cur.execute(
+                "UPDATE jobs SET deadline = ? + timeout WHERE id = ? AND timeout IS NOT NULL AND deadline IS NULL",
+                (now, job.job_id),
+            )
             assigned.extend(read_tasks(cur, job.job_id, job.attempt))
         if reasons is None:
             reasons = {job_id: r.message for job_id, r in decision.pending.items()}

@@ -28,6 +28,7 @@ __all__ = [
     "live_job_with_label",
     "namespace_owner",
     "submit_job",
+    "timed_out",
 ]
 
 
@@ -45,6 +46,7 @@ def submit_job(
     namespace: str | None,
     label: str,
     initial_credit: float,
+    timeout: float | None = None,
 ) -> JobRecord:
     """Check and record a new PENDING job under a fresh id, with its first attempt's tasks.
 
@@ -78,8 +80,8 @@ def submit_job(
     _tables.ensure_user(cur, user, now, initial_credit)
     cur.execute(
         f"INSERT INTO jobs (id, parent_id, name, user_name, namespace, request, state, replicas, {RES_COLS}, "
-        "max_retries_failure, max_retries_preemption, submitted_at, label) "
-        "VALUES (?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "max_retries_failure, max_retries_preemption, submitted_at, label, timeout) "
+        "VALUES (?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (
             job_id,
             parent_id,
@@ -93,11 +95,21 @@ def submit_job(
             max_retries_preemption,
             now,
             label,
+            timeout,
         ),
     )
     job = read_job(cur, job_id)
     change.create_tasks(job, 0)
     return job
+
+
+def timed_out(cur: sqlite3.Cursor, now: float) -> list[tuple[str, float]]:
+    """``(job id, timeout)`` of each unfinished job whose deadline (first start + timeout) is past ``now``."""
+    rows = cur.execute(
+        "SELECT id, timeout FROM jobs WHERE deadline <= ? AND state IN ('pending', 'running') ORDER BY deadline",
+        (now,),
+    ).fetchall()
+    return [(str(job_id), float(timeout)) for job_id, timeout in rows]
 
 
 def job_states(cur: sqlite3.Cursor, job_ids: Sequence[str]) -> dict[str, str]:

@@ -42,7 +42,7 @@ __all__ = [
 ]
 
 #: The version of the layout below; :func:`create_or_migrate` brings older files up to it.
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 SCHEMA = """
 CREATE TABLE schema_version (version INTEGER NOT NULL);
@@ -80,9 +80,12 @@ CREATE TABLE jobs (
     label TEXT NOT NULL DEFAULT '',
     submitted_at REAL NOT NULL,
     started_at REAL,
-    finished_at REAL
+    finished_at REAL,
+    timeout REAL,
+    deadline REAL
 );
 CREATE INDEX jobs_by_state ON jobs (state, seq);
+CREATE INDEX jobs_by_deadline ON jobs (deadline) WHERE deadline IS NOT NULL;
 CREATE INDEX jobs_by_parent ON jobs (parent_id);
 CREATE INDEX jobs_by_label ON jobs (namespace, label, state);
 CREATE TABLE tasks (
@@ -183,6 +186,7 @@ WORKER_COLS = (
 # blobs table (job workspaces by content hash, :mod:`fray.cluster.store._blobs`); a file an
 # earlier operator build gave that table already keeps it. Version 5 adds the credentials
 # table: join tokens and the credentials the controller issued, so they can expire and be revoked.
+# Version 6 gives jobs their timeout (seconds) and deadline (first start + timeout), indexed.
 _MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: ("ALTER TABLE jobs ADD COLUMN failure BLOB", "UPDATE tasks SET failure = NULL"),
     2: (
@@ -204,6 +208,11 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
     4: (
         "CREATE TABLE IF NOT EXISTS credentials (id TEXT PRIMARY KEY, subject TEXT NOT NULL, created_at REAL NOT NULL, "
         "expires_at REAL, revoked_at REAL, via TEXT NOT NULL DEFAULT '')",
+    ),
+    5: (
+        "ALTER TABLE jobs ADD COLUMN timeout REAL",
+        "ALTER TABLE jobs ADD COLUMN deadline REAL",
+        "CREATE INDEX IF NOT EXISTS jobs_by_deadline ON jobs (deadline) WHERE deadline IS NOT NULL",
     ),
 }
 
