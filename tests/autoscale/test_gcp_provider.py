@@ -511,6 +511,10 @@ def test_cluster_up_dry_run_prints_the_planned_calls(tmp_path: Path) -> None:
     out = run("cluster", "up", "--config", str(config), "--dry-run", "--port", "7399")
     printed = [line.strip() for line in out.stdout.splitlines() if line.startswith("  POST ")]
     assert printed == gcp.planned_calls(_config(), controller=CONTROLLER)
+    # The file's address is not where `fray cluster up` would listen (loopback): said, with what to run instead.
+    host, _, port = CONTROLLER.rpartition(":")
+    assert f"provider.controller_address {CONTROLLER}" in out.stderr and "127.0.0.1:7399" in out.stderr
+    assert f"fray controller --config FILE --host {host} --port {port}" in out.stderr
     assert len(printed) == 2 and all(CONTROLLER in line for line in printed)
     bad = json.loads(json.dumps(reachable))
     del bad["provider"]["zone"]

@@ -27,6 +27,7 @@ from typing import Any
 import click
 from rich.markup import escape
 
+from fray._timefmt import format_time
 from fray.autoscale.config import ClusterConfig
 from fray.autoscale.provider import Provider
 from fray.cli._common import STATE_FILE, TOKEN_FILE, console, count_of, echo_json, read_state
@@ -360,7 +361,7 @@ def _earlier_cluster(directory: Path) -> str:
     database = directory / "controller.db"
     if not database.exists():
         return ""
-    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(database.stat().st_mtime))
+    when = format_time(database.stat().st_mtime)
     try:
         with contextlib.closing(sqlite3.connect(f"file:{database}?mode=ro", uri=True)) as conn:
             jobs = conn.execute("SELECT COUNT(*) FROM jobs").fetchone()[0]
@@ -473,6 +474,15 @@ def _print_plan(config: ClusterConfig, port: int) -> None:
             f"the {config.provider.kind} provider cannot be loaded: {exc}", "pip install 'fray[gcp]'"
         ) from None
     click.echo(f"dry run: nothing is started. A controller on {controller} with these scale groups:")
+    given = config.provider.options.get("controller_address")
+    if given is not None and str(given) != controller:
+        # fray cluster up listens on loopback only: VMs dialling the file's address would find nobody there.
+        click.echo(
+            f"warning: the VMs would dial provider.controller_address {given}, but `fray cluster up` starts the "
+            f"controller on {controller}, which they cannot reach; run `fray controller --config FILE --host "
+            f"{str(given).rpartition(':')[0]} --port {str(given).rpartition(':')[2]}` on that address instead",
+            err=True,
+        )
     for line in _group_lines(config):
         click.echo(line)
     if calls:
