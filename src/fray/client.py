@@ -264,6 +264,7 @@ def current_client() -> Client:
 
 
 _uncaught_quietly: list[BaseException] = []  # the latest error to print as one line if nothing catches it
+_quiet_hooks: list[object] = []  # the sys.excepthook this module installed, once
 
 
 def _one_line_if_uncaught(exc: BaseException, source: str) -> None:
@@ -276,7 +277,7 @@ def _one_line_if_uncaught(exc: BaseException, source: str) -> None:
     if os.environ.get("FRAY_DEBUG", "").lower() in ("1", "true", "yes"):
         return
     _uncaught_quietly[:] = [exc]
-    if getattr(sys.excepthook, "_fray_one_line", False):
+    if sys.excepthook in _quiet_hooks:
         return
     previous = sys.excepthook
 
@@ -286,7 +287,7 @@ def _one_line_if_uncaught(exc: BaseException, source: str) -> None:
             return
         previous(kind, value, tb)
 
-    hook._fray_one_line = True  # type: ignore[attr-defined]
+    _quiet_hooks[:] = [hook]
     sys.excepthook = hook
 
 
