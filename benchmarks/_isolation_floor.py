@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 __all__ = ["Floor", "isolation_floor"]
 
-# Run in a fresh interpreter: the fork server's imports (fray.cluster.taskproc._forkserver.main), then the loop.
+# Run in a fresh interpreter: the fork server's imports (fray.cluster.server.taskproc._forkserver.main), then the loop.
 _PROBE = """
 import json, os, resource, sys, time
 import cloudpickle, fray, fray.cluster.client, fray.process._jobmain

@@ -101,7 +101,7 @@ def main() -> None:
 
     if not args.no_cluster:
         from fray.cluster.client import ClusterClient
-        from fray.cluster.launcher import LocalCluster
+        from fray.cluster.server.launcher import LocalCluster
 
         with tempfile.TemporaryDirectory() as tmp:
             cluster = LocalCluster(Path(tmp), env={"PYTHONPATH": str(Path(__file__).resolve().parent)})

@@ -5,7 +5,7 @@
     python benchmarks/actor_handle.py --quick    # fewer calls
 
 What users call on a Fray cluster is the handle ``client.create_actor(...)`` returns; underneath,
-once the actor serves, it is a ``fray.rpc.ActorClient``. This measures what the handle adds:
+once the actor serves, it is a ``fray.cluster.rpc.ActorClient``. This measures what the handle adds:
 blocking calls (``handle.ping()``; the handle and the direct client alternate call by call, so
 both see the same machine load) and ``.remote()`` with 64 calls in flight (rounds alternate).
 Ray runs afterwards, on a local cluster of this run's own, with the same actor class.
@@ -53,8 +53,8 @@ def pipelined(remote: Callable[[int], Any], n: int) -> float:
 def bench_fray(calls: int, rounds: int) -> dict[str, dict[str, float]]:
     from fray import ResourceConfig
     from fray.cluster.client import ClusterClient
-    from fray.cluster.launcher import LocalCluster
-    from fray.rpc import ActorClient, FixedResolver
+    from fray.cluster.rpc import ActorClient, FixedResolver
+    from fray.cluster.server.launcher import LocalCluster
 
     with tempfile.TemporaryDirectory() as directory:
         cluster = LocalCluster(directory)
@@ -150,7 +150,7 @@ def main() -> None:
     print(f"\nActor calls, one run ({calls} blocking calls per side, {rounds} rounds)\n")
     print("| caller | sync p50 µs | sync p99 µs | calls/s, 64 in flight |")
     print("| --- | ---: | ---: | ---: |")
-    names = {"handle": "fray:// actor handle", "direct": "fray.rpc ActorClient, same actor"}
+    names = {"handle": "fray:// actor handle", "direct": "fray.cluster.rpc ActorClient, same actor"}
     for key, row in rows.items():
         print(f"| {names.get(key, key)} | {row['p50_us']:.1f} | {row['p99_us']:.1f} | {row['calls_per_s']:,.0f} |")
     handle, direct = rows["handle"], rows["direct"]

@@ -145,7 +145,7 @@ class Echo:
 
 
 def _fray_server(ready: Any, token: str) -> None:
-    from fray.rpc import ActorServer
+    from fray.cluster.rpc import ActorServer
 
     server = ActorServer(token=token)
     server.register("echo", Echo())
@@ -157,7 +157,7 @@ class FrayPeer:
     """Fray's ActorClient calling an ActorServer in another process, on one transport."""
 
     def __init__(self, local: bool) -> None:
-        from fray.rpc import ActorClient, FixedResolver
+        from fray.cluster.rpc import ActorClient, FixedResolver
 
         token = os.urandom(16).hex()
         ctx = mp.get_context("spawn")

@@ -32,11 +32,11 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from fray.autoscale.autoscaler import Autoscaler, AutoscalerPolicy, ClusterView, vm_worker_info
-from fray.autoscale.config import ClusterConfig
-from fray.autoscale.simulated import SimulatedProvider
-from fray.cluster.capacity import TaskResources, WorkerInfo
-from fray.cluster.scheduler import PendingJob, RunningTask, schedule
+from fray.cluster.protocol.capacity import TaskResources, WorkerInfo
+from fray.cluster.server.autoscale.autoscaler import Autoscaler, AutoscalerPolicy, ClusterView, vm_worker_info
+from fray.cluster.server.autoscale.config import ClusterConfig
+from fray.cluster.server.autoscale.simulated import SimulatedProvider
+from fray.cluster.server.scheduler import PendingJob, RunningTask, schedule
 
 GiB = 1 << 30
 

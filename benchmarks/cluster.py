@@ -46,7 +46,7 @@ from _own_ray import OwnRay
 
 from fray import Client, Entrypoint, JobRequest, ResourceConfig, wait_all
 from fray.cluster.client import ClusterClient
-from fray.cluster.launcher import LocalCluster
+from fray.cluster.server.launcher import LocalCluster
 
 
 @dataclass(frozen=True)

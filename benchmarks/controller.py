@@ -38,7 +38,7 @@ from rich.table import Table
 
 from fray import Entrypoint, JobRequest, wait_all
 from fray.cluster.client import ClusterClient
-from fray.cluster.launcher import LocalCluster
+from fray.cluster.server.launcher import LocalCluster
 
 
 def noop() -> None:
@@ -136,7 +136,7 @@ def cpu_by_role(driver: psutil.Process) -> dict[str, float]:
             argv, cpu = proc.cmdline(), proc.cpu_times()
         except psutil.Error:
             continue  # ended meanwhile
-        if "fray.cluster.taskproc._forkserver" in argv:
+        if "fray.cluster.server.taskproc._forkserver" in argv:
             times["fork servers"] += cpu.user + cpu.system
             times["tasks"] += cpu.children_user + cpu.children_system
         elif "fray.cli" in argv and "controller" in argv:

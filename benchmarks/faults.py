@@ -43,7 +43,7 @@ import json, sys, tempfile, time
 from pathlib import Path
 from fray import Entrypoint, JobRequest, wait_all
 from fray.cluster.client import ClusterClient
-from fray.cluster.launcher import LocalCluster
+from fray.cluster.server.launcher import LocalCluster
 
 def noop():
     pass
@@ -104,11 +104,11 @@ def durability_cost(base: str, jobs: int, rounds: int, console: Console) -> None
 
 
 def _prepare_db(path: Path, finished: int, queued: int) -> None:
-    from fray.cluster._codec import spec_data
-    from fray.cluster.messages import JobSpec
-    from fray.cluster.store import ClusterStore
+    from fray.cluster.protocol._codec import spec_data
+    from fray.cluster.protocol.messages import JobSpec
+    from fray.cluster.rpc.datarpc import pack
+    from fray.cluster.server.store import ClusterStore
     from fray.job import Entrypoint, JobRequest
-    from fray.rpc.datarpc import pack
 
     with ClusterStore(path) as store:
         now = time.time()
@@ -127,8 +127,8 @@ def _prepare_db(path: Path, finished: int, queued: int) -> None:
 
 
 def recovery(db_jobs: int, console: Console) -> None:
-    from fray.cluster.controller_client import controller_client
-    from fray.cluster.launcher import LocalCluster
+    from fray.cluster.protocol.controller_client import controller_client
+    from fray.cluster.server.launcher import LocalCluster
     from fray.job import JobStatus
 
     queued = 100
@@ -174,7 +174,7 @@ def recovery(db_jobs: int, console: Console) -> None:
 
 
 def _latencies(address: str, token: bytes, calls: int) -> list[float]:
-    from fray.rpc.datarpc import DataClient
+    from fray.cluster.rpc.datarpc import DataClient
 
     client = DataClient(address, token)
     samples = []
@@ -191,7 +191,7 @@ def flood(console: Console, calls: int = 2000) -> None:
     import socket
     import threading
 
-    from fray.rpc.datarpc import DataServer
+    from fray.cluster.rpc.datarpc import DataServer
 
     token = b"k" * 32
     server = DataServer(lambda principal, method, args, kwargs: "pong", keys=token).start()

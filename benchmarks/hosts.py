@@ -35,8 +35,8 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from fray import Entrypoint, JobRequest, ResourceConfig, current_job, wait_all  # noqa: E402
 from fray.cluster.client import ClusterClient  # noqa: E402
-from fray.cluster.controller_client import controller_client  # noqa: E402
-from fray.cluster.launcher import LocalCluster  # noqa: E402
+from fray.cluster.protocol.controller_client import controller_client  # noqa: E402
+from fray.cluster.server.launcher import LocalCluster  # noqa: E402
 from netns import Hosts, simulated_hosts  # noqa: E402
 
 

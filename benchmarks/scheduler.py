@@ -28,8 +28,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fray.cluster.capacity import Device, TaskResources, WorkerInfo
-from fray.cluster.scheduler import PendingJob, RunningTask, SchedulingDecision, schedule
+from fray.cluster.protocol.capacity import Device, TaskResources, WorkerInfo
+from fray.cluster.server.scheduler import PendingJob, RunningTask, SchedulingDecision, schedule
 
 GiB = 1 << 30
 NOW = 1000.0

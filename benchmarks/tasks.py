@@ -242,7 +242,7 @@ def main() -> None:
     cluster = None
     if args.cluster:
         from fray.cluster.client import ClusterClient
-        from fray.cluster.launcher import LocalCluster
+        from fray.cluster.server.launcher import LocalCluster
 
         cluster = LocalCluster(Path(tempfile.mkdtemp(prefix="fray-bench-tasks-")))
         cluster.start_controller()

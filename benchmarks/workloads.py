@@ -47,7 +47,7 @@ import cloudpickle
 from _own_ray import OwnRay
 
 from fray.cluster.client import ClusterClient
-from fray.cluster.launcher import LocalCluster
+from fray.cluster.server.launcher import LocalCluster
 from fray.local import LocalClient
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

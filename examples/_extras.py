@@ -91,7 +91,7 @@ def capacity(client: Any) -> Capacity | None:
     """What the Fray cluster ``client`` talks to offers now; None on another backend, or when workers come on
     demand (an autoscaler makes VMs for what waits) or the cluster does not say."""
     from fray.cluster.client import ClusterClient
-    from fray.cluster.controller_client import ops_client
+    from fray.cluster.protocol.controller_client import ops_client
     from fray.errors import FrayError
 
     if not isinstance(client, ClusterClient):

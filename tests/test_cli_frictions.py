@@ -21,7 +21,7 @@ from cluster.test_cli_errors import Run, _env, _runner, assert_user_error
 from fray.cli.cluster import DEFAULT_DIR, up_again
 from fray.cli.status import no_dashboard_hint
 from fray.client import client_from_spec
-from fray.cluster.launcher import LocalCluster
+from fray.cluster.server.launcher import LocalCluster
 from fray.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent

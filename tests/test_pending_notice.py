@@ -9,7 +9,7 @@ import pytest
 
 from fray import ConfigError, Entrypoint, JobRequest, JobStatus
 from fray.cluster.client import ClusterClient
-from fray.cluster.launcher import LocalCluster
+from fray.cluster.server.launcher import LocalCluster
 from fray.core._pending_notice import ENV_VAR, notice_seconds
 from fray.local import LocalClient
 

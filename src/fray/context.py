@@ -14,7 +14,7 @@ one. Implementations (see ``docs/job-level.md``):
 * :class:`~fray.joblevel._local_context.LocalJobContext` -- threads of this process;
 * :class:`~fray.joblevel._process_context.ProcessJobContext` -- worker processes on this machine;
 * ``fray.ray.RayJobContext`` -- Ray tasks and Ray's object store;
-* ``fray.cluster.context.ClusterJobContext`` -- tasks on a Fray cluster's workers.
+* ``fray.cluster.client.context.ClusterJobContext`` -- tasks on a Fray cluster's workers.
 
 What every implementation provides, and this module's helpers implement once:
 

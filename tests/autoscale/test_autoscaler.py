@@ -13,14 +13,20 @@ from typing import Any
 
 import pytest
 
-from fray.autoscale._createrate import CreateRate
-from fray.autoscale._vmstate import TRANSITIONS, VmRecord, VmState
-from fray.autoscale.autoscaler import Autoscaler, AutoscalerPolicy, ClusterView, TickResult, vm_worker_info
-from fray.autoscale.config import ClusterConfig
-from fray.autoscale.provider import CloudState
-from fray.autoscale.simulated import SimulatedProvider
-from fray.cluster.capacity import TaskResources, WorkerInfo
-from fray.cluster.scheduler import PendingJob, RunningTask, schedule
+from fray.cluster.protocol.capacity import TaskResources, WorkerInfo
+from fray.cluster.server.autoscale._createrate import CreateRate
+from fray.cluster.server.autoscale._vmstate import TRANSITIONS, VmRecord, VmState
+from fray.cluster.server.autoscale.autoscaler import (
+    Autoscaler,
+    AutoscalerPolicy,
+    ClusterView,
+    TickResult,
+    vm_worker_info,
+)
+from fray.cluster.server.autoscale.config import ClusterConfig
+from fray.cluster.server.autoscale.provider import CloudState
+from fray.cluster.server.autoscale.simulated import SimulatedProvider
+from fray.cluster.server.scheduler import PendingJob, RunningTask, schedule
 from fray.errors import FrayError
 
 GIB = 1 << 30
@@ -447,7 +453,7 @@ def test_a_repeated_create_is_idempotent_by_request_id() -> None:
     sim.submit(1)
     sim.step(0.1)
     [vm] = sim.provider.list_vms()
-    from fray.autoscale.provider import SliceRequest
+    from fray.cluster.server.autoscale.provider import SliceRequest
 
     group = sim.config.group("cpu")
     again = SliceRequest("fray-cpu-0", "cpu", "fray-cpu-0", ("fray-cpu-0",), group.resources, {})

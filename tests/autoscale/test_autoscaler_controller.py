@@ -18,14 +18,14 @@ from pathlib import Path
 import pytest
 
 from fray import Entrypoint, JobRequest, ResourceConfig
-from fray.autoscale.config import ClusterConfig
-from fray.autoscale.providers import make_provider
 from fray.cluster.client import ClusterClient
-from fray.cluster.controller._autoscale_host import AutoscaleHost, start_autoscaling
-from fray.cluster.controller_client import ops_client
-from fray.cluster.credentials import WORKER, Credential, user_principal
-from fray.cluster.server import Controller
-from fray.dashboard.pages import workers_page
+from fray.cluster.protocol.controller_client import ops_client
+from fray.cluster.protocol.credentials import WORKER, Credential, user_principal
+from fray.cluster.server.autoscale.config import ClusterConfig
+from fray.cluster.server.autoscale.providers import make_provider
+from fray.cluster.server.controller import Controller
+from fray.cluster.server.controller._autoscale_host import AutoscaleHost, start_autoscaling
+from fray.cluster.server.dashboard.pages import workers_page
 from fray.errors import ConfigError, PermissionDenied
 from support import fray_cli_in, wait_until
 

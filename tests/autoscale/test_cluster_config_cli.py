@@ -27,7 +27,7 @@ import pytest
 
 from fray import Entrypoint, JobRequest, ResourceConfig, TpuConfig
 from fray.cluster.client import ClusterClient
-from fray.cluster.controller_client import OpsProxy, ops_client
+from fray.cluster.protocol.controller_client import OpsProxy, ops_client
 from support import alive, fray_cli_in, wait_until
 
 REPO = Path(__file__).resolve().parents[2]

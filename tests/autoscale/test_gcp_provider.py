@@ -28,9 +28,9 @@ from google.auth.credentials import AnonymousCredentials
 from google.cloud import compute_v1, tpu_v2
 
 from autoscale.gcp_fake import FakeGcp, Recorded
-from fray.autoscale import gcp
-from fray.autoscale.config import ClusterConfig
-from fray.autoscale.provider import CLUSTER_LABEL, CloudState, ProviderVm, SliceRequest
+from fray.cluster.server.autoscale import gcp
+from fray.cluster.server.autoscale.config import ClusterConfig
+from fray.cluster.server.autoscale.provider import CLUSTER_LABEL, CloudState, ProviderVm, SliceRequest
 from fray.errors import CapacityUnavailable, ConfigError, QuotaExceeded
 from support import fray_cli_in, wait_until
 
@@ -528,7 +528,7 @@ def test_cluster_up_dry_run_prints_the_planned_calls(tmp_path: Path) -> None:
 
 def test_the_autoscaler_sends_the_planned_calls_and_adopts_after_a_restart(fake: FakeGcp, make: Make) -> None:
     """Fray's autoscaler on the gcp provider: start-up sends exactly what --dry-run printed; a restart creates nothing."""
-    from fray.autoscale.autoscaler import Autoscaler, ClusterView
+    from fray.cluster.server.autoscale.autoscaler import Autoscaler, ClusterView
 
     idle = ClusterView(pending=[], workers=[], running=[])
     first = Autoscaler(_config(), make(join_token="<join-token>"))
@@ -549,7 +549,7 @@ def test_the_autoscaler_sends_the_planned_calls_and_adopts_after_a_restart(fake:
 
 
 def test_the_autoscaler_blocks_a_group_google_refuses_for_quota(fake: FakeGcp, make: Make) -> None:
-    from fray.autoscale.autoscaler import Autoscaler, ClusterView
+    from fray.cluster.server.autoscale.autoscaler import Autoscaler, ClusterView
 
     fake.cpu_quota[("us-central2", "CPUS")] = 0
     autoscaler = Autoscaler(_config(), make())

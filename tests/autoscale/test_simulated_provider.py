@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from fray.autoscale.provider import CloudState, Provider, SliceRequest, VmResources
-from fray.autoscale.simulated import SimulatedProvider, WorkerLaunch
-from fray.cluster.controller_client import controller_client
-from fray.cluster.launcher import LocalCluster
+from fray.cluster.protocol.controller_client import controller_client
+from fray.cluster.server.autoscale.provider import CloudState, Provider, SliceRequest, VmResources
+from fray.cluster.server.autoscale.simulated import SimulatedProvider, WorkerLaunch
+from fray.cluster.server.launcher import LocalCluster
 from fray.errors import QuotaExceeded, VmNotFound
 from support import alive, wait_until
 

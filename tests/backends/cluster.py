@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from fray.cluster.client import ClusterClient
-from fray.cluster.launcher import LocalCluster
+from fray.cluster.server.launcher import LocalCluster
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,6 @@
 """The scheduler as it was before the capacity index (kept only here, as the oracle of the property test).
 
-A verbatim copy of the pass of ``fray.cluster.scheduler.schedule`` before it indexed free capacity:
+A verbatim copy of the pass of ``fray.cluster.server.scheduler.schedule`` before it indexed free capacity:
 every placement scans every suitable worker. ``tests/cluster/test_scheduler_index.py`` checks that
 the indexed scheduler takes exactly the same decisions, and ``benchmarks/scheduler.py --compare``
 times both. Do not edit it to follow later changes of the rules: it pins the old decisions.
@@ -14,9 +14,9 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from fray.cluster.capacity import CPU, DIM_NAMES, RAM, TaskResources, WorkerInfo, format_amount
-from fray.cluster.credit import bid, task_rate
-from fray.cluster.scheduler import (
+from fray.cluster.protocol.capacity import CPU, DIM_NAMES, RAM, TaskResources, WorkerInfo, format_amount
+from fray.cluster.server.credit import bid, task_rate
+from fray.cluster.server.scheduler import (
     NEVER_PREFIX,
     WAITING_PREFIX,
     Assignment,

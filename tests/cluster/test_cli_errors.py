@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from fray.cluster.launcher import LocalCluster
+from fray.cluster.server.launcher import LocalCluster
 
 Run = Callable[..., subprocess.CompletedProcess[str]]
 

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from fray.cluster.client import ClusterClient
-from fray.cluster.launcher import LocalCluster
+from fray.cluster.server.launcher import LocalCluster
 from fray.job import JobStatus
 
 

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from fray.cluster.client import ClusterClient
-from fray.cluster.launcher import LocalCluster
+from fray.cluster.server.launcher import LocalCluster
 from support import wait_until
 
 
@@ -83,8 +83,8 @@ def test_status_shows_resources_in_use_jobs_and_actors(fray_cluster: LocalCluste
 
 
 def test_a_drained_worker_is_listed_as_stopped_apart_from_lost_ones(tmp_path: Path):
-    from fray.cluster.controller_client import ops_client
-    from fray.dashboard.pages import workers_page
+    from fray.cluster.protocol.controller_client import ops_client
+    from fray.cluster.server.dashboard.pages import workers_page
 
     with LocalCluster(tmp_path / "cluster", worker_timeout=2.0) as cluster:
         cluster.start(3)

@@ -22,7 +22,7 @@ def wait_for_file(path: str, timeout: float = 60.0) -> None:
 
 
 def test_the_client_loads_neither_the_store_nor_the_worker_daemon() -> None:
-    heavy = ["fray.cluster.store", "fray.cluster.worker", "fray.cluster.controller", "sqlite3"]
+    heavy = ["fray.cluster.server.store", "fray.cluster.server.worker", "fray.cluster.server.controller", "sqlite3"]
     code = f"import sys, fray.cluster.client; print([m for m in {heavy!r} if m in sys.modules])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "[]"

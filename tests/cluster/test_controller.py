@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from fray.cluster.capacity import WorkerInfo
-from fray.cluster.controller import ControllerService
-from fray.cluster.credentials import WORKER, Credential
-from fray.cluster.messages import JobSpec, TaskAssignment, TaskExit, WorkerReport
-from fray.cluster.records import WorkerState
-from fray.cluster.store import ClusterStore
+from fray.cluster.protocol.capacity import WorkerInfo
+from fray.cluster.protocol.credentials import WORKER, Credential
+from fray.cluster.protocol.messages import JobSpec, TaskAssignment, TaskExit, WorkerReport
+from fray.cluster.protocol.records import WorkerState
+from fray.cluster.server.controller import ControllerService
+from fray.cluster.server.store import ClusterStore
 from fray.errors import AuthenticationError, ConfigError, PermissionDenied
 from fray.job import Entrypoint, JobRequest
 from fray.resources import ResourceConfig

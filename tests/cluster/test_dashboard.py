@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from fray.cluster.client import ClusterClient
-from fray.cluster.controller_client import ops_client
-from fray.cluster.launcher import LocalCluster
+from fray.cluster.protocol.controller_client import ops_client
+from fray.cluster.server.launcher import LocalCluster
 from fray.job import Entrypoint, JobRequest, JobStatus
 from fray.resources import ResourceConfig
 from support import wait_until

@@ -11,7 +11,7 @@ import textwrap
 from pathlib import Path
 
 from fray.cluster.client import ClusterClient
-from fray.cluster.launcher import LocalCluster
+from fray.cluster.server.launcher import LocalCluster
 from fray.job import JobStatus
 from support import wait_until
 

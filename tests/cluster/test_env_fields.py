@@ -1,5 +1,5 @@
 """marin's fields in a job's environment on a worker: what ``EnvironmentConfig.extras`` names in a project's
-``pyproject.toml`` (:mod:`fray.cluster.envs._project`), and where ``processes_per_task``'s supervisor runs."""
+``pyproject.toml`` (:mod:`fray.cluster.server.envs._project`), and where ``processes_per_task``'s supervisor runs."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from fray.cluster.envs._environments import prepare
-from fray.cluster.envs._project import applicable, read_project, requirements_of
-from fray.cluster.messages import JobSpec
+from fray.cluster.protocol.messages import JobSpec
+from fray.cluster.server.envs._environments import prepare
+from fray.cluster.server.envs._project import applicable, read_project, requirements_of
 from fray.errors import ConfigError
 from fray.job import Entrypoint, EnvironmentConfig, JobRequest
 

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from fray.cluster.client import ClusterClient
-from fray.cluster.controller_client import ops_client
-from fray.cluster.envs._environments import container_command
-from fray.cluster.envs._shipping import CONTAINER_RUNTIME_ATTRIBUTE
-from fray.cluster.launcher import LocalCluster
+from fray.cluster.protocol.controller_client import ops_client
+from fray.cluster.server.envs._environments import container_command
+from fray.cluster.server.envs._shipping import CONTAINER_RUNTIME_ATTRIBUTE
+from fray.cluster.server.launcher import LocalCluster
 from fray.errors import ConfigError, JobFailed
 from fray.job import Entrypoint, EnvironmentConfig, JobRequest
 

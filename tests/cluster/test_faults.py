@@ -24,8 +24,8 @@ from fray import (
     current_job,
 )
 from fray.cluster.client import ClusterClient
-from fray.cluster.launcher import LocalCluster
-from fray.rpc import AuthenticationError
+from fray.cluster.rpc import AuthenticationError
+from fray.cluster.server.launcher import LocalCluster
 from support import alive, wait_until
 
 

@@ -21,8 +21,8 @@ import pytest
 
 from fray import Entrypoint, JobRequest
 from fray.cluster.client import ClusterClient
-from fray.cluster.controller_client import FIRST_CONTACT_SECONDS, connect_controller
-from fray.cluster.launcher import LocalCluster
+from fray.cluster.protocol.controller_client import FIRST_CONTACT_SECONDS, connect_controller
+from fray.cluster.server.launcher import LocalCluster
 from fray.errors import CallNotSentError, ControllerUnreachable
 
 # "Fails within ~3 s" is checked as "fails instead of hanging": a generous bound for a loaded machine.

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from fray import Entrypoint
-from fray.cluster.envs._environments import Prepared
-from fray.cluster.taskproc._forkserver import _replace_environment
-from fray.cluster.taskproc._launch import ForkedProcess, ForkServer, fork_request
+from fray.cluster.server.envs._environments import Prepared
+from fray.cluster.server.taskproc._forkserver import _replace_environment
+from fray.cluster.server.taskproc._launch import ForkedProcess, ForkServer, fork_request
 from support import alive
 
 

@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 
 from fray import AuthenticationError, Entrypoint, JobRequest, PermissionDenied
-from fray.cluster.capacity import WorkerInfo
 from fray.cluster.client import ClusterClient
-from fray.cluster.controller_client import controller_client
-from fray.cluster.credentials import Credential
-from fray.cluster.launcher import LocalCluster
-from fray.cluster.records import WorkerState
+from fray.cluster.protocol.capacity import WorkerInfo
+from fray.cluster.protocol.controller_client import controller_client
+from fray.cluster.protocol.credentials import Credential
+from fray.cluster.protocol.records import WorkerState
+from fray.cluster.server.launcher import LocalCluster
 from support import FrayCli, fray_cli_in, wait_until
 
 

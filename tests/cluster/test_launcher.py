@@ -12,7 +12,7 @@ from support import wait_until
 
 _ABANDON = """
 import json, os, sys
-from fray.cluster.launcher import LocalCluster
+from fray.cluster.server.launcher import LocalCluster
 cluster = LocalCluster(sys.argv[1])
 cluster.start(1, "--cpu", "1")
 print(json.dumps([cluster.controller.pid, *[w.pid for w in cluster.workers.values()]]), flush=True)

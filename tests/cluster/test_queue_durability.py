@@ -10,7 +10,7 @@ import pytest
 
 from fray import LeaseError, LeaseExpired
 from fray.cluster.client import ClusterClient
-from fray.cluster.launcher import LocalCluster
+from fray.cluster.server.launcher import LocalCluster
 from support import wait_until
 
 

@@ -1,6 +1,6 @@
 """Group commit in the controller's queues: concurrent operations share a transaction, none answers before it is committed.
 
-The controller's :class:`~fray.cluster.controller._queues.QueueService` runs here on a real
+The controller's :class:`~fray.cluster.server.controller._queues.QueueService` runs here on a real
 store; another SQLite connection plays a slow disk (it holds the database's write lock)
 or a failing one (a trigger refuses one item).
 """
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from fray.cluster.controller._queues import QueueService
-from fray.cluster.store import ClusterStore
+from fray.cluster.server.controller._queues import QueueService
+from fray.cluster.server.store import ClusterStore
 from fray.errors import StoreError
 from support import wait_until
 

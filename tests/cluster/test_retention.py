@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from fray.cluster._retention import RetentionPolicy, prune_departed_workers, prune_finished_jobs
-from fray.cluster.capacity import TaskResources, WorkerInfo
-from fray.cluster.ops import OpsService
-from fray.cluster.records import JobRecord, TaskKey, WorkerState
-from fray.cluster.scheduler import Assignment, SchedulingDecision
-from fray.cluster.store import ClusterStore
+from fray.cluster.protocol.capacity import TaskResources, WorkerInfo
+from fray.cluster.protocol.records import JobRecord, TaskKey, WorkerState
+from fray.cluster.server._retention import RetentionPolicy, prune_departed_workers, prune_finished_jobs
+from fray.cluster.server.ops import OpsService
+from fray.cluster.server.scheduler import Assignment, SchedulingDecision
+from fray.cluster.server.store import ClusterStore
 from fray.errors import ConfigError, NotFound
 from support import wait_until
 

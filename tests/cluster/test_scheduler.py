@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fray.cluster.capacity import Device, TaskResources, WorkerInfo
-from fray.cluster.credit import CreditPolicy
-from fray.cluster.scheduler import PendingJob, RunningTask, SchedulerPolicy, SchedulingDecision, schedule
+from fray.cluster.protocol.capacity import Device, TaskResources, WorkerInfo
+from fray.cluster.server.credit import CreditPolicy
+from fray.cluster.server.scheduler import PendingJob, RunningTask, SchedulerPolicy, SchedulingDecision, schedule
 from fray.errors import ConfigError
 from fray.resources import TPU_TOPOLOGIES, GpuConfig, ResourceConfig, TpuConfig
 

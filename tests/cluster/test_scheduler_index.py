@@ -12,9 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cluster import _old_scheduler
-from fray.cluster.capacity import Device, TaskResources, WorkerInfo
-from fray.cluster.scheduler import PendingJob, RunningTask, SchedulerPolicy, schedule
-from fray.cluster.scheduler._freeindex import FreeIndex
+from fray.cluster.protocol.capacity import Device, TaskResources, WorkerInfo
+from fray.cluster.server.scheduler import PendingJob, RunningTask, SchedulerPolicy, schedule
+from fray.cluster.server.scheduler._freeindex import FreeIndex
 
 GiB = 1 << 30
 _REGIONS = ["r1", "r2", "r3"]  # few values, so that many workers share a class and a free vector

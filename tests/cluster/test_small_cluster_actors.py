@@ -17,7 +17,7 @@ import pytest
 from conformance.test_actor_groups import Idle, run_rl_pattern
 from fray import ActorConfig, ResourceConfig
 from fray.cluster.client import ClusterClient
-from fray.cluster.launcher import LocalCluster
+from fray.cluster.server.launcher import LocalCluster
 
 
 @pytest.fixture(scope="module")

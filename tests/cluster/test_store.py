@@ -18,9 +18,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from fray.cluster.capacity import Device, TaskResources, WorkerInfo
-from fray.cluster.credit import CreditPolicy
-from fray.cluster.records import (
+from fray.cluster.protocol.capacity import Device, TaskResources, WorkerInfo
+from fray.cluster.protocol.records import (
     TASK_TRANSITIONS,
     Effects,
     JobRecord,
@@ -31,9 +30,10 @@ from fray.cluster.records import (
     check_task_transition,
     check_worker_transition,
 )
-from fray.cluster.scheduler import Assignment, PendingReason, SchedulingDecision, schedule
-from fray.cluster.store import ClusterStore, _blobs
-from fray.cluster.store._schema import SCHEMA_VERSION
+from fray.cluster.server.credit import CreditPolicy
+from fray.cluster.server.scheduler import Assignment, PendingReason, SchedulingDecision, schedule
+from fray.cluster.server.store import ClusterStore, _blobs
+from fray.cluster.server.store._schema import SCHEMA_VERSION
 from fray.core._lifecycle import TRANSITIONS, Failure, FailureKind, RetryBudget, check_transition
 from fray.errors import IllegalTransition, JobTimeout, NotFound, StoreError
 from fray.job import Entrypoint, JobRequest, JobStatus
@@ -637,9 +637,9 @@ def test_a_file_with_another_schema_version_is_refused(tmp_path: Path) -> None:
 _WRITER = textwrap.dedent(
     """
     import sys
-    from fray.cluster.capacity import TaskResources, WorkerInfo
-    from fray.cluster.scheduler import schedule
-    from fray.cluster.store import ClusterStore
+    from fray.cluster.protocol.capacity import TaskResources, WorkerInfo
+    from fray.cluster.server.scheduler import schedule
+    from fray.cluster.server.store import ClusterStore
 
     store = ClusterStore(sys.argv[1])
     for w in ("w-1", "w-2"):

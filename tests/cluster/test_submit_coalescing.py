@@ -21,11 +21,11 @@ from pathlib import Path
 import pytest
 
 from fray import ConfigError, Entrypoint, JobRequest, JobStatus, wait_all
-from fray.cluster.capacity import TaskResources
 from fray.cluster.client import ClusterClient
 from fray.cluster.client._submit_batch import SubmitBatcher
-from fray.cluster.launcher import LocalCluster
-from fray.cluster.messages import JobSpec, JobView
+from fray.cluster.protocol.capacity import TaskResources
+from fray.cluster.protocol.messages import JobSpec, JobView
+from fray.cluster.server.launcher import LocalCluster
 from fray.errors import ActorUnavailableError, StoreError
 from fray.job import EnvironmentConfig
 from support import wait_until

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from fray.cluster.controller._utilisation import SAMPLE_CAPACITY, SAMPLE_INTERVAL_SECONDS, UtilisationSampler
-from fray.cluster.ops import OpsService
-from fray.cluster.records import WorkerInfo
-from fray.cluster.store import ClusterStore
+from fray.cluster.protocol.records import WorkerInfo
+from fray.cluster.server.controller._utilisation import SAMPLE_CAPACITY, SAMPLE_INTERVAL_SECONDS, UtilisationSampler
+from fray.cluster.server.ops import OpsService
+from fray.cluster.server.store import ClusterStore
 from support import wait_until
 
 GiB = 1 << 30
@@ -144,7 +144,7 @@ def test_the_operator_api_reads_samples_of_the_store(tmp_path: Path):
 
 
 def test_chart_data_has_one_column_per_series_and_gaps_for_absent_workers():
-    charts = pytest.importorskip("fray.dashboard.charts", reason="the dashboard extra is not installed")
+    charts = pytest.importorskip("fray.cluster.server.dashboard.charts", reason="the dashboard extra is not installed")
     cluster = _Cluster()
     sampler = UtilisationSampler(cluster.read, clock=cluster.clock)
     sampler.sample()
@@ -165,7 +165,9 @@ def test_chart_data_has_one_column_per_series_and_gaps_for_absent_workers():
 
 
 def test_the_timeline_draws_one_bar_per_task_coloured_by_outcome_and_escapes_text():
-    timeline = pytest.importorskip("fray.dashboard.timeline", reason="the dashboard extra is not installed")
+    timeline = pytest.importorskip(
+        "fray.cluster.server.dashboard.timeline", reason="the dashboard extra is not installed"
+    )
 
     def task(attempt: int, state: str, start: float, end: float | None, worker: str) -> dict[str, Any]:
         return {

@@ -11,9 +11,9 @@ import pytest
 
 from fray import ConfigError, Entrypoint, FrayError, JobFailed, JobRequest, JobStatus, ResourceConfig, current_job
 from fray.cluster.client import ClusterClient
-from fray.cluster.controller_client import controller_client
-from fray.cluster.credentials import WORKER, Credential, user_principal
-from fray.cluster.launcher import LocalCluster
+from fray.cluster.protocol.controller_client import controller_client
+from fray.cluster.protocol.credentials import WORKER, Credential, user_principal
+from fray.cluster.server.launcher import LocalCluster
 from fray.errors import NotFound, PermissionDenied
 from fray.testing import kill_worker, preempt
 from support import wait_until

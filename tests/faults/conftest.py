@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fray.cluster.launcher import LocalCluster
+from fray.cluster.server.launcher import LocalCluster
 from netns import hosts  # noqa: F401 - the simulated hosts fixture, for the tests here
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from fray import current_job
 from fray.cluster.client import ClusterClient
-from fray.cluster.launcher import LocalCluster
+from fray.cluster.server.launcher import LocalCluster
 from support import wait_until
 
 

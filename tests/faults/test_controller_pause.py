@@ -12,9 +12,9 @@ import pytest
 
 from fray import Entrypoint, JobRequest, JobStatus
 from fray.cluster.client import ClusterJobHandle
-from fray.cluster.controller_client import ControllerProxy, controller_client
-from fray.cluster.launcher import LocalCluster
-from fray.cluster.records import WorkerRecord, WorkerState
+from fray.cluster.protocol.controller_client import ControllerProxy, controller_client
+from fray.cluster.protocol.records import WorkerRecord, WorkerState
+from fray.cluster.server.launcher import LocalCluster
 from support import alive, wait_until
 
 from .helpers import gated_then_mark, lines, wait_lines, with_workers

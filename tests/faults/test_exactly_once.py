@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from fray import Entrypoint, EnvironmentConfig, JobRequest, JobStatus
-from fray.cluster.launcher import LocalCluster
+from fray.cluster.server.launcher import LocalCluster
 from support import alive, wait_until
 
 from .helpers import client_of, gated_then_mark, lines, wait_lines, with_workers

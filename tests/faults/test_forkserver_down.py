@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-import fray.cluster.worker as worker_module
+import fray.cluster.server.worker as worker_module
 from fray import Entrypoint, JobRequest, JobStatus
 from fray.cluster.client import ClusterClient
-from fray.cluster.launcher import LocalCluster
-from fray.cluster.worker import Worker
+from fray.cluster.server.launcher import LocalCluster
+from fray.cluster.server.worker import Worker
 
 
 def _shout(word: str) -> None:

@@ -23,9 +23,9 @@ import pytest
 
 from fray import Entrypoint, JobRequest, JobStatus, ResourceConfig, current_job
 from fray.cluster.client import ClusterClient, ClusterJobHandle
-from fray.cluster.controller_client import ControllerProxy, controller_client
-from fray.cluster.launcher import LocalCluster
-from fray.cluster.records import WorkerState
+from fray.cluster.protocol.controller_client import ControllerProxy, controller_client
+from fray.cluster.protocol.records import WorkerState
+from fray.cluster.server.launcher import LocalCluster
 from netns import Host, Hosts
 from support import alive, wait_until
 

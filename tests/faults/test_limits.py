@@ -24,10 +24,10 @@ from fray import (
     SerializationError,
 )
 from fray.cluster.client import ClusterClient
-from fray.cluster.controller_client import controller_client
-from fray.cluster.launcher import LocalCluster
-from fray.rpc import wire
-from fray.rpc.datarpc import DataClient, DataServer
+from fray.cluster.protocol.controller_client import controller_client
+from fray.cluster.rpc import wire
+from fray.cluster.rpc.datarpc import DataClient, DataServer
+from fray.cluster.server.launcher import LocalCluster
 from support import wait_until
 
 from .helpers import client_of, with_workers
@@ -217,7 +217,7 @@ def test_trickling_handshakes_and_a_connection_flood_do_not_starve_legit_clients
 
 _EMFILE_SCRIPT = """
 import json, logging, os, resource, socket, sys, time
-from fray.rpc.datarpc import DataClient, DataServer
+from fray.cluster.rpc.datarpc import DataClient, DataServer
 logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="%(levelname)s %(message)s")
 token = b"k" * 32
 server = DataServer(lambda principal, method, args, kwargs: "pong", keys=token).start()

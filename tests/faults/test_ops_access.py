@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 
 from fray import ConfigError, Entrypoint, JobRequest, NotFound, PermissionDenied, ProtocolError
-from fray.cluster import _codec as codec
 from fray.cluster.client import ClusterClient
-from fray.cluster.controller_client import controller_client, ops_client
-from fray.cluster.credentials import WORKER, Credential, user_principal
-from fray.cluster.envs._workspace import digest_of
-from fray.cluster.launcher import LocalCluster
-from fray.cluster.messages import JobSpec
-from fray.rpc.datarpc import pack, unpack
+from fray.cluster.protocol import _codec as codec
+from fray.cluster.protocol.controller_client import controller_client, ops_client
+from fray.cluster.protocol.credentials import WORKER, Credential, user_principal
+from fray.cluster.protocol.messages import JobSpec
+from fray.cluster.rpc.datarpc import pack, unpack
+from fray.cluster.server.envs._workspace import digest_of
+from fray.cluster.server.launcher import LocalCluster
 
 
 def _pending(client: ClusterClient, name: str) -> str:

@@ -19,7 +19,7 @@ import pytest
 
 from fray import Entrypoint, JobRequest, JobStatus, current_job
 from fray.cluster.client import ClusterClient
-from fray.cluster.launcher import LocalCluster
+from fray.cluster.server.launcher import LocalCluster
 from netns import Hosts
 from support import alive, wait_until
 

@@ -19,8 +19,8 @@ import pytest
 
 from fray import Entrypoint, JobRequest, JobStatus, StorageError
 from fray.cluster.client import ClusterClient
-from fray.cluster.controller_client import controller_client
-from fray.cluster.launcher import LocalCluster
+from fray.cluster.protocol.controller_client import controller_client
+from fray.cluster.server.launcher import LocalCluster
 from support import wait_until
 
 from .helpers import gated_then_mark, lines, wait_lines

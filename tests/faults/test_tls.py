@@ -18,9 +18,9 @@ import pytest
 
 from fray import AuthenticationError, ConfigError, Entrypoint, JobRequest, JobStatus
 from fray.cluster.client import ClusterClient
-from fray.cluster.controller_client import controller_client
-from fray.cluster.launcher import LocalCluster
-from fray.rpc.tls import ensure_cluster_tls
+from fray.cluster.protocol.controller_client import controller_client
+from fray.cluster.rpc.tls import ensure_cluster_tls
+from fray.cluster.server.launcher import LocalCluster
 from netns import Hosts
 
 from .helpers import refusal_of, start_worker

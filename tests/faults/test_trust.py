@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 
 from fray import AuthenticationError, Entrypoint, JobRequest, JobStatus, PermissionDenied
-from fray.cluster.capacity import WorkerInfo
 from fray.cluster.client import ClusterClient
-from fray.cluster.controller_client import controller_client
-from fray.cluster.credentials import WORKER, Credential, user_principal
-from fray.cluster.launcher import LocalCluster
-from fray.rpc import wire
-from fray.rpc.datarpc import _Integrity, pack, unpack
+from fray.cluster.protocol.capacity import WorkerInfo
+from fray.cluster.protocol.controller_client import controller_client
+from fray.cluster.protocol.credentials import WORKER, Credential, user_principal
+from fray.cluster.rpc import wire
+from fray.cluster.rpc.datarpc import _Integrity, pack, unpack
+from fray.cluster.server.launcher import LocalCluster
 
 from .helpers import with_workers
 

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from fray import ActorConfig, Entrypoint, EnvironmentConfig, JobFailed, JobRequest, JobStatus
-from fray.cluster.controller_client import ops_client
-from fray.cluster.launcher import LocalCluster
-from fray.cluster.records import WorkerState
+from fray.cluster.protocol.controller_client import ops_client
+from fray.cluster.protocol.records import WorkerState
+from fray.cluster.server.launcher import LocalCluster
 from fray.errors import ActorDiedError, ActorUnavailableError
 from support import alive, wait_until
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from fray.cluster.controller_client import controller_client
-from fray.cluster.credentials import WORKER, Credential, user_principal
-from fray.cluster.launcher import LocalCluster
+from fray.cluster.protocol.controller_client import controller_client
+from fray.cluster.protocol.credentials import WORKER, Credential, user_principal
+from fray.cluster.server.launcher import LocalCluster
 from support import wait_until
 
 from .helpers import refusal_of, start_worker

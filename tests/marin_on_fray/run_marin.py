@@ -179,7 +179,7 @@ def client_for(backend: str, out: Path) -> Iterator[Any]:
             yield client
     elif backend == "cluster":
         from fray.cluster.client import ClusterClient
-        from fray.cluster.launcher import LocalCluster
+        from fray.cluster.server.launcher import LocalCluster
 
         cluster = LocalCluster(tempfile.mkdtemp(prefix="marin-cluster-"))
         try:

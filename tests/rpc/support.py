@@ -12,7 +12,7 @@ TOKEN = "test-cluster-token"
 def _serve(
     ready: Any, actors: dict[str, tuple[str, int]], token: str | None, namespace: str | None, registry: str | None
 ) -> None:
-    from fray.rpc import ActorServer, RegistryClient, serve_registry
+    from fray.cluster.rpc import ActorServer, RegistryClient, serve_registry
     from rpc.actors import ACTOR_CLASSES
 
     mapping = RegistryClient(registry, token=token) if registry else None

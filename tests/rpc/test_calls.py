@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from fray.actor import ActorFuture, ActorHandle
+from fray.cluster.rpc import ActorClient, FixedResolver, RpcOptions, RpcTimeoutError, list_actors, list_methods
 from fray.errors import ActorUnavailableError, RemoteError, RemoteTraceback, SerializationError
-from fray.rpc import ActorClient, FixedResolver, RpcOptions, RpcTimeoutError, list_actors, list_methods
 from rpc.actors import Counter
 
 

@@ -8,8 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from fray.errors import ActorUnavailableError
-from fray.rpc import (
+from fray.cluster.rpc import (
     ActorClient,
     ActorServer,
     CallNotSentError,
@@ -18,6 +17,7 @@ from fray.rpc import (
     RpcOptions,
     serve_registry,
 )
+from fray.errors import ActorUnavailableError
 from rpc.actors import Counter
 
 

@@ -11,9 +11,9 @@ import threading
 import numpy as np
 import pytest
 
+from fray.cluster.rpc import ActorClient, FixedResolver, wire
+from fray.cluster.rpc.transport import _memfd
 from fray.errors import ProtocolError
-from fray.rpc import ActorClient, FixedResolver, wire
-from fray.rpc.transport import _memfd
 
 pytestmark = pytest.mark.skipif(not _memfd.available(), reason="memfds are Linux-only")
 

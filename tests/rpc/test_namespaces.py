@@ -8,8 +8,7 @@ from typing import Any
 
 import pytest
 
-from fray.errors import ActorUnavailableError, ConfigError
-from fray.rpc import (
+from fray.cluster.rpc import (
     GLOBAL_NAMESPACE,
     ActorClient,
     ActorServer,
@@ -18,6 +17,7 @@ from fray.rpc import (
     RegistryClient,
     default_namespace,
 )
+from fray.errors import ActorUnavailableError, ConfigError
 from rpc.actors import Counter
 
 

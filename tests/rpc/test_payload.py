@@ -9,8 +9,8 @@ import threading
 import numpy as np
 import pytest
 
+from fray.cluster.rpc import ActorClient, FixedResolver, wire
 from fray.errors import ProtocolError
-from fray.rpc import ActorClient, FixedResolver, wire
 
 BIG = 1 << 20  # above the out-of-band threshold
 

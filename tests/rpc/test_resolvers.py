@@ -12,8 +12,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from fray.errors import ConfigError
-from fray.rpc import (
+from fray.cluster.rpc import (
     ActorClient,
     ActorServer,
     EndpointRegistry,
@@ -21,6 +20,7 @@ from fray.rpc import (
     GceResolver,
     parse_actor_url,
 )
+from fray.errors import ConfigError
 from rpc.actors import Counter
 
 

@@ -16,9 +16,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fray.cluster.rpc import ActorClient, ActorServer, AuthenticationError, FixedResolver, RpcOptions
+from fray.cluster.rpc.wire import PROTOCOL_VERSION
 from fray.errors import ConfigError
-from fray.rpc import ActorClient, ActorServer, AuthenticationError, FixedResolver, RpcOptions
-from fray.rpc.wire import PROTOCOL_VERSION
 from rpc.actors import Counter
 from rpc.support import TOKEN
 

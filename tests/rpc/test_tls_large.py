@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
+from fray.cluster.rpc import wire
+from fray.cluster.rpc.tls import TlsFiles, client_context, ensure_cluster_tls, server_context
+from fray.cluster.rpc.transport import _memfd
 from fray.errors import ProtocolError
-from fray.rpc import wire
-from fray.rpc.tls import TlsFiles, client_context, ensure_cluster_tls, server_context
-from fray.rpc.transport import _memfd
 from support import typed
 
 KEY = b"tls-large-test-key"

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fray.cluster.rpc import wire
+from fray.cluster.rpc.protocol import ErrorCode, decode_error, encode_error
 from fray.errors import SerializationError
-from fray.rpc import wire
-from fray.rpc.protocol import ErrorCode, decode_error, encode_error
 
 
 class _Capture:

@@ -33,7 +33,7 @@ import pytest
 
 from fray import JobFailed, JobHandle
 from fray.cluster.client import ClusterClient
-from fray.cluster.launcher import LocalCluster
+from fray.cluster.server.launcher import LocalCluster
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))

@@ -17,8 +17,8 @@ from rich.table import Table
 from fray._timefmt import format_time as _format_time
 from fray.cli._errors import CliError, set_target
 from fray.client import parse_client_spec
-from fray.cluster.controller_client import ControllerHandle, OpsProxy, connect_controller, ops_client
-from fray.cluster.credentials import load_credential
+from fray.cluster.protocol.controller_client import ControllerHandle, OpsProxy, connect_controller, ops_client
+from fray.cluster.protocol.credentials import load_credential
 from fray.errors import ConfigError
 
 __all__ = [
@@ -195,7 +195,7 @@ class Session:
 
 def _unreachable_hint(host: str, port: int) -> str:
     """How to reach a controller: the address it listens on when one of this user's serves that port elsewhere."""
-    from fray.rpc.tls import is_loopback_address, recorded_controllers
+    from fray.cluster.rpc.tls import is_loopback_address, recorded_controllers
 
     if is_loopback_address(host):
         # A controller started with --host ADDRESS listens there only, not on loopback.

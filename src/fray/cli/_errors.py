@@ -121,7 +121,7 @@ def as_cli_error(exc: BaseException) -> CliError | None:
     if isinstance(exc, JobAlreadyExists):
         return CliError(_first_line(str(exc)), "stop the live one first (`fray job stop ID`) or pick another name")
     if isinstance(exc, ConfigError):
-        # Some say themselves how to fix them (the cluster CA a TLS connection needs: fray.rpc.tls.CaNotFound).
+        # Some say themselves how to fix them (the cluster CA a TLS connection needs: fray.cluster.rpc.tls.CaNotFound).
         hint = getattr(exc, "hint", "") or "fix the value and try again (`fray COMMAND --help` lists the options)"
         return CliError(_first_line(str(exc)), hint)
     if isinstance(exc, FrayError):

@@ -28,14 +28,14 @@ import click
 from rich.markup import escape
 
 from fray._timefmt import format_time
-from fray.autoscale.config import ClusterConfig
-from fray.autoscale.provider import Provider
 from fray.cli._common import STATE_FILE, TOKEN_FILE, console, count_of, echo_json, read_state
 from fray.cli._errors import CliError
 from fray.cli.daemons import check_port_free
 from fray.cli.vms import vm
-from fray.cluster.controller_client import ops_client
-from fray.cluster.launcher import LocalCluster
+from fray.cluster.protocol.controller_client import ops_client
+from fray.cluster.server.autoscale.config import ClusterConfig
+from fray.cluster.server.autoscale.provider import Provider
+from fray.cluster.server.launcher import LocalCluster
 from fray.core._private_files import write_private
 from fray.errors import ConfigError, FrayError
 from fray.process._procident import ProcessIdentity, identify
@@ -150,7 +150,7 @@ def _retention_args(days: float | None, jobs: int | None) -> list[str]:
 def dashboard_unavailable() -> str:
     """Why this Python cannot serve the web dashboard (the dashboard extra's import error), or "" if it can."""
     try:
-        import fray.dashboard  # noqa: F401  # the controller imports exactly this to serve it
+        import fray.cluster.server.dashboard  # noqa: F401  # the controller imports exactly this to serve it
     except ImportError as exc:
         return str(exc)
     return ""
@@ -389,7 +389,7 @@ def _discard_state(directory: Path) -> None:
 
 def _retire_workers(directory: Path) -> int:
     """List the earlier local cluster's workers still recorded alive as stopped (all its processes are gone)."""
-    from fray.cluster.store import ClusterStore
+    from fray.cluster.server.store import ClusterStore
 
     store = ClusterStore(directory / "controller.db")
     try:
@@ -451,14 +451,14 @@ def _load_config(path: str | None, workers: int | None, dry_run: bool) -> Cluste
 
 def _planned_calls(config: ClusterConfig, controller: str) -> list[str]:
     """The provider module's own account of the calls start-up makes."""
-    from fray.autoscale.providers import vm_controller_address
+    from fray.cluster.server.autoscale.providers import vm_controller_address
 
     controller = vm_controller_address(config, controller)
     if config.provider.kind == "gcp":
-        from fray.autoscale import gcp
+        from fray.cluster.server.autoscale import gcp
 
         return gcp.planned_calls(config, controller=controller)
-    from fray.autoscale import simulated
+    from fray.cluster.server.autoscale import simulated
 
     return simulated.planned_calls(config, controller=controller)
 
@@ -599,10 +599,10 @@ def _open_provider(config: ClusterConfig, state: dict[str, Any]) -> Provider:
     """The cluster's provider, opened from this command: it lists and deletes, and starts no worker."""
     state_dir = Path(state["directory"]) / "vms"
     if config.provider.kind == "simulated":
-        from fray.autoscale.simulated import SimulatedProvider
+        from fray.cluster.server.autoscale.simulated import SimulatedProvider
 
         return SimulatedProvider(state_dir, cluster=config.name)
-    from fray.autoscale.providers import make_provider
+    from fray.cluster.server.autoscale.providers import make_provider
 
     credential = (Path(state["directory"]) / "worker.credential").read_text().strip()
     # Listing and deleting never start a VM, so no VM needs a working join token from here.

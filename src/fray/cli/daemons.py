@@ -19,11 +19,11 @@ from rich.table import Table
 import fray
 from fray.cli._common import Session, controller_option, echo_json, format_time, plain_row, stdout_console
 from fray.cli._errors import CliError
-from fray.cluster._retention import DEFAULT_MAX_JOBS
-from fray.cluster.envs._environments import runtime_available
-from fray.cluster.envs._shipping import CONTAINER_RUNTIME_ATTRIBUTE
-from fray.cluster.launcher import OWNER_ENV
-from fray.cluster.worker import DEFAULT_DRAIN_SECONDS
+from fray.cluster.server._retention import DEFAULT_MAX_JOBS
+from fray.cluster.server.envs._environments import runtime_available
+from fray.cluster.server.envs._shipping import CONTAINER_RUNTIME_ATTRIBUTE
+from fray.cluster.server.launcher import OWNER_ENV
+from fray.cluster.server.worker import DEFAULT_DRAIN_SECONDS
 from fray.errors import ConfigError, PermissionDenied
 
 __all__ = ["DEFAULT_DB", "busy_port_error", "check_port_free", "controller", "token", "worker"]
@@ -143,9 +143,9 @@ def controller(
     config_path: str | None,
 ) -> None:
     """Run the cluster controller in the foreground (state in SQLite; needs FRAY_TOKEN)."""
-    from fray.cluster._retention import RetentionPolicy
-    from fray.cluster.controller_client import load_token
-    from fray.cluster.server import Controller
+    from fray.cluster.protocol.controller_client import load_token
+    from fray.cluster.server._retention import RetentionPolicy
+    from fray.cluster.server.controller import Controller
 
     token = load_token()
     if token is None:
@@ -220,7 +220,7 @@ def _defaulted(parameter: str) -> bool:
 
 
 def _cluster_config(path: str) -> Any:
-    from fray.autoscale.config import ClusterConfig
+    from fray.cluster.server.autoscale.config import ClusterConfig
 
     try:
         return ClusterConfig.load(Path(path).resolve())
@@ -230,9 +230,9 @@ def _cluster_config(path: str) -> Any:
 
 def _start_autoscaling(ctl: Any, config: Any, cluster_dir: Path, token: bytes) -> Any:
     """The provider of ``config`` (its state in ``cluster_dir/vms``) and an autoscaler on ``ctl``."""
-    from fray.autoscale.providers import make_provider, vm_controller_address
-    from fray.cluster.controller._autoscale_host import start_autoscaling
-    from fray.cluster.credentials import WORKER, Credential, write_credential
+    from fray.cluster.protocol.credentials import WORKER, Credential, write_credential
+    from fray.cluster.server.autoscale.providers import make_provider, vm_controller_address
+    from fray.cluster.server.controller._autoscale_host import start_autoscaling
     from fray.core._private_files import private_dir
 
     # The worker credential `fray cluster up` gives its workers; made here for a controller started by hand.
@@ -272,7 +272,7 @@ def _start_autoscaling(ctl: Any, config: Any, cluster_dir: Path, token: bytes) -
 
 
 def _parse_device(text: str) -> Any:
-    from fray.cluster.capacity import Device
+    from fray.cluster.protocol.capacity import Device
 
     parts = text.split(":")
     if len(parts) != 3 or parts[0] not in ("gpu", "tpu") or not parts[2].isdigit():
@@ -334,7 +334,7 @@ def worker(
         return
     if not address:
         raise CliError("fray worker needs the controller's address", "fray worker --controller HOST:PORT --join TOKEN")
-    from fray.cluster.worker import Worker
+    from fray.cluster.server.worker import Worker
 
     attributes = {}
     for item in attrs:
@@ -354,7 +354,7 @@ def worker(
     try:
         node = Worker(
             address,
-            token=None,  # FRAY_CREDENTIAL (the worker credential), else the cluster token (see fray.cluster.credentials)
+            token=None,  # FRAY_CREDENTIAL (the worker credential), else the cluster token (see fray.cluster.protocol.credentials)
             worker_id=worker_id,
             cpu=cpu,
             ram_bytes=_size("--ram", ram),

@@ -5,7 +5,7 @@ and schedules every task; worker processes connect to it over an authenticated
 ``multiprocessing.connection`` socket (see :mod:`fray.joblevel._taskwire`) and run one task at
 a time (:mod:`fray.joblevel._task_worker`). Where workers come from is a :class:`Launcher`'s
 business: forked on this machine (:class:`~fray.ProcessJobContext`) or started as
-jobs on a Fray cluster (``fray.cluster.context.ClusterJobContext``).
+jobs on a Fray cluster (``fray.cluster.client.context.ClusterJobContext``).
 
 A task is sent to an idle worker once the refs among its arguments are ready,
 together with those objects' bytes unless that worker already holds them (a ``put``

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from fray.actor_context import bind_actor
 from fray.client import Client, _bind_client
-from fray.cluster.envs._project import check_extras
+from fray.cluster.server.envs._project import check_extras
 from fray.core._codepickle import dumps
 from fray.core._lifecycle import Failure, exit_status
 from fray.core._logcapture import capture_to

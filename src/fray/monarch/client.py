@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from fray.client import ClientSpec
-from fray.cluster.envs._project import check_extras
+from fray.cluster.server.envs._project import check_extras
 from fray.core._client_core import ActorStart, ClientCore, check_count, check_installed, short_id
 from fray.core._driver_exit import ExitNotice
 from fray.core._owned import OwnedWork

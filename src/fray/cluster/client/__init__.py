@@ -1,7 +1,7 @@
 """The ``fray://host:port`` backend: a :class:`~fray.client.Client` on a Fray cluster.
 
 Jobs are submitted to the controller; actors are jobs that serve an
-:class:`~fray.rpc.ActorServer` and register an endpoint, and handles reach them
+:class:`~fray.cluster.rpc.ActorServer` and register an endpoint, and handles reach them
 over the actor RPC layer directly (the controller is only asked where they are).
 
 The package is the client side of the cluster: besides the client it holds
@@ -24,17 +24,18 @@ from concurrent.futures import Future
 from typing import Any
 
 from fray.client import ClientSpec
-from fray.cluster.capacity import WorkerInfo
 from fray.cluster.client._placement import placed, placed_request
 from fray.cluster.client._submit_batch import SubmitBatcher, batches
 from fray.cluster.client.actor_handle import ClusterActorHandle, live_clients
+from fray.cluster.client.context import ClusterJobContext
 from fray.cluster.client.queue import ClusterQueue
-from fray.cluster.context import ClusterJobContext
-from fray.cluster.controller_client import CredentialLike, connect_controller, resolve_credential
-from fray.cluster.credentials import Credential
-from fray.cluster.envs._shipping import ship_environment
-from fray.cluster.messages import JobSpec, JobView
-from fray.cluster.taskproc._actor_host import host_actor
+from fray.cluster.protocol.capacity import WorkerInfo
+from fray.cluster.protocol.controller_client import CredentialLike, connect_controller, resolve_credential
+from fray.cluster.protocol.credentials import Credential
+from fray.cluster.protocol.messages import JobSpec, JobView
+from fray.cluster.rpc.namespace import resolve_namespace
+from fray.cluster.server.envs._shipping import ship_environment
+from fray.cluster.server.taskproc._actor_host import host_actor
 from fray.core._client_core import ActorStart, ClientCore
 from fray.core._driver_exit import ExitNotice, Leftovers
 from fray.core._lifecycle import Failure
@@ -43,7 +44,6 @@ from fray.core._remote import job_failed
 from fray.errors import FrayError
 from fray.job import Entrypoint, EnvironmentConfig, JobHandleBase, JobRequest, JobStatus, JobSummary, timeout_error
 from fray.process._ranks import check_processes
-from fray.rpc.namespace import resolve_namespace
 
 __all__ = ["ClusterActorHandle", "ClusterClient", "ClusterJobHandle"]
 
@@ -210,7 +210,7 @@ def send_queued_submits() -> None:
 class ClusterClient(ClientCore["ClusterJobHandle", "ClusterActorHandle"]):
     """A client of the Fray cluster whose controller is at ``address`` (``host:port``).
 
-    ``token`` is a :class:`~fray.cluster.credentials.Credential` or the cluster token;
+    ``token`` is a :class:`~fray.cluster.protocol.credentials.Credential` or the cluster token;
     by default ``FRAY_CREDENTIAL``, ``FRAY_TOKEN``, ``~/.config/fray/credential`` or
     ``~/.config/fray/token``. A user credential identifies the user (``user`` is then
     ignored by the controller); the cluster token may act for any ``user``. Inside a
@@ -244,7 +244,7 @@ class ClusterClient(ClientCore["ClusterJobHandle", "ClusterActorHandle"]):
         self.user = user or os.environ.get("FRAY_USER") or getpass.getuser()
         inside = os.environ.get("FRAY_CLIENT_SPEC", "") == f"fray://{address}" and bool(os.environ.get("FRAY_JOB_ID"))
         self._parent = os.environ["FRAY_JOB_ID"] if inside else None
-        # One namespace rule for jobs and actors (fray.rpc.namespace): refused here, not when an actor starts.
+        # One namespace rule for jobs and actors (fray.cluster.rpc.namespace): refused here, not when an actor starts.
         self.namespace = resolve_namespace(
             namespace or (os.environ.get("FRAY_NAMESPACE") if inside else None) or f"{self.user}-{uuid.uuid4().hex[:8]}"
         )

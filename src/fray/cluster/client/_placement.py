@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 
-from fray.cluster.capacity import WorkerInfo
+from fray.cluster.protocol.capacity import WorkerInfo
 from fray.errors import ConfigError
 from fray.job import EnvironmentConfig, JobRequest
 from fray.resources import DeviceConfig, GpuConfig, ResourceConfig, TpuConfig, device_name

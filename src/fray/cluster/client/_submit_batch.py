@@ -25,7 +25,7 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 
-from fray.cluster.messages import JobSpec, JobView
+from fray.cluster.protocol.messages import JobSpec, JobView
 from fray.errors import ActorUnavailableError, FrayError
 
 #: One ``submit_many`` call carries at most this many jobs, or this many bytes of arguments.

@@ -1,4 +1,4 @@
-"""Handles to actors on a Fray cluster: found through the controller, called over ``fray.rpc`` directly.
+"""Handles to actors on a Fray cluster: found through the controller, called over ``fray.cluster.rpc`` directly.
 
 A :class:`ClusterActorHandle` asks the controller where its actor serves (and, when a call's
 connection breaks, whether the actor died, is restarting, or is only unreachable); the
@@ -19,16 +19,16 @@ import weakref
 from typing import Any
 
 from fray.actor import ActorFuture, ActorHandleBase, RemoteMethod, check_actor_method
-from fray.cluster.controller_client import CredentialLike, connect_controller, resolve_credential
-from fray.cluster.messages import JobView
-from fray.cluster.taskproc._actor_host import CONTROL_SUFFIX, control_url
+from fray.cluster.protocol.controller_client import CredentialLike, connect_controller, resolve_credential
+from fray.cluster.protocol.messages import JobView
+from fray.cluster.rpc.client import ActorClient, RpcOptions
+from fray.cluster.rpc.resolver import FixedResolver
+from fray.cluster.server.taskproc._actor_host import CONTROL_SUFFIX, control_url
 from fray.core._deferred_calls import CallState, DeferredCalls, PendingCall
 from fray.core._lifecycle import Failure
 from fray.core._remote import actor_died
 from fray.core._serialization import check_call_picklable
 from fray.errors import ActorDiedError, ActorUnavailableError, FrayError, RemoteError
-from fray.rpc.client import ActorClient, RpcOptions
-from fray.rpc.resolver import FixedResolver
 
 __all__ = ["ClusterActorHandle", "live_clients"]
 
@@ -142,7 +142,7 @@ class ClusterActorHandle(ActorHandleBase):
         self._calls.serve()  # the waiting calls go out in the order they were made
 
     # Once the actor serves (and the calls queued before are sent), calls go straight to the
-    # inner fray.rpc client: a blocking call reads its own socket, a .remote() call has the
+    # inner fray.cluster.rpc client: a blocking call reads its own socket, a .remote() call has the
     # client's one future, and only a broken connection costs a look at the controller.
 
     def _fray_call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ActorFuture:

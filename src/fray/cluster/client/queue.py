@@ -1,7 +1,7 @@
 """``ClusterQueue``: a durable queue with leases kept by the Fray cluster's controller (client side).
 
 Items are pickled here and travel as opaque bytes; the controller keeps them in its
-database (:mod:`fray.cluster.controller._queues`), so a queue survives a controller killed with
+database (:mod:`fray.cluster.server.controller._queues`), so a queue survives a controller killed with
 ``kill -9`` and restarted. Calls ride out a controller restart (they are retried,
 and made harmless to repeat: a push carries its item's id, a ``done`` its call id).
 A blocking ``pop`` long-polls the controller in calls of a few seconds each. The batch
@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import cloudpickle
 
-from fray.cluster.controller_client import CredentialLike, connect_controller, resolve_credential
+from fray.cluster.protocol.controller_client import CredentialLike, connect_controller, resolve_credential
 from fray.core._serialization import plain_data
 from fray.queue import Lease, QueueClient, QueueCounts, counts_from
 

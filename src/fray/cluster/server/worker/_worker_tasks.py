@@ -1,0 +1,63 @@
+"""What a :class:`~fray.cluster.server.worker.Worker` keeps about its tasks: each one's process, and unsent reports.
+
+Plain records, touched under the worker's lock. A task's exit is not here: it goes into
+the worker's durable :class:`~fray.cluster.server.worker._journal.OutcomeJournal`.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fray.cluster.protocol.messages import TaskAssignment
+from fray.cluster.protocol.records import TaskKey
+from fray.cluster.server.taskproc._launch import ForkedProcess
+from fray.core._lifecycle import Failure
+
+__all__ = ["PendingReports", "Process", "TaskProcess"]
+
+Process = subprocess.Popen[bytes] | ForkedProcess
+
+
+@dataclass
+class TaskProcess:
+    """One task on this worker: its assignment, its process (None until started), where it writes why it failed."""
+
+    assignment: TaskAssignment
+    proc: Process | None
+    failure_path: Path
+    killed: bool = False
+    #: Stopped by the worker's drain: handed back to the controller (preempted) whatever its exit status.
+    handed_back: bool = False
+
+    def failure(self, code: int, last_output: list[str]) -> bytes:
+        """Why the task failed, encoded: what its Python code raised, else its exit and last output."""
+        try:
+            return self.failure_path.read_bytes()  # written by fray.process._jobmain
+        except OSError:
+            pass
+        spec = self.assignment.spec
+        command = spec.argv[0] if spec.argv else self.assignment.job_name
+        return Failure.from_exit(command, code, last_output).encode()
+
+
+@dataclass
+class PendingReports:
+    """Starts and log lines not yet delivered (exits live in the journal)."""
+
+    started: list[TaskKey] = field(default_factory=list)
+    logs: dict[TaskKey, list[str]] = field(default_factory=dict)
+
+    def take(self) -> tuple[list[TaskKey], list[tuple[TaskKey, list[str]]]]:
+        """Everything pending, for one report; it is pending no more (see :meth:`put_back`)."""
+        started, logs = list(self.started), list(self.logs.items())
+        self.started.clear()
+        self.logs.clear()
+        return started, logs
+
+    def put_back(self, started: list[TaskKey], logs: list[tuple[TaskKey, list[str]]]) -> None:
+        """Return what :meth:`take` gave to a report that was not delivered, ahead of what came since."""
+        self.started[:0] = started
+        for key, lines in logs:
+            self.logs.setdefault(key, [])[:0] = lines
