@@ -65,6 +65,7 @@ from fray.resources import (
     TpuTopology,
     parse_size,
 )
+from fray.stacks import FrameInfo, ProcessStacks, ThreadStack
 
 __version__ = "0.1.0"
 
@@ -91,6 +92,7 @@ __all__ = [
     "DeviceConfig",
     "Entrypoint",
     "EnvironmentConfig",
+    "FrameInfo",
     "FrayError",
     "GpuConfig",
     "HostedActor",
@@ -114,6 +116,7 @@ __all__ = [
     "ObjectRef",
     "PermissionDenied",
     "ProcessJobContext",
+    "ProcessStacks",
     "ProtocolError",
     "Queue",
     "QueueAlreadyExists",
@@ -125,6 +128,7 @@ __all__ = [
     "StorageError",
     "StoreError",
     "TaskLostError",
+    "ThreadStack",
     "TpuConfig",
     "TpuTopology",
     "WorkerPool",

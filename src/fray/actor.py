@@ -32,6 +32,7 @@ from fray.core._serialization import call_parts, check_picklable
 from fray.errors import ActorDiedError, ActorUnavailableError, ConfigError, JobFailed, RemoteError
 from fray.job import JobHandle, JobStatus, validate_name
 from fray.resources import ResourceConfig
+from fray.stacks import ProcessStacks
 
 __all__ = [
     "ActorContext",
@@ -90,7 +91,12 @@ class ActorHandleBase(ABC):
     ``_fray_ready()``                      a future done once the actor serves; ActorDiedError if never
     ``_fray_kill()``                       crash the actor's process (:func:`fray.testing.kill_actor`).
                                            Default: ``ConfigError``, the backend cannot
+    ``stacks(timeout, locals=)``           the live stacks of the actor's process (:mod:`fray.stacks`).
+                                           Default: ``ConfigError``, the backend cannot
     =====================================  ==============================================================
+
+    ``stacks`` is the one public name on the handle: an actor's own method called ``stacks``
+    is reached with ``handle._fray_call("stacks", args, kwargs)``.
     """
 
     @abstractmethod
@@ -109,6 +115,19 @@ class ActorHandleBase(ABC):
         """Kill the actor's process as a crash would; this backend cannot."""
         raise ConfigError(
             f"kill_actor({self!r}): this backend ({type(self).__module__}) cannot kill one actor's process"
+        )
+
+    def stacks(self, timeout: float = 10, *, locals: bool = False) -> tuple[ProcessStacks, ...]:
+        """The live Python stacks of every thread of the actor's process (one :class:`ProcessStacks`).
+
+        Taken inside the process by Fray's runtime (no ptrace), while calls run; ``locals`` adds
+        each frame's local variables (truncated reprs). A process that does not answer within
+        ``timeout`` seconds is reported with :attr:`ProcessStacks.error` set, never a hang. This
+        default says the backend cannot.
+        """
+        raise ConfigError(
+            f"stacks({self!r}): this backend ({type(self).__module__}) cannot take an actor's live stacks yet; "
+            "see docs/debugging.md for where it works"
         )
 
 
@@ -154,6 +173,10 @@ class ActorHandle(Protocol):
     def __getattr__(self, method_name: str) -> ActorMethod: ...
 
     def _fray_ready(self) -> concurrent.futures.Future[None]: ...
+
+    def stacks(self, timeout: float = 10, *, locals: bool = False) -> tuple[ProcessStacks, ...]:
+        """The live stacks of every thread of the actor's process (:mod:`fray.stacks`)."""
+        ...
 
 
 def public_methods(cls: type) -> list[str]:
@@ -403,6 +426,17 @@ class ActorGroup:
     def statuses(self) -> list[JobStatus]:
         """Each member's job status: FAILED or STOPPED members are dead."""
         return [job.status() for job in self._jobs]
+
+    def stacks(self, timeout: float = 10, *, locals: bool = False) -> tuple[ProcessStacks, ...]:
+        """Every member's :meth:`ActorHandle.stacks`, in member order, asked side by side (one ``timeout`` in all).
+
+        A member that has ended is reported with :attr:`ProcessStacks.error` set, like one that did not answer.
+        """
+        if not self._handles:
+            return ()
+        with concurrent.futures.ThreadPoolExecutor(min(len(self._handles), 16), "fray-group-stacks") as pool:
+            answers = [pool.submit(handle.stacks, timeout, locals=locals) for handle in self._handles]
+            return tuple(process for answer in answers for process in answer.result())
 
     def shutdown(self) -> None:
         """Terminate every member, all at once (each sees ``current_actor().shutdown_requested`` first).

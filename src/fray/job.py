@@ -16,6 +16,7 @@ from typing import Any, Protocol, overload, runtime_checkable
 from fray.core._progress import progress_bar
 from fray.errors import ConfigError, JobFailed
 from fray.resources import ResourceConfig
+from fray.stacks import ProcessStacks
 
 __all__ = [
     "BinaryEntrypoint",
@@ -498,6 +499,10 @@ class JobHandle(Protocol):
         """The job's stdout and stderr lines so far: the last ``max_lines``, or all for None or 0."""
         ...
 
+    def stacks(self, timeout: float = 10, *, locals: bool = False) -> tuple[ProcessStacks, ...]:
+        """The live stacks of every thread of each replica and job-context task (:mod:`fray.stacks`)."""
+        ...
+
 
 class JobHandleBase(ABC):
     """The declared base of every backend's job handle (the :class:`JobHandle` protocol, implemented).
@@ -509,6 +514,8 @@ class JobHandleBase(ABC):
                                             statuses in order. Default: poll each job's ``status()``
     ``_fray_preempt(replica)``              end a replica as a preemption does (:func:`fray.testing.preempt`).
                                             Default: ``ConfigError``, the backend cannot
+    ``stacks(timeout, locals=)``            the live stacks of every replica and job-context task
+                                            (:mod:`fray.stacks`). Default: ``ConfigError``, the backend cannot
     ======================================  ==============================================================
     """
 
@@ -551,6 +558,19 @@ class JobHandleBase(ABC):
         raise ConfigError(
             f"preempt({self!r}): this backend ({type(self).__module__}) cannot preempt a job's replica; "
             "see docs/testing.md for where fray.testing.preempt works"
+        )
+
+    def stacks(self, timeout: float = 10, *, locals: bool = False) -> tuple[ProcessStacks, ...]:
+        """The live Python stacks of every thread of each process running this job: one per replica, one per task.
+
+        Taken inside each process by Fray's runtime (no ptrace); ``locals`` adds each frame's local
+        variables (truncated reprs). A process that does not answer within ``timeout`` seconds is
+        reported with :attr:`ProcessStacks.error` set (its pid and host), never a hang. Empty for a
+        job that is not running. This default says the backend cannot.
+        """
+        raise ConfigError(
+            f"stacks({self!r}): this backend ({type(self).__module__}) cannot take a job's live stacks yet; "
+            "see docs/debugging.md for where it works"
         )
 
 

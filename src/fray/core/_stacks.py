@@ -1,0 +1,304 @@
+"""Taking live stacks inside a process: :func:`capture`, and the per-process stack server (:func:`serve`, :func:`ask`).
+
+Every process Fray runs user code in calls :func:`serve` once: it starts one daemon thread
+blocked in ``accept()`` on a Unix socket at :func:`socket_path` (``<dir>/<pid>.sock``). That is
+the whole cost while nobody asks: one idle thread and one socket file, nothing on the call
+path. :func:`ask` (run by whoever relays a ``stacks()`` request on the same host: the local
+backend, a Fray worker, another backend's host process) connects, sends a tiny JSON request
+``{"locals": bool}`` and reads back JSON of the captured :class:`~fray.stacks.ThreadStack`
+list. It never hangs (one deadline covers connect, send and read) and never raises for a
+process that ended: it reports it in :attr:`ProcessStacks.error` with the pid and host.
+
+Authentication is the socket directory: it is created mode 0700 and must belong to this
+user, so only the same user (or root) can connect (``docs/security.md``). The answer is JSON,
+never pickle, so asking cannot run code in the asker.
+
+After ``fork()`` the child has no server thread (only the parent's listening socket): an
+``os.register_at_fork`` hook drops the parent's state and, if the parent was serving, starts
+the child's own server at the child's pid.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import linecache
+import os
+import socket
+import stat
+import sys
+import threading
+import time
+from collections.abc import Collection
+from types import FrameType
+from typing import Any
+
+from fray.stacks import FrameInfo, ProcessStacks, ThreadStack
+
+__all__ = ["ask", "capture", "serve", "serving", "socket_dir", "socket_path"]
+
+_REPR_LIMIT = 200
+_MAX_FRAMES = 200  # a runaway recursion must not make the answer megabytes long
+_REQUEST_LIMIT = 4096
+# How long the server waits for an asker's request before dropping it: a connected asker
+# that sends nothing must not keep the (single) server thread from answering others.
+_REQUEST_SECONDS = 5.0
+
+
+def capture(
+    *, locals: bool = False, threads: Collection[int] | None = None, skip_current: bool = True
+) -> tuple[ThreadStack, ...]:
+    """The stack of every thread of this process (those in ``threads``, by ident, if given).
+
+    ``skip_current`` leaves out the calling thread (the stack server's own, or the thread of
+    whoever asked). ``locals`` adds each frame's local variables as truncated reprs.
+    """
+    names = {thread.ident: thread.name for thread in threading.enumerate()}
+    current = threading.get_ident()
+    stacks = []
+    for ident, frame in sys._current_frames().items():
+        if skip_current and ident == current:
+            continue
+        if threads is not None and ident not in threads:
+            continue
+        stacks.append(ThreadStack(names.get(ident, f"<unnamed {ident}>"), ident, _frames(frame, locals)))
+    stacks.sort(key=lambda stack: (stack.ident != threading.main_thread().ident, stack.name))
+    return tuple(stacks)
+
+
+def _frames(frame: FrameType | None, with_locals: bool) -> tuple[FrameInfo, ...]:
+    frames: list[FrameInfo] = []
+    while frame is not None and len(frames) < _MAX_FRAMES:
+        code = frame.f_code
+        line = frame.f_lineno or code.co_firstlineno
+        frames.append(
+            FrameInfo(
+                file=code.co_filename,
+                line=line,
+                function=code.co_name,
+                source=linecache.getline(code.co_filename, line).strip(),
+                locals=_locals(frame) if with_locals else None,
+            )
+        )
+        frame = frame.f_back
+    frames.reverse()
+    return tuple(frames)
+
+
+def _locals(frame: FrameType) -> tuple[tuple[str, str], ...]:
+    if frame.f_locals is frame.f_globals:
+        return ()  # a module's top level: its "locals" are every global of the module, which says nothing
+    out = []
+    for name, value in list(frame.f_locals.items()):
+        try:
+            text = repr(value)
+        except BaseException as exc:  # a user's __repr__ may raise anything; the stack must still come back
+            text = f"<repr failed: {type(exc).__name__}>"
+        if len(text) > _REPR_LIMIT:
+            text = text[: _REPR_LIMIT - 3] + "..."
+        out.append((str(name), text))
+    return tuple(out)
+
+
+def socket_dir() -> str:
+    """The private directory of this user's stack sockets (mode 0700; created if missing).
+
+    A fixed path under ``/tmp`` (not ``$TMPDIR`` or ``$XDG_RUNTIME_DIR``), because the asker and
+    the process asked may have different environments (a Fray worker gives each task its own
+    ``TMPDIR``). ``FRAY_STACKS_DIR`` overrides it for both sides.
+    """
+    return os.environ.get("FRAY_STACKS_DIR") or f"/tmp/fray-stacks-{os.getuid()}"
+
+
+def socket_path(pid: int) -> str:
+    """Where process ``pid``'s stack server listens."""
+    return os.path.join(socket_dir(), f"{pid}.sock")
+
+
+def _private_dir() -> str:
+    path = socket_dir()
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    info = os.lstat(path)
+    # Someone else's directory (or a link to one) at our path would let them read or spoof
+    # stacks: refuse to serve there rather than trust it.
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or stat.S_IMODE(info.st_mode) & 0o077:
+        raise PermissionError(f"{path} is not a private directory of uid {os.getuid()} (mode 0700)")
+    return path
+
+
+class _Server:
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.path = socket_path(self.pid)
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        _private_dir()
+        _sweep()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)  # a stale socket of an earlier process with our pid
+        self.sock.bind(self.path)
+        self.sock.listen(8)
+        self.thread = threading.Thread(target=self._serve, name="fray-stacks", daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return  # closed: the process is ending, or this is a fork child dropping its parent's socket
+            # An asker that vanished mid-answer (or sent garbage) must not stop the server.
+            with conn, contextlib.suppress(Exception):
+                self._answer(conn)
+
+    def _answer(self, conn: socket.socket) -> None:
+        conn.settimeout(_REQUEST_SECONDS)
+        request = _read_all(conn, _REQUEST_LIMIT, time.monotonic() + _REQUEST_SECONDS, until_newline=True)
+        want_locals = bool(json.loads(request or b"{}").get("locals", False))
+        threads = capture(locals=want_locals, skip_current=True)
+        reply = {"pid": os.getpid(), "threads": [thread.to_json() for thread in threads]}
+        conn.sendall(json.dumps(reply).encode())
+
+    def close(self, unlink: bool) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.close()
+        if unlink:
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+
+
+_lock = threading.Lock()
+_server: _Server | None = None
+
+
+def serve() -> None:
+    """Start this process's stack server (idempotent); a failure to start only costs ``stacks()`` for it.
+
+    Called by every process Fray runs user code in. The socket is removed at exit.
+    """
+    global _server
+    if _server is not None and _server.pid == os.getpid():
+        return
+    with _lock:
+        if _server is not None and _server.pid == os.getpid():
+            return
+        try:
+            _server = _Server()
+        except OSError as exc:
+            # Stacks are a debugging aid: a read-only /tmp or a foreign directory must not
+            # stop the job; asking this process then says it has no stack server.
+            print(f"fray: live stacks unavailable in pid {os.getpid()}: {exc}", file=sys.stderr)
+
+
+def serving() -> bool:
+    """True if this process's stack server is running."""
+    return _server is not None and _server.pid == os.getpid()
+
+
+@atexit.register
+def _remove_at_exit() -> None:
+    server = _server
+    if server is not None and server.pid == os.getpid():
+        server.close(unlink=True)
+
+
+def _after_fork_in_child() -> None:
+    global _server, _lock
+    parent = _server
+    _lock = threading.Lock()  # the parent's lock may have been held by another thread at fork
+    _server = None
+    if parent is not None:
+        parent.close(unlink=False)  # the path is the parent's; it keeps serving there
+        serve()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _sweep() -> None:
+    """Remove the sockets of processes that ended without removing theirs (killed, or exec'd after fork)."""
+    directory = socket_dir()
+    with contextlib.suppress(OSError):
+        for name in os.listdir(directory):
+            stem, _, ext = name.partition(".")
+            if ext != "sock" or not stem.isdigit():
+                continue
+            try:
+                os.kill(int(stem), 0)
+            except ProcessLookupError:
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(directory, name))
+            except PermissionError:
+                pass
+
+
+def _read_all(conn: socket.socket, limit: int | None, deadline: float, *, until_newline: bool = False) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        conn.settimeout(left)
+        chunk = conn.recv(65536)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+        if until_newline and b"\n" in chunk:
+            break
+        if limit is not None and size > limit:
+            raise ValueError("request too long")
+    return b"".join(chunks)
+
+
+def ask(
+    pid: int,
+    *,
+    label: str,
+    timeout: float,
+    locals: bool = False,
+    host: str | None = None,
+    task_id: str | None = None,
+) -> ProcessStacks:
+    """The stacks of process ``pid`` on this host, or a :class:`ProcessStacks` whose ``error`` says why not.
+
+    Never raises for a process that ended or does not answer, and returns within ``timeout``.
+    """
+    host = host or socket.gethostname()
+    if pid == os.getpid():  # asking ourselves over a socket would only add a thread hop
+        return ProcessStacks(label, host, pid, capture(locals=locals), task_id=task_id)
+
+    def failed(why: str) -> ProcessStacks:
+        return ProcessStacks(label, host, pid, error=f"{why} (pid {pid} on host {host})", task_id=task_id)
+
+    deadline = time.monotonic() + max(timeout, 0.001)
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.settimeout(max(timeout, 0.001))
+        try:
+            conn.connect(socket_path(pid))
+        except (FileNotFoundError, ConnectionRefusedError):
+            return failed(_why_no_server(pid))
+        conn.sendall(json.dumps({"locals": bool(locals)}).encode() + b"\n")
+        conn.shutdown(socket.SHUT_WR)
+        reply: Any = json.loads(_read_all(conn, None, deadline))
+        threads = tuple(ThreadStack.from_json(thread) for thread in reply["threads"])
+        return ProcessStacks(label, host, pid, threads, task_id=task_id)
+    except TimeoutError:
+        return failed(f"did not answer within {timeout:g} s")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return failed(f"no answer: {type(exc).__name__}: {exc}")
+    finally:
+        conn.close()
+
+
+def _why_no_server(pid: int) -> str:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return "the process has ended"
+    except PermissionError:
+        return "the process belongs to another user"
+    return "the process has no stack server (it runs no Fray runtime, or has not started it yet)"
