@@ -46,10 +46,10 @@ def test_success_streams_output_into_the_log():
 
 
 def test_nonzero_exit_is_a_failure_quoting_the_last_lines():
-    failure = replica(["bash", "-c", "for i in $(seq 1 9); do echo line $i; done; exit 4"]).run()
+    failure = replica(["bash", "-c", "for i in $(seq 1 25); do echo line $i; done; exit 4"]).run()
     assert failure is not None and failure.exit_code == 4 and failure.kind == FailureKind.FAILURE
     assert failure.message.startswith("'bash' exit code 4; last output:")
-    assert failure.message.splitlines()[1:] == [f"line {i}" for i in range(10 - TAIL_LINES, 10)]
+    assert failure.message.splitlines()[1:] == [f"line {i}" for i in range(26 - TAIL_LINES, 26)]
 
 
 def test_a_program_that_cannot_start_is_a_failure():

@@ -114,7 +114,9 @@ class JobFailed(_Remote, RuntimeError):
     ``__cause__`` (its own ``__cause__`` holds the remote traceback when it crossed a process
     boundary). ``status`` is the job's final status (marin's ``JobFailed(job_id, status)``),
     ``exit_code`` the process exit code for binary jobs, ``message`` the reason without the
-    job id. It is a ``RuntimeError`` too, as marin's is.
+    job id, ``last_output`` the failed replica's last output lines where its process died
+    (at most 20; a signal, an exit code or "out of memory" is in ``message``). It is a
+    ``RuntimeError`` too, as marin's is.
     """
 
     def __init__(
@@ -152,6 +154,8 @@ class JobFailed(_Remote, RuntimeError):
         self.cause = cause
         self.traceback_text = traceback_text
         self.exit_code = exit_code
+        #: The failed replica's last output lines, where its process died (empty where none were kept).
+        self.last_output: tuple[str, ...] = ()
         # The job's final status, as a plain string: it equals the JobStatus member (a StrEnum).
         self.status = "failed"
         self._text = f"job {job_id!r} failed: {message}"

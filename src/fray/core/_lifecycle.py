@@ -36,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
+from fray.core._death import LAST_LINES, describe_exit
 from fray.core._remote import RemoteFailure, job_failed
 from fray.errors import IllegalTransition, JobFailed, JobTimeout, timeout_message
 from fray.job import JobStatus
@@ -117,6 +118,10 @@ class Failure:
     original: BaseException | None = field(default=None, compare=False, repr=False)
     timeout: float | None = None
     """The limit a TIMEOUT failure exceeded, in seconds."""
+    last_lines: tuple[str, ...] = ()
+    """The replica's last output lines (at most :data:`fray.core._death.LAST_LINES`), where a process died."""
+    peak_rss: int | None = None
+    """The most memory (bytes resident) the replica was seen holding, where it was measured."""
 
     @classmethod
     def from_exception(cls, exc: BaseException, kind: FailureKind = FailureKind.FAILURE) -> Failure:
@@ -133,14 +138,27 @@ class Failure:
         return cls(remote.summary, kind, remote, exit_code=_remote_exit_status(remote))
 
     @classmethod
-    def from_exit(cls, command: str, exit_code: int, last_output: list[str] | None = None) -> Failure:
-        """A binary attempt that exited non-zero (or was killed by a signal)."""
-        from fray.process._process import describe_exit
+    def from_exit(
+        cls,
+        command: str,
+        exit_code: int,
+        last_output: list[str] | None = None,
+        *,
+        oom_limit: int | None = None,
+        used: int | None = None,
+        peak_rss: int | None = None,
+    ) -> Failure:
+        """A process that exited non-zero, was killed by a signal, or by Fray's memory limit (``oom_limit``).
 
-        message = f"{command!r} {describe_exit(exit_code)}"
-        if last_output:
-            message += "; last output:\n" + "\n".join(last_output)
-        return cls(message, FailureKind.FAILURE, exit_code=exit_code)
+        The words are :func:`fray.core._death.describe_exit`'s, the same on every backend.
+        """
+        tail = tuple(last_output or ())[-LAST_LINES:]
+        words = describe_exit(exit_code, oom_limit=oom_limit, used=used, peak_rss=peak_rss, stderr_tail=tail)
+        return cls(f"{command!r} {words}", FailureKind.FAILURE, exit_code=exit_code, last_lines=tail, peak_rss=peak_rss)
+
+    def with_last_lines(self, last_output: list[str] | tuple[str, ...], peak_rss: int | None = None) -> Failure:
+        """The same failure carrying the replica's last output lines (its message unchanged: an exception says why)."""
+        return replace(self, last_lines=tuple(last_output)[-LAST_LINES:], peak_rss=peak_rss or self.peak_rss)
 
     @classmethod
     def timed_out(cls, timeout: float) -> Failure:
@@ -166,13 +184,19 @@ class Failure:
         """The exception ``wait()`` raises: a fresh one per call (raising one object from many threads tangles)."""
         if self.kind == FailureKind.TIMEOUT and self.timeout is not None:
             return JobTimeout(job_id, self.timeout)
-        return job_failed(job_id, self.message, self.remote, original=self.original, exit_code=self.exit_code)
+        error = job_failed(job_id, self.message, self.remote, original=self.original, exit_code=self.exit_code)
+        error.last_output = self.last_lines
+        return error
 
     def encode(self) -> bytes:
         """Data-only bytes (JSON, then the remote failure's own encoding) for stores and wires."""
         fields: dict[str, object] = {"message": self.message, "kind": self.kind.value, "exit_code": self.exit_code}
         if self.timeout is not None:
             fields["timeout"] = self.timeout
+        if self.last_lines:
+            fields["last_lines"] = list(self.last_lines)
+        if self.peak_rss is not None:
+            fields["peak_rss"] = self.peak_rss
         head = json.dumps(fields).encode()
         tail = self.remote.encode() if self.remote is not None else b""
         return len(head).to_bytes(4, "big") + head + tail
@@ -190,6 +214,8 @@ class Failure:
             RemoteFailure.decode(tail) if tail else None,
             int(exit_code) if exit_code is not None else None,
             timeout=float(timeout) if timeout is not None else None,
+            last_lines=tuple(str(line) for line in head.get("last_lines", ())),
+            peak_rss=int(head["peak_rss"]) if head.get("peak_rss") is not None else None,
         )
 
 

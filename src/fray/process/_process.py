@@ -78,13 +78,10 @@ def kill_process_group(proc: Process, grace: float = KILL_GRACE) -> None:
 
 
 def describe_exit(code: int) -> str:
-    """``exit code 3`` or ``killed by signal SIGKILL``."""
-    if code < 0:
-        try:
-            return f"killed by signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
+    """``exit code 3`` or ``killed by SIGSEGV``: :func:`fray.core._death.describe_exit`, the words of every backend."""
+    from fray.core._death import describe_exit as words
+
+    return words(code)
 
 
 def pid_alive(pid: int) -> bool:

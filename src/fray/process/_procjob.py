@@ -31,6 +31,7 @@ import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from fray.core._death import LAST_LINES
 from fray.core._lifecycle import Failure
 from fray.core._logcapture import LogBuffer
 from fray.job import JobInfo, replica_env
@@ -40,7 +41,7 @@ from fray.process._ranks import RANK_VARS, ranked_argv
 __all__ = ["TAIL_LINES", "ReplicaProcess", "callable_argv"]
 
 #: How many of a replica's last output lines a failure message quotes.
-TAIL_LINES = 5
+TAIL_LINES = LAST_LINES
 
 # Replicas started by this process and maybe still running, for the exit-time reaper.
 _LIVE: weakref.WeakSet[ReplicaProcess] = weakref.WeakSet()
@@ -153,7 +154,7 @@ class ReplicaProcess:
             return None
         written = self._read_failure()
         if written is not None:
-            return written
+            return written.with_last_lines(list(self._tail))
         return Failure.from_exit(self.label, code, list(self._tail))
 
     def _stream(self, proc: subprocess.Popen[bytes]) -> None:

@@ -86,6 +86,7 @@ from fray.cluster.protocol.records import TaskKey
 from fray.cluster.server.envs._environments import prepare as prepare_environment
 from fray.cluster.server.taskproc._launch import ForkedProcess, ForkServer, die_with_worker, fork_request
 from fray.cluster.server.worker._journal import OutcomeJournal
+from fray.cluster.server.worker._memory import MemoryWatch
 from fray.cluster.server.worker._task_env import nul_problem, task_env
 from fray.cluster.server.worker._task_output import LAST_OUTPUT_LINES, OutputCap
 from fray.cluster.server.worker._worker_join import join_token, refusal_line, revoked, stored_credential
@@ -228,7 +229,13 @@ class Worker:
             thread = threading.Thread(target=target, name=f"fray-worker-{name}", daemon=True)
             thread.start()
             self._threads.append(thread)
+        # A job's ram is its tasks' memory limit (see ._memory): one thread samples them all.
+        self._threads.append(MemoryWatch(self._running_tasks, self._stopping).start())
         return self
+
+    def _running_tasks(self) -> list[TaskProcess]:
+        with self._lock:
+            return list(self._tasks.values())
 
     def run(self) -> None:
         """Run until :meth:`stop` is called or the process gets SIGTERM/SIGINT."""

@@ -9,10 +9,12 @@ from __future__ import annotations
 import collections
 from typing import Any
 
+from fray.core._death import LAST_LINES
+
 __all__ = ["HEAD_BYTES", "HEAD_LINES", "LAST_OUTPUT_LINES", "MAX_LINE_BYTES", "TAIL_BYTES", "TAIL_LINES", "OutputCap"]
 
 #: How many of a failed task's last output lines its failure message quotes.
-LAST_OUTPUT_LINES = 5
+LAST_OUTPUT_LINES = LAST_LINES
 
 #: Longest output line stored whole; a longer one keeps its first this many bytes, and a note.
 MAX_LINE_BYTES = 64 * 1024

@@ -13,6 +13,7 @@ from pathlib import Path
 from fray.cluster.protocol.messages import TaskAssignment
 from fray.cluster.protocol.records import TaskKey
 from fray.cluster.server.taskproc._launch import ForkedProcess
+from fray.cluster.server.worker._memory import memory_limit
 from fray.core._lifecycle import Failure
 
 __all__ = ["PendingReports", "Process", "TaskProcess"]
@@ -30,16 +31,32 @@ class TaskProcess:
     killed: bool = False
     #: Stopped by the worker's drain: handed back to the controller (preempted) whatever its exit status.
     handed_back: bool = False
+    #: The most memory its process group was seen holding (bytes resident; 0: never sampled).
+    peak_rss: int = 0
+    #: What its process group held when the worker's memory limit killed it (0: the limit did not).
+    oom_used: int = 0
+
+    @property
+    def memory_limit(self) -> int:
+        """The job's ``ram`` as this task's memory limit in bytes; 0: none (see :mod:`._memory`)."""
+        return memory_limit(self.assignment.spec.resources.ram_bytes)
 
     def failure(self, code: int, last_output: list[str]) -> bytes:
-        """Why the task failed, encoded: what its Python code raised, else its exit and last output."""
-        try:
-            return self.failure_path.read_bytes()  # written by fray.process._jobmain
-        except OSError:
-            pass
+        """Why the task failed, encoded: what its Python code raised, else how it died, with its last output."""
         spec = self.assignment.spec
         command = spec.argv[0] if spec.argv else self.assignment.job_name
-        return Failure.from_exit(command, code, last_output).encode()
+        peak = self.peak_rss or None
+        if self.oom_used:  # the worker's memory limit killed it: say so, whatever the process wrote
+            limit, used = self.memory_limit, self.oom_used
+            return Failure.from_exit(command, code, last_output, oom_limit=limit, used=used, peak_rss=peak).encode()
+        try:
+            written = self.failure_path.read_bytes()  # written by fray.process._jobmain
+        except OSError:
+            return Failure.from_exit(command, code, last_output, peak_rss=peak).encode()
+        try:
+            return Failure.decode(written).with_last_lines(last_output, peak).encode()
+        except (ValueError, KeyError):  # not one _jobmain wrote whole: pass it on as it is
+            return written
 
 
 @dataclass
