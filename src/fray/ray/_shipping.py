@@ -83,6 +83,7 @@ class Shipping:
         if ray_cls is None:
             import ray
 
-            ray_cls = ray.remote(concurrency_groups={CONTROL_GROUP: 1})(actor_class_for(cls))  # type: ignore[call-overload]
+            # Two control threads: stacks() is answered even while a shutdown waits for running calls.
+            ray_cls = ray.remote(concurrency_groups={CONTROL_GROUP: 2})(actor_class_for(cls))  # type: ignore[call-overload]
             self._classes[cls] = ray_cls
         return ray_cls

@@ -21,6 +21,7 @@ from fray.errors import ActorDiedError, ActorUnavailableError
 from fray.ray._errors import constructor_failure, translate
 from fray.ray._values import shield_call
 from fray.ray.inside._actor_end import ended_death
+from fray.stacks import ProcessStacks, ThreadStack
 
 __all__ = ["RayActorHandle", "disown", "own", "when_done"]
 
@@ -384,6 +385,33 @@ class RayActorHandle(ActorHandleBase):
             info = state.actor_table(actor_id)
             return dict(info) if info else {}
         return {}
+
+    def stacks(self, timeout: float = 10, *, locals: bool = False) -> tuple[ProcessStacks, ...]:
+        """The live stacks of the actor process's threads (see :mod:`fray.ray._stacks`).
+
+        Asked through a method of the actor's control concurrency group, so it answers while
+        every user call slot is taken. An actor that does not answer within ``timeout`` seconds,
+        or is dead, is reported with ``error`` set (with its pid and host where Ray knows them).
+        """
+        import ray
+
+        label = f"actor {self._name!r}"
+        if self._killed:
+            return (ProcessStacks(label, "", None, error=f"actor {self._name!r} was terminated"),)
+        try:
+            reply = ray.get(self._resolve().__fray_stacks__.remote(locals), timeout=timeout)
+        except ray.exceptions.GetTimeoutError:
+            why = f"did not answer within {timeout:g} s"
+        except Exception as exc:  # dead, or never started
+            why = f"no answer: {translate(exc, actor=self._name)}".splitlines()[0]
+        else:
+            threads = tuple(ThreadStack.from_json(thread) for thread in reply["threads"])
+            return (ProcessStacks(label, str(reply["host"]), int(reply["pid"]), threads),)
+        info = self._ray_info()
+        pid = int(info["Pid"]) if info.get("Pid") else None
+        host = str((info.get("Address") or {}).get("IPAddress") or "")
+        where = f" (pid {pid} on host {host})" if pid is not None else ""
+        return (ProcessStacks(label, host, pid, error=f"{why}{where}"),)
 
     def _fray_kill(self) -> None:
         """Kill the actor's worker process as a crash would (see :func:`fray.testing.kill_actor`).

@@ -14,6 +14,9 @@ Fray never runs a task twice behind your back.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import os
 import threading
 import types
 import weakref
@@ -39,9 +42,12 @@ from fray.context import (
 from fray.core._codepickle import dumps
 from fray.core._remote import RemoteFailure, remote_error
 from fray.core._serialization import call_parts, check_picklable, refused
+from fray.core._stacks import running_task, serve
 from fray.errors import ObjectLostError, TaskLostError
 from fray.ray._errors import translate
+from fray.ray._stacks import task_key, task_prefix
 from fray.ray._values import shield
+from fray.ray.inside import _worker
 from fray.ray.resources import head_node_resource, ray_options
 
 __all__ = ["RayJobContext", "RayObjectRef", "context_for"]
@@ -101,30 +107,72 @@ def _is_slot(value: Any) -> bool:
     return isinstance(value, _Slot)
 
 
-def _run(fn: Callable[..., Any], namespace: str, packed: tuple[Any, dict[str, Any]], values: tuple[Any, ...]) -> Any:
-    """The body of every task, in a Ray worker: bind the context, put the values in, call, capture."""
+def _run(
+    fn: Callable[..., Any], namespace: str, job_id: str, packed: tuple[Any, dict[str, Any]], values: tuple[Any, ...]
+) -> Any:
+    """The body of every task, in a Ray worker: bind the context, put the values in, call, capture.
+
+    Inside a job (``job_id``) the task says where it runs once it has run for a moment, under
+    its job's key (``fray.ray._stacks``), so that the job's ``stacks()`` finds it; its worker's
+    stack server then names the task (by its ref id) in what it answers.
+    """
     args, kwargs = packed
     if values:
         args, kwargs = resolve_arguments(args, kwargs, _is_slot, lambda slot: values[slot.index])
     token = bind_context(context_for(namespace))
+    outer = _JOB.set(job_id)
+    key = _where_task_runs(job_id)
     try:
-        return shield(fn(*args, **kwargs))
+        if key is None:
+            return shield(fn(*args, **kwargs))
+        with running_task(key[len(task_prefix(job_id)) :].decode()):
+            return shield(fn(*args, **kwargs))
     except BaseException as exc:
         raise _TaskError(RemoteFailure.capture(exc).encode()) from None
     finally:
+        _JOB.reset(outer)
         clear_job_context(token)
+        if key is not None and _worker.REPORTER.cancel(key):
+            # Only tasks that ran STARTED_AFTER seconds were written: quick ones cost nothing more.
+            with contextlib.suppress(Exception):
+                from ray.experimental import internal_kv
+
+                internal_kv._internal_kv_del(key, namespace=_worker.KV_NAMESPACE)
+
+
+# The Fray job a task belongs to, inside that task: its own tasks belong to the same job.
+_JOB: contextvars.ContextVar[str] = contextvars.ContextVar("fray_ray_task_job", default="")
+
+
+def _current_job_id() -> str:
+    """The Fray job that code submitting a task runs in ("" outside any job: nobody asks for those tasks' stacks)."""
+    return _JOB.get() or os.environ.get("FRAY_JOB_ID", "")
+
+
+def _where_task_runs(job_id: str) -> bytes | None:
+    """Inside a job: start this process's stack server and schedule the task's key; None outside a job."""
+    if not job_id:
+        return None
+    serve()
+    # A task's ref id is Ray's id of its first return object: the task's id, then return index 1 (4 bytes, LE).
+    ref_id = f"{ray.get_runtime_context().get_task_id()}01000000"
+    key = task_key(job_id, ref_id)
+    _worker.REPORTER.schedule(key)
+    return key
 
 
 def _task_for(fn: Callable[..., Any]) -> Callable[..., Any]:
-    def task(namespace: str, packed: tuple[Any, dict[str, Any]], *values: Any) -> Any:
-        return _run(fn, namespace, packed, values)
+    def task(namespace: str, job_id: str, packed: tuple[Any, dict[str, Any]], *values: Any) -> Any:
+        return _run(fn, namespace, job_id, packed, values)
 
     task.__name__ = task.__qualname__ = task_name(fn)
     return task
 
 
-def _pickled_task(pickled_fn: bytes, namespace: str, packed: tuple[Any, dict[str, Any]], *values: Any) -> Any:
-    return _run(cloudpickle.loads(pickled_fn), namespace, packed, values)
+def _pickled_task(
+    pickled_fn: bytes, namespace: str, job_id: str, packed: tuple[Any, dict[str, Any]], *values: Any
+) -> Any:
+    return _run(cloudpickle.loads(pickled_fn), namespace, job_id, packed, values)
 
 
 class RayJobContext(JobContextBase[RayObjectRef]):
@@ -197,7 +245,7 @@ class RayJobContext(JobContextBase[RayObjectRef]):
             remote, leading = self._remote_for(fn)
             if call.resources is not None:
                 remote = remote.options(**ray_options(call.resources, pin_resource=self._pin_resource()))
-            ray_ref = remote.remote(*leading, self.namespace, packed, *refs)
+            ray_ref = remote.remote(*leading, self.namespace, _current_job_id(), packed, *refs)
         except Exception as exc:
             if "pickle" not in str(exc).lower() and "serializ" not in str(exc).lower():
                 raise

@@ -28,11 +28,13 @@ from fray.ray._board import BOARD
 from fray.ray._errors import first_line, is_preemption
 from fray.ray._job_handle import LIVE, RayJobHandle
 from fray.ray._launch import Launcher, unique_suffix, user_env
+from fray.ray._stacks import job_stacks
 from fray.ray.actors import RayActorHandle
 from fray.ray.inside import _worker
 from fray.ray.inside._actor_end import read_end
 from fray.ray.resources import bundle, ray_options
 from fray.resources import device_name
+from fray.stacks import ProcessStacks
 
 __all__ = ["ActorJob", "CallableJob", "RayJobHandle"]
 
@@ -329,6 +331,16 @@ class CallableJob(RayJobHandle):
         if self._lifecycle.stop():
             self._forget_started_keys()
 
+    # Live stacks -------------------------------------------------------------------------------
+
+    def stacks(self, timeout: float = 10, *, locals: bool = False) -> tuple[ProcessStacks, ...]:
+        """Each replica of the running attempt, then each job-context task running (``fray.ray._stacks``)."""
+        if self._lifecycle.finished:
+            return ()
+        attempt, refs, _ = self._pending_refs()
+        keys = [_worker.started_key(self._uid, attempt, index) for index in range(len(refs))]
+        return job_stacks(self._job_id, keys, timeout, locals)
+
     # Fault injection ---------------------------------------------------------------------------
 
     def _fray_preempt(self, replica: int | None) -> None:
@@ -548,6 +560,12 @@ class ActorJob(RayJobHandle):
             watcher.join(timeout=_JOIN_TIMEOUT)
         if self._on_terminate is not None:
             self._on_terminate(self._job_id)
+
+    def stacks(self, timeout: float = 10, *, locals: bool = False) -> tuple[ProcessStacks, ...]:
+        """The actor's stacks (:meth:`RayActorHandle.stacks`); none once the job finished."""
+        if self._lifecycle.finished:
+            return ()
+        return self._handle.stacks(timeout, locals=locals)
 
     def _live_logs(self) -> list[str]:
         actor_id = self._handle._actor_id()

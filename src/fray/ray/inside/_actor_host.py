@@ -12,9 +12,10 @@ gives the process its Fray identity (``current_job()``, ``current_client()``,
   the outcome is written to Ray's key-value store (where the actor's job handle reads
   it) and the actor asks itself to exit, through a method of its own concurrency group.
 
-Two control methods live in that group (:data:`CONTROL_GROUP`), so they run while a user
+Three control methods live in that group (:data:`CONTROL_GROUP`), so they run while a user
 method is busy: ``__fray_shutdown__`` (sets ``shutdown_requested`` and waits, bounded,
-for running calls to end) and ``__fray_exit__``.
+for running calls to end), ``__fray_exit__`` and ``__fray_stacks__`` (the live stacks of the
+actor's threads, for ``ActorHandle.stacks()``: see ``fray.ray._stacks``).
 """
 
 from __future__ import annotations
@@ -22,12 +23,14 @@ from __future__ import annotations
 import functools
 import inspect
 import os
+import socket
 import threading
 from collections.abc import Callable
 from typing import Any
 
 from fray.actor_context import ActorCalls, ActorContext, ActorEnd, set_process_actor
 from fray.core._eventloop import ActorLoop
+from fray.core._stacks import capture, serve
 from fray.ray._values import shield
 from fray.ray.actors import RayActorHandle
 from fray.ray.inside._actor_end import record_end
@@ -99,6 +102,15 @@ def _exit(self: Any) -> None:
     ray.actor.exit_actor()
 
 
+def _stacks(self: Any, locals: bool) -> dict[str, Any]:
+    """This process's pid, host and every thread's stack but the control thread's own, as JSON."""
+    return {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "threads": [thread.to_json() for thread in capture(locals=locals, skip_current=True)],
+    }
+
+
 def actor_class_for(cls: type) -> type:
     """A subclass of ``cls`` that gives the process its Fray identity and wraps its public methods.
 
@@ -117,6 +129,7 @@ def actor_class_for(cls: type) -> type:
 
     def __init__(self: Any, fray_env: dict[str, str], /, *args: Any, **kwargs: Any) -> None:
         os.environ.update(fray_env)
+        serve()  # the actor's process answers stacks() on its host too (fray.core._stacks), as every Fray process
         host = self._fray_host = _Host(fray_env, cls)
         set_process_actor(host.context)
         if has_coroutines:
@@ -130,6 +143,7 @@ def actor_class_for(cls: type) -> type:
         "__qualname__": cls.__qualname__,
         "__fray_shutdown__": ray.method(concurrency_group=CONTROL_GROUP)(_shutdown),
         "__fray_exit__": ray.method(concurrency_group=CONTROL_GROUP)(_exit),
+        "__fray_stacks__": ray.method(concurrency_group=CONTROL_GROUP)(_stacks),
     }
     for name, value in public:
         namespace[name] = _wrap(value, inspect.iscoroutinefunction(value))

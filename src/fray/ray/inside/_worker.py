@@ -25,8 +25,17 @@ import cloudpickle
 from fray.core._lifecycle import exit_status
 from fray.core._logcapture import TaskOutput, capture_to
 from fray.core._remote import RemoteFailure
+from fray.core._stacks import serve
 
-__all__ = ["STARTED_AFTER", "JobOutcome", "kill_replica", "replica_arguments", "run_job_replica", "started_key"]
+__all__ = [
+    "REPORTER",
+    "STARTED_AFTER",
+    "JobOutcome",
+    "kill_replica",
+    "replica_arguments",
+    "run_job_replica",
+    "started_key",
+]
 
 STARTED_AFTER = 0.05
 """Seconds a replica must have been running before it reports itself started.
@@ -113,13 +122,14 @@ class _StartedReporter:
                 self._cond.wait(self._TICK)
 
 
-_REPORTER = _StartedReporter()
+REPORTER = _StartedReporter()
+"""This process's reporter: of replicas here, and of job-context tasks (``fray.ray.context``) for ``stacks()``."""
 
 _WHEREABOUTS: list[bytes] = []
 
 
 def _whereabouts() -> bytes:
-    """What a started key holds: this worker process's pid and Ray node id (what preempt() needs to kill it)."""
+    """What a started key holds: this worker process's pid and Ray node id (where preempt() and stacks() find it)."""
     if not _WHEREABOUTS:
         import ray
 
@@ -209,8 +219,9 @@ def run_job_replica(replica: bytes) -> JobOutcome:
     error of the task itself) and apply the right retry budget.
     """
     pickled_fn, pickled_args, env, key = pickle.loads(replica)
+    serve()  # the replica's process answers stacks() (fray.ray._stacks): one idle thread until somebody asks
     output = TaskOutput()
-    _REPORTER.schedule(key)
+    REPORTER.schedule(key)
     try:
         with _environment(env), capture_to(output):
             try:
@@ -223,7 +234,7 @@ def run_job_replica(replica: bytes) -> JobOutcome:
                     sys.stderr.write(failure.traceback_text)
                     return ("error", output.text(), failure.encode())
     finally:
-        if _REPORTER.cancel(key):
+        if REPORTER.cancel(key):
             # Only replicas that ran STARTED_AFTER seconds get here, so this costs quick ones nothing.
             with contextlib.suppress(Exception):
                 from ray.experimental import internal_kv
