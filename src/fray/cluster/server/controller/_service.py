@@ -108,7 +108,7 @@ class ControllerService:
         self._changed = threading.Condition(self._lock)
         self._generation = 0  # counts notifications of _changed, so waiters miss none
         # Each worker's epoch, outbox and unconfirmed kills, guarded by _lock too.
-        self._sessions = WorkerSessions(store, self._lock)
+        self._sessions = WorkerSessions(store, self._lock, worker_timeout)
         self._specs = SpecCache(lambda job_id: codec.spec_from(unpack(store.job_request(job_id))), spec_cache_size)
         self._kick = threading.Event()
         # Held by a pass from recording its placements until they are in the outboxes, and by a

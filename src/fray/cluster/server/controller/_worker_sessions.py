@@ -24,8 +24,11 @@ from fray.cluster.server.store import ClusterStore
 
 __all__ = ["HEARTBEAT_WRITE_SECONDS", "Outbox", "WorkerSessions"]
 
-#: A worker's heartbeat is written to the store at most this often (its epoch is checked in memory).
+#: A worker's heartbeat is written to the store at most this often (its epoch is checked in memory)...
 HEARTBEAT_WRITE_SECONDS = 0.5
+#: ... and at most this fraction of the worker timeout, since the stored heartbeat (what expiry reads)
+#: lags the worker's last contact by up to that much: a short timeout must not lose half a second of it.
+HEARTBEAT_WRITE_FRACTION = 1 / 40
 
 
 @dataclass
@@ -39,8 +42,11 @@ class Outbox:
 class WorkerSessions:
     """Each alive worker's epoch and outbox, and every kill order no worker has confirmed yet."""
 
-    def __init__(self, store: ClusterStore, lock: threading.Lock) -> None:
+    def __init__(self, store: ClusterStore, lock: threading.Lock, worker_timeout: float = 10.0) -> None:
         self._store = store
+        # The stored heartbeat lags the last contact by at most this: a worker is declared lost no
+        # earlier than ``worker_timeout - write_every`` after its last contact.
+        self._write_every = min(HEARTBEAT_WRITE_SECONDS, worker_timeout * HEARTBEAT_WRITE_FRACTION)
         self._lock = lock
         self._outboxes: dict[str, Outbox] = {}
         self._ready = threading.Condition(lock)
@@ -57,7 +63,8 @@ class WorkerSessions:
         """True if ``epoch`` is the worker's current one (it is alive); records the heartbeat.
 
         Checked in memory; the store's heartbeat (a write) happens at most every
-        :data:`HEARTBEAT_WRITE_SECONDS` per worker, which is all that expiring lost workers needs.
+        :data:`HEARTBEAT_WRITE_SECONDS` (and 1/40 of the worker timeout) per worker, which is all that
+        expiring lost workers needs.
         Called without the lock.
         """
         with self._lock:
@@ -65,7 +72,7 @@ class WorkerSessions:
             written = self._heartbeat_written.get(worker_id, 0.0)
         if current is not None and current != epoch:
             return False
-        if current is not None and now - written < HEARTBEAT_WRITE_SECONDS:
+        if current is not None and now - written < self._write_every:
             return True
         alive = self._store.heartbeat(worker_id, now, epoch)
         with self._lock:

@@ -1,6 +1,6 @@
 """The worker daemon: registers with the controller, runs tasks as processes, reports back.
 
-Three loops, none of which may die (each catches, logs and carries on after anything):
+Four loops, none of which may die (each catches, logs and carries on after anything):
 
 * the *command* loop registers, long-polls the controller and starts or kills tasks;
 * the *report* loop sends task starts, exits and log lines as soon as there are any
@@ -14,7 +14,11 @@ Three loops, none of which may die (each catches, logs and carries on after anyt
   them to another worker. No task ever has two live attempts.
   An answer to a request sent more than a lease ago (the controller stood still meanwhile)
   is confirmed by a fresh round trip before its tasks start, so they do not start under
-  the lapsed lease only to be killed at once.
+  the lapsed lease only to be killed at once;
+* the *keep-alive* (:mod:`._keepalive`) sends a small heartbeat whenever nothing has answered
+  for lease/16, each attempt in its own thread with a short timeout, so a network blip shorter
+  than 60 % of the worker timeout never lapses the lease, and the lease loop renews the moment
+  contact is back.
 
 One thread per task reads its output (bounded by :mod:`._task_output`) and waits for it to exit; a
 task's environment is built by :mod:`._task_env`, what the worker keeps of its tasks is in :mod:`._worker_tasks`.
@@ -86,6 +90,7 @@ from fray.cluster.protocol.records import TaskKey
 from fray.cluster.server.envs._environments import prepare as prepare_environment
 from fray.cluster.server.taskproc._launch import ForkedProcess, ForkServer, die_with_worker, fork_request
 from fray.cluster.server.worker._journal import OutcomeJournal
+from fray.cluster.server.worker._keepalive import KeepAlive
 from fray.cluster.server.worker._memory import MemoryWatch
 from fray.cluster.server.worker._task_env import nul_problem, task_env
 from fray.cluster.server.worker._task_output import LAST_OUTPUT_LINES, OutputCap
@@ -206,6 +211,7 @@ class Worker:
         # When the controller last answered (monotonic; taken when the request was sent, so never later
         # than the controller heard from us): the lease runs from here, not from the local clock.
         self._contact = time.monotonic()
+        self._contact_moved = threading.Event()  # wakes the lease loop: renew at once after a contact
         self._threads: list[threading.Thread] = []
         self._forkserver: ForkServer | None = None
         self._refused: set[TaskKey] = set()
@@ -229,6 +235,12 @@ class Worker:
             thread = threading.Thread(target=target, name=f"fray-worker-{name}", daemon=True)
             thread.start()
             self._threads.append(thread)
+        # Short, frequent heartbeats while the link is quiet, so that a blip does not lapse the lease.
+        keepalive = KeepAlive(
+            beat=self._beat, lease=lambda: self._lease_seconds if self._registered else 0.0,
+            last_contact=lambda: self._contact, stopping=self._stopping,
+        )  # fmt: skip
+        self._threads.append(keepalive.start())
         # A job's ram is its tasks' memory limit (see ._memory): one thread samples them all.
         self._threads.append(MemoryWatch(self._running_tasks, self._stopping).start())
         return self
@@ -695,8 +707,7 @@ class Worker:
                 started, logs = self._pending.take()
                 exits = self._journal.pending()
             try:
-                health = f"draining ({self._draining}): takes no new tasks" if self._draining else self._health
-                report = WorkerReport(started, exits, logs, health)
+                report = WorkerReport(started, exits, logs, self._health_note())
                 sent = time.monotonic()
                 accepted = self._client.report(self.worker_id, self._epoch, report)
                 if accepted:
@@ -714,6 +725,21 @@ class Worker:
                     self._pending.put_back(started, logs)
                 self._registered = False
 
+    def _health_note(self) -> str:
+        """What the controller is told about this worker's ability to take tasks ("" when it can)."""
+        return f"draining ({self._draining}): takes no new tasks" if self._draining else self._health
+
+    def _beat(self, timeout: float) -> None:
+        """One keep-alive (see :mod:`._keepalive`): an empty report, outside the session, limited to ``timeout``."""
+        if not self._registered:
+            return
+        sent = time.monotonic()
+        # Refused (its epoch just ended): nothing to do here, the report and command loops re-register.
+        if self._client.with_timeout(timeout).report(
+            self.worker_id, self._epoch, WorkerReport(health=self._health_note())
+        ):
+            self._heard(sent)
+
     def _lease_left(self) -> float:
         """Seconds the tasks may still run on the controller's last answer (not positive: lapsed)."""
         with self._lock:
@@ -722,10 +748,14 @@ class Worker:
     def _heard(self, sent: float) -> None:
         """The controller answered a request sent at ``sent``: the lease may run from there."""
         with self._lock:
+            moved = sent > self._contact
             self._contact = max(self._contact, sent)
+        if moved:
+            self._contact_moved.set()
 
     def _lease_loop(self) -> None:
         while not self._stopping.is_set():
+            self._contact_moved.clear()  # a contact from here on wakes the wait below
             lease, server = self._lease_seconds, self._forkserver
             if lease and server is not None and server.alive:
                 with self._lock:
@@ -735,7 +765,8 @@ class Worker:
                         server.renew(left)
                 except Exception as exc:  # never dies; the fork server is restarted on the next launch
                     logger.debug("cannot renew the lease (%s)", exc)
-            self._stopping.wait(min(0.25, lease / 4) if lease else 0.25)
+            # Also woken by every new contact: a lease about to lapse is renewed the moment contact is back.
+            self._contact_moved.wait(min(0.25, lease / 4) if lease else 0.25)
 
 
 def _signal_group(proc: Process | None, sig: signal.Signals) -> None:
