@@ -28,6 +28,7 @@ from fray.cli.cluster import cluster
 from fray.cli.daemons import controller, token, worker
 from fray.cli.jobs import job
 from fray.cli.status import dashboard, endpoint, status
+from fray.cli.timeline import timeline
 from fray.client import _BACKENDS, VALID_SPECS, detect_spec, parse_client_spec
 
 __all__ = ["main"]
@@ -118,5 +119,5 @@ def _importable(module: str) -> bool:
         return False
 
 
-for _command in (cluster, controller, worker, token, job, status, dashboard, endpoint):
+for _command in (cluster, controller, worker, token, job, status, dashboard, endpoint, timeline):
     main.add_command(_command)

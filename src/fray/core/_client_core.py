@@ -280,6 +280,18 @@ class ClientCore(ABC, Generic[J, A]):
         check_queue_name(name)
         return self._open_queue(name, exist_ok)
 
+    def timeline(self, job: str | JobHandle | None = None, since: float | None = None) -> dict[str, Any]:
+        """The client's cluster's jobs as a Chrome trace (Perfetto, ``chrome://tracing``), where a backend keeps them.
+
+        ``job`` keeps one job (a handle, an id or a name); ``since`` keeps the jobs running in the
+        last ``since`` seconds. Only the Fray cluster keeps the records a trace is made of
+        (``fray timeline``, :mod:`fray.cluster.server.trace`); elsewhere this raises ConfigError.
+        """
+        raise ConfigError(
+            f"timeline(): the {self.BACKEND} backend keeps no timeline of its jobs; a Fray cluster does "
+            "(`fray timeline -o trace.json`)"
+        )
+
     def shutdown(self, wait: bool = True) -> None:
         """Refuse new work; with ``wait`` let the client's running jobs finish, else stop them; then stop its actors.
 

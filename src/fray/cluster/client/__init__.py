@@ -30,7 +30,7 @@ from fray.cluster.client.actor_handle import ClusterActorHandle, live_clients
 from fray.cluster.client.context import ClusterJobContext
 from fray.cluster.client.queue import ClusterQueue
 from fray.cluster.protocol.capacity import WorkerInfo
-from fray.cluster.protocol.controller_client import CredentialLike, connect_controller, resolve_credential
+from fray.cluster.protocol.controller_client import CredentialLike, connect_controller, ops_client, resolve_credential
 from fray.cluster.protocol.credentials import Credential
 from fray.cluster.protocol.messages import JobSpec, JobView
 from fray.cluster.rpc.namespace import resolve_namespace
@@ -41,8 +41,17 @@ from fray.core._driver_exit import ExitNotice, Leftovers
 from fray.core._lifecycle import Failure
 from fray.core._logcapture import log_tail
 from fray.core._remote import job_failed
-from fray.errors import FrayError
-from fray.job import Entrypoint, EnvironmentConfig, JobHandleBase, JobRequest, JobStatus, JobSummary, timeout_error
+from fray.errors import ConfigError, FrayError, NotFound
+from fray.job import (
+    Entrypoint,
+    EnvironmentConfig,
+    JobHandle,
+    JobHandleBase,
+    JobRequest,
+    JobStatus,
+    JobSummary,
+    timeout_error,
+)
 from fray.process._ranks import check_processes
 
 __all__ = ["ClusterActorHandle", "ClusterClient", "ClusterJobHandle"]
@@ -352,6 +361,28 @@ class ClusterClient(ClientCore["ClusterJobHandle", "ClusterActorHandle"]):
         handle = make_handle(job_id=job.job_id, token=self._token)
         handle._watch()
         return handle, job
+
+    def timeline(self, job: str | JobHandle | None = None, since: float | None = None) -> dict[str, Any]:
+        """The cluster's jobs as a Chrome trace (see :mod:`fray.cluster.server.trace`), as ``fray timeline`` writes.
+
+        ``job`` keeps one job (a handle, an id, or a name: the newest job of that name); ``since`` keeps
+        the jobs running in the last ``since`` seconds. A user's credential sees only that user's jobs.
+        """
+        if since is not None and (isinstance(since, bool) or not isinstance(since, (int, float)) or since < 0):
+            raise ConfigError(f"timeline(since={since!r}): give a number of seconds >= 0, or None for all")
+        ops = ops_client(self.address, self._token)
+        try:
+            job_id = None
+            if isinstance(job, JobHandle):
+                job_id = job.job_id
+            elif job is not None:
+                found = ops.find_jobs(job)
+                if not found:
+                    raise NotFound(f"timeline(job={job!r}): no job of that id or name on the cluster at {self.address}")
+                job_id = found[0]
+            return ops.timeline(job_id, None if since is None else time.time() - since)
+        finally:
+            ops.close()
 
     def _alive_workers(self) -> list[WorkerInfo]:
         return [w.info for w in self._controller.list_workers() if w.state == "alive"]

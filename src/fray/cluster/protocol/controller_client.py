@@ -274,6 +274,10 @@ class OpsProxy:
         """One job with every attempt's tasks and its state history; raises NotFound."""
         return dict(self._call("job_detail", job_id))
 
+    def timeline(self, job_id: str | None = None, since: float | None = None) -> dict[str, Any]:
+        """The jobs (all, or ``job_id``; those running at or after ``since``, Unix seconds) as a Chrome trace."""
+        return dict(self._call("timeline", job_id, since))
+
     def status(self) -> dict[str, Any]:
         """The cluster at a glance: workers and resources, jobs by state, actors, queues, controller health."""
         return dict(self._call("status"))

@@ -23,10 +23,11 @@ from fray.cluster.server._retention import RetentionPolicy, prune_departed_worke
 from fray.cluster.server.controller._utilisation import UtilisationSampler
 from fray.cluster.server.envs._workspace import digest_of
 from fray.cluster.server.store import ClusterStore, _blobs, _views
-from fray.cluster.server.store._schema import read_job
+from fray.cluster.server.store._schema import JOB_COLS, TASK_COLS, job_from, read_job, task_from
+from fray.cluster.server.trace import TraceJob, chrome_trace
 from fray.errors import ConfigError, NotFound
 
-__all__ = ["PRUNE_INTERVAL_SECONDS", "OpsService", "job_history"]
+__all__ = ["PRUNE_INTERVAL_SECONDS", "TIMELINE_JOBS", "OpsService", "job_history"]
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +37,9 @@ _WORKER_STATES = tuple(state.value for state in WorkerState)
 
 #: How often the controller prunes finished jobs past the retention policy.
 PRUNE_INTERVAL_SECONDS = 60.0
+
+#: The most jobs one timeline holds (the newest): a bound on its size, within the store's own retention.
+TIMELINE_JOBS = 10_000
 
 _STATES = ("pending", "running", "succeeded", "failed", "stopped")
 
@@ -204,6 +208,51 @@ class OpsService:
         children = self._store.list_jobs(parent_id=job_id)
         data["children"] = [{"job_id": c.job_id, "state": c.state.value} for c in children]
         return data
+
+    def timeline(
+        self, job_id: str | None = None, since: float | None = None, *, user: str | None = None
+    ) -> dict[str, Any]:
+        """The jobs as a Chrome trace (:mod:`fray.cluster.server.trace`): every stored job, or ``job_id`` alone.
+
+        ``since`` (Unix seconds) keeps the jobs still running then or later; ``user`` keeps only that
+        user's. At most :data:`TIMELINE_JOBS` jobs, the newest. Raises NotFound for an unknown ``job_id``.
+        """
+        now = self._clock()
+
+        def read(cur: Any) -> list[TraceJob]:
+            clauses: list[str] = []
+            params: list[Any] = []
+            if job_id is not None:
+                clauses.append("id = ?")
+                params.append(job_id)
+            if since is not None:
+                clauses.append("(finished_at IS NULL OR finished_at >= ?)")
+                params.append(since)
+            if user is not None:
+                clauses.append("user_name = ?")
+                params.append(user)
+            where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+            rows = cur.execute(
+                f"SELECT {JOB_COLS}, label FROM jobs {where} ORDER BY seq DESC LIMIT ?", (*params, TIMELINE_JOBS)
+            ).fetchall()
+            tasks: dict[str, list[TaskRecord]] = {}
+            ids = [row[0] for row in rows]
+            for chunk in range(0, len(ids), 500):  # SQLite's limit on bound parameters
+                part = ids[chunk : chunk + 500]
+                found = cur.execute(
+                    f"SELECT {TASK_COLS} FROM tasks WHERE job_id IN ({', '.join('?' * len(part))}) "
+                    "ORDER BY attempt, task_index",
+                    part,
+                )
+                for task_row in found.fetchall():
+                    task = task_from(task_row)
+                    tasks.setdefault(task.job_id, []).append(task)
+            return [TraceJob(job_from(row[:-1]), str(row[-1]), tuple(tasks.get(row[0], ()))) for row in rows]
+
+        jobs = self._store.read_with(read)
+        if job_id is not None and not jobs:
+            raise NotFound(f"no job {job_id!r}")
+        return chrome_trace(jobs, now)
 
     def status(self, *, user: str | None = None) -> dict[str, Any]:
         """The whole cluster at a glance: workers and their resources, jobs by state, actors, queues, health.

@@ -11,7 +11,8 @@ Who sees what (also in ``docs/security.md``):
 * the administrator (the cluster token) sees every job and may make dashboard log-in links;
 * a user (or a job, which acts for its user) sees only that user's jobs: ``jobs``,
   ``find_jobs`` and ``status`` leave the others out and ``job_detail`` of another user's
-  job is :class:`~fray.errors.NotFound`; workers, capacity (also over time, ``utilisation``,
+  job is :class:`~fray.errors.NotFound` (so is its ``timeline``, which otherwise holds only the
+  user's jobs); workers, capacity (also over time, ``utilisation``,
   without the cluster-wide job counts) and controller health are visible to every user. Users and jobs may store workspace blobs;
 * a worker may only fetch workspace blobs (to run the jobs placed on it);
 * on a cluster with a VM provider (``docs/autoscaling.md``) every user sees the VMs and the
@@ -70,6 +71,7 @@ class OpsAPI:
             "find_jobs": self._find_jobs,
             "job_detail": self._job_detail,
             "status": self._status,
+            "timeline": self._timeline,
             "health": lambda caller: ops.health(),
             # Everybody sees capacity over time, as the workers; the cluster-wide job counts, only the administrator.
             "utilisation": lambda caller, since=0.0: ops.utilisation(_float(since), jobs=caller.admin),
@@ -128,6 +130,12 @@ class OpsAPI:
         if only is not None and detail["user"] != only:
             raise NotFound(f"no job {str(job_id)!r} of user {only!r}")
         return detail
+
+    def _timeline(self, caller: Caller, job_id: Any = None, since: Any = None) -> dict[str, Any]:
+        only = self._only(caller)
+        if job_id is not None and only is not None:
+            self._job_detail(caller, job_id)  # NotFound for another user's job, as its detail is
+        return self._ops.timeline(_opt_str(job_id), None if since is None else _float(since), user=only)
 
     def _status(self, caller: Caller) -> dict[str, Any]:
         return self._ops.status(user=self._only(caller))

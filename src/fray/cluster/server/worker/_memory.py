@@ -27,14 +27,11 @@ import os
 import signal
 import threading
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from fray.cluster.protocol.capacity import TaskResources
 
-if TYPE_CHECKING:
-    from fray.cluster.server.worker._worker_tasks import TaskProcess
-
-__all__ = ["SAMPLE_SECONDS", "MemoryWatch", "group_rss", "kill_threshold", "memory_limit"]
+__all__ = ["SAMPLE_SECONDS", "MemoryWatch", "Watched", "group_rss", "kill_threshold", "memory_limit"]
 
 logger = logging.getLogger(__name__)
 
@@ -85,10 +82,25 @@ def group_rss(groups: Iterable[int]) -> dict[int, int]:
     return totals
 
 
+class Watched(Protocol):
+    """What the watchdog reads and marks of a task (a worker's ``TaskProcess``)."""
+
+    proc: Any  # a Popen or a ForkedProcess: pid and poll()
+    killed: bool
+    peak_rss: int
+    oom_used: int
+
+    @property
+    def assignment(self) -> Any: ...
+
+    @property
+    def memory_limit(self) -> int: ...
+
+
 class MemoryWatch:
     """The watchdog thread: samples the tasks ``tasks()`` returns until ``stopping`` is set (see the module)."""
 
-    def __init__(self, tasks: Callable[[], list[TaskProcess]], stopping: threading.Event) -> None:
+    def __init__(self, tasks: Callable[[], Iterable[Watched]], stopping: threading.Event) -> None:
         self._tasks = tasks
         self._stopping = stopping
 
