@@ -7,7 +7,8 @@ the Iris pins), the interpreter's version and this checkout's path -- a Python 3
 with ``fray[iris,test]`` installed editable from this checkout, runs
 ``pytest tests/conformance tests/iris_backend -k iris`` in it, and fails listing every failing
 test id with its short error. With no Python 3.12 on this machine it is skipped, and
-the skip says why. Where the Iris backend can run directly (Python >= 3.12 with
+the skip says why. The run starts in the background when the session starts and this test, placed last,
+checks it (``tests/early.py``). Where the Iris backend can run directly (Python >= 3.12 with
 ``fray[iris]``), the Iris tests run in the session itself and this module has no test.
 
 The 3.12 interpreter is ``$FRAY_PYTHON312`` if set, else ``python3.12`` on ``PATH``,
@@ -17,14 +18,17 @@ else the newest pyenv 3.12.
 from __future__ import annotations
 
 import os
-import subprocess
+import shutil
+import tempfile
 import time
 import xml.etree.ElementTree as ET
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from iris_venv import ROOT, SUITE_TIMEOUT, VenvBuildError, ensure_venv, find_python312
 
+import early
 from backends.iris import iris_installed
 
 
@@ -40,43 +44,69 @@ def failures_in(junit: Path) -> tuple[int, list[str]]:
     return len(cases), failed
 
 
+@dataclass(frozen=True)
+class SuiteRun:
+    """What running the Iris suite in the 3.12 venv gave: a reason it could not run, or its outcome."""
+
+    skipped: str | None = None
+    broken: str | None = None  # the venv could not be built
+    found: str = ""
+    built: str = ""
+    returncode: int = 0
+    output: tuple[str, ...] = ()
+    junit: Path | None = None
+    seconds: float = 0.0
+
+
+def run_iris_suite() -> SuiteRun:
+    """Build (or reuse) the 3.12 venv and run the Iris tests in it; started early, in the background."""
+    python, found = find_python312()
+    if python is None:
+        return SuiteRun(skipped=f"the Iris backend's tests did not run: Iris needs Python >= 3.12 and {found}")
+    try:
+        venv, built = ensure_venv(python)
+    except VenvBuildError as exc:
+        return SuiteRun(broken=str(exc))
+    junit = Path(tempfile.mkdtemp(prefix="fray-iris-suite-")) / "iris.xml"
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "FRAY_CLIENT_SPEC")}
+    started = time.monotonic()
+    pytest_args = ["tests/conformance", "tests/iris_backend", "-k", "iris", "-q", "-p", "no:cacheprovider"]
+    run = early.run(
+        [str(venv / "bin/python"), "-m", "pytest", *pytest_args, f"--junitxml={junit}"],
+        cwd=ROOT,
+        env=env,
+        timeout=SUITE_TIMEOUT,
+    )
+    output = tuple((run.stdout + run.stderr).strip().splitlines())
+    return SuiteRun(None, None, found, built, run.returncode, output, junit, time.monotonic() - started)
+
+
 if not iris_installed():
 
     @pytest.mark.timeout(SUITE_TIMEOUT + 300)
-    def test_iris_backend_in_a_python312_venv(tmp_path: Path) -> None:
-        python, found = find_python312()
-        if python is None:
-            pytest.skip(f"the Iris backend's tests did not run: Iris needs Python >= 3.12 and {found}")
-        try:
-            venv, built = ensure_venv(python)
-        except VenvBuildError as exc:
-            pytest.fail(str(exc), pytrace=False)
-        junit = tmp_path / "iris.xml"
-        env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "FRAY_CLIENT_SPEC")}
-        started = time.monotonic()
-        pytest_args = ["tests/conformance", "tests/iris_backend", "-k", "iris", "-q", "-p", "no:cacheprovider"]
-        run = subprocess.run(
-            [str(venv / "bin/python"), "-m", "pytest", *pytest_args, f"--junitxml={junit}"],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=SUITE_TIMEOUT,
-        )
-        output = (run.stdout + run.stderr).strip().splitlines()
-        summary = output[-1] if output else "(no output)"
-        if not junit.exists():
+    @pytest.mark.runs_early.with_args(run_iris_suite)
+    def test_iris_backend_in_a_python312_venv(request: pytest.FixtureRequest) -> None:
+        suite: SuiteRun = early.result(request)
+        if suite.skipped:
+            pytest.skip(suite.skipped)
+        if suite.broken:
+            pytest.fail(suite.broken, pytrace=False)
+        assert suite.junit is not None
+        summary = suite.output[-1] if suite.output else "(no output)"
+        if not suite.junit.exists():
             pytest.fail(
-                f"the Iris suite did not run (exit {run.returncode}):\n" + "\n".join(output[-40:]), pytrace=False
-            )
-        total, failed = failures_in(junit)
-        if failed or run.returncode != 0 or total == 0:
-            pytest.fail(
-                f"Iris suite on {found}: {len(failed)} of {total} failed ({summary})\n"
-                + "\n".join(failed or output[-40:]),
+                f"the Iris suite did not run (exit {suite.returncode}):\n" + "\n".join(suite.output[-40:]),
                 pytrace=False,
             )
-        print(f"Iris suite on {found}, venv {built}: {summary} in {time.monotonic() - started:.0f}s")
+        total, failed = failures_in(suite.junit)
+        shutil.rmtree(suite.junit.parent, ignore_errors=True)
+        if failed or suite.returncode != 0 or total == 0:
+            pytest.fail(
+                f"Iris suite on {suite.found}: {len(failed)} of {total} failed ({summary})\n"
+                + "\n".join(failed or suite.output[-40:]),
+                pytrace=False,
+            )
+        print(f"Iris suite on {suite.found}, venv {suite.built}: {summary} in {suite.seconds:.0f}s")
 
 
 def test_without_python312_the_reason_names_what_was_tried(monkeypatch, tmp_path: Path):

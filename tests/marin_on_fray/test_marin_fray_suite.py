@@ -8,7 +8,8 @@ directory twice in the cached Python 3.12 venv (``marin_venv.py``; marin-fray ne
 its tests import Iris): once against marin-fray itself (its package put first on
 ``PYTHONPATH``), once against this checkout's Fray. Every test that passes on marin-fray
 must pass on Fray, except those named in :data:`EXCEPTIONS` with their reason (at most two,
-each in ``docs/marin.md``). The counts of both runs are printed.
+each in ``docs/marin.md``). The counts of both runs are printed. The runs start in the
+background when the session starts; the test, placed last, checks them (``tests/early.py``).
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ import os
 import shutil
 import subprocess
 import tarfile
+import tempfile
 import time
 import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -32,6 +35,8 @@ from marin_venv import (
     find_python312,
     marin_fray_dir,
 )
+
+import early
 
 CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fray" / "marin-fray-sdist"
 #: marin-fray's tests that may fail on Fray, each with the reason (docs/marin.md lists them too). None today.
@@ -95,34 +100,60 @@ def run_suite(python: Path, tests: Path, junit: Path, pythonpath: str | None) ->
     command = [str(python), "-m", "pytest", "-c", os.devnull, f"--rootdir={tests}", "-o", "addopts="]
     command += ["-p", "no:cacheprovider", "--import-mode=importlib", "--timeout=120", "-q", f"--junitxml={junit}"]
     command += ["--continue-on-collection-errors"]
-    run = subprocess.run(
-        [*command, str(tests)], cwd=tests, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT
-    )
+    run = early.run([*command, str(tests)], cwd=tests, env=env, timeout=RUN_TIMEOUT)
     tail = "\n".join((run.stdout + run.stderr).strip().splitlines()[-40:])
     if not junit.exists():
         pytest.fail(f"marin-fray's suite did not run (exit {run.returncode}):\n{tail}", pytrace=False)
     return outcomes(junit), tail
 
 
-@pytest.mark.timeout(SUITE_TIMEOUT + INSTALL_TIMEOUT + 2 * RUN_TIMEOUT)
-def test_marin_frays_own_suite_passes_on_fray(tmp_path: Path) -> None:
+@dataclass(frozen=True)
+class SuiteRuns:
+    """marin-fray's suite run twice: on marin-fray, then on Fray (or why it could not run)."""
+
+    skipped: str | None = None
+    broken: str | None = None
+    built: str = ""
+    on_marin: dict[str, str] = field(default_factory=dict)
+    marin_tail: str = ""
+    on_fray: dict[str, str] = field(default_factory=dict)
+    fray_tail: str = ""
+    seconds: float = 0.0
+
+
+def run_both() -> SuiteRuns:
+    """Get the venv and marin-fray's tests, then run them on marin-fray and on Fray; started early, in the background."""
     python, found = find_python312()
     if python is None:
-        pytest.skip(f"marin-fray's suite did not run: it needs Python >= 3.12 and {found}")
+        return SuiteRuns(skipped=f"marin-fray's suite did not run: it needs Python >= 3.12 and {found}")
     try:
         venv, built = ensure_marin_venv(python)
         tests = marin_fray_tests(venv)
     except VenvBuildError as exc:
-        pytest.fail(str(exc), pytrace=False)
+        return SuiteRuns(broken=str(exc))
     interpreter = venv / "bin" / "python"
     started = time.monotonic()
-    on_marin, marin_tail = run_suite(interpreter, tests, tmp_path / "marin.xml", str(marin_fray_dir(venv)))
-    on_fray, fray_tail = run_suite(interpreter, tests, tmp_path / "fray.xml", None)
+    with tempfile.TemporaryDirectory(prefix="fray-marin-fray-suite-") as tmp:
+        on_marin, marin_tail = run_suite(interpreter, tests, Path(tmp) / "marin.xml", str(marin_fray_dir(venv)))
+        on_fray, fray_tail = run_suite(interpreter, tests, Path(tmp) / "fray.xml", None)
+    return SuiteRuns(None, None, built, on_marin, marin_tail, on_fray, fray_tail, time.monotonic() - started)
+
+
+@pytest.mark.timeout(SUITE_TIMEOUT + INSTALL_TIMEOUT + 2 * RUN_TIMEOUT + 15 * 60)
+@pytest.mark.runs_early.with_args(run_both)
+def test_marin_frays_own_suite_passes_on_fray(request: pytest.FixtureRequest) -> None:
+    runs: SuiteRuns = early.result(request)
+    if runs.skipped:
+        pytest.skip(runs.skipped)
+    if runs.broken:
+        pytest.fail(runs.broken, pytrace=False)
+    on_marin, marin_tail, on_fray, fray_tail = runs.on_marin, runs.marin_tail, runs.on_fray, runs.fray_tail
+    built = runs.built
 
     def count(results: dict[str, str]) -> str:
         return ", ".join(f"{sum(v == k for v in results.values())} {k}" for k in ("passed", "failed", "skipped"))
 
-    print(f"marin-fray {MARIN_VERSION}'s suite ({built}; {time.monotonic() - started:.0f}s):")
+    print(f"marin-fray {MARIN_VERSION}'s suite ({built}; {runs.seconds:.0f}s):")
     print(f"  on marin-fray: {count(on_marin)}")
     print(f"  on Fray:       {count(on_fray)} ({len(EXCEPTIONS)} documented exceptions)")
     assert on_marin, f"no test of marin-fray's suite ran on marin-fray:\n{marin_tail}"

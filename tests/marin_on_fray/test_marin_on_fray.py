@@ -4,7 +4,8 @@ marin's packages need Python >= 3.12 and the suite runs on the README's Python, 
 runs ``run_marin.py`` inside the cached Python 3.12 venv (``marin_venv.py``: the Iris suite's
 venv, this checkout's Fray editable, marin-core and marin-zephyr at their published 0.2.227
 with ``--no-deps``), once per backend -- local, ``fray://``, Ray and Iris -- and checks what marin's code wrote. Skipped, saying why,
-where no Python 3.12 exists.
+where no Python 3.12 exists. The runs start in the background when the session starts; the
+tests, placed last, check them (``tests/early.py``).
 """
 
 from __future__ import annotations
@@ -12,12 +13,16 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import subprocess
+import shutil
+import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from marin_venv import INSTALL_TIMEOUT, ROOT, SUITE_TIMEOUT, VenvBuildError, ensure_marin_venv, find_python312
+
+import early
 
 SCRIPT = Path(__file__).with_name("run_marin.py")
 # One backend's run: a cluster or a Ray started, two StepRunner runs and two zephyr pipelines.
@@ -29,17 +34,37 @@ EXPECTED_ROWS = [{"i": i, "square": i * i} for i in range(0, 300, 3)]
 QUICK_START_ROWS = [{"id": doc, "words": 4} for doc in range(90) if (doc % 10) / 10 > 0.5]
 
 
-@pytest.fixture(scope="module")
-def marin_python() -> Path:
+@dataclass(frozen=True)
+class MarinRun:
+    """What running ``run_marin.py`` for one backend in the 3.12 venv gave."""
+
+    skipped: str | None = None
+    broken: str | None = None  # the venv could not be built
+    workdir: Path = Path()
+    returncode: int = 0
+    stdout: str = ""
+    output: tuple[str, ...] = ()
+    seconds: float = 0.0
+
+
+def run_marin(backend: str) -> MarinRun:
+    """Build (or reuse) the marin venv and run marin's code on ``backend``; started early, in the background."""
     python, found = find_python312()
     if python is None:
-        pytest.skip(f"marin's code did not run: marin-core and zephyr need Python >= 3.12 and {found}")
+        return MarinRun(skipped=f"marin's code did not run: marin-core and zephyr need Python >= 3.12 and {found}")
     try:
-        venv, built = ensure_marin_venv(python)
+        venv, _built = ensure_marin_venv(python)
     except VenvBuildError as exc:
-        pytest.fail(str(exc), pytrace=False)
-    print(f"marin venv: {built}")
-    return venv / "bin" / "python"
+        return MarinRun(broken=str(exc))
+    workdir = Path(tempfile.mkdtemp(prefix=f"fray-marin-{backend}-"))
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "RAY_ADDRESS")}
+    env = {k: v for k, v in env.items() if not k.startswith("FRAY_")}
+    started = time.monotonic()
+    run = early.run(
+        [str(venv / "bin" / "python"), str(SCRIPT), backend, str(workdir)], cwd=workdir, env=env, timeout=RUN_TIMEOUT
+    )
+    output = tuple((run.stdout + run.stderr).strip().splitlines())
+    return MarinRun(None, None, workdir, run.returncode, run.stdout, output, time.monotonic() - started)
 
 
 def _rows(paths: list[str]) -> list[dict]:
@@ -56,24 +81,21 @@ def _status(step_path: str) -> str:
     return Path(step_path, ".executor_status").read_text().strip()
 
 
-@pytest.mark.timeout(SUITE_TIMEOUT + INSTALL_TIMEOUT + RUN_TIMEOUT)
+@pytest.mark.timeout(SUITE_TIMEOUT + INSTALL_TIMEOUT + 5 * RUN_TIMEOUT)
 @pytest.mark.parametrize("backend", sorted(CLIENTS))
-def test_marin_steps_and_zephyr_pipelines_run_on_fray(backend: str, marin_python: Path, tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "RAY_ADDRESS")}
-    env = {k: v for k, v in env.items() if not k.startswith("FRAY_")}
-    started = time.monotonic()
-    run = subprocess.run(
-        [str(marin_python), str(SCRIPT), backend, str(tmp_path)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT,
+@pytest.mark.runs_early.with_args(run_marin)
+def test_marin_steps_and_zephyr_pipelines_run_on_fray(backend: str, request: pytest.FixtureRequest) -> None:
+    run: MarinRun = early.result(request)
+    if run.skipped:
+        pytest.skip(run.skipped)
+    if run.broken:
+        pytest.fail(run.broken, pytrace=False)
+    tmp_path = run.workdir
+    assert run.returncode == 0, f"marin's code failed on {backend} (exit {run.returncode}):\n" + "\n".join(
+        run.output[-60:]
     )
-    output = (run.stdout + run.stderr).strip().splitlines()
-    assert run.returncode == 0, f"marin's code failed on {backend} (exit {run.returncode}):\n" + "\n".join(output[-60:])
     summary = json.loads(run.stdout.strip().splitlines()[-1])
-    print(f"{backend}: {time.monotonic() - started:.0f}s; {summary}")
+    print(f"{backend}: {run.seconds:.0f}s; {summary}")
 
     # Our Fray, not marin-fray, ran marin's code.
     assert Path(summary["fray"]).resolve().is_relative_to(ROOT / "src" / "fray")
@@ -117,3 +139,4 @@ def test_marin_steps_and_zephyr_pipelines_run_on_fray(backend: str, marin_python
         for path in summary["quick_start_results"]
     )
     assert summary["counts_by_score"] == [{"score": score / 10, "count": 9} for score in range(10)]
+    shutil.rmtree(tmp_path, ignore_errors=True)  # kept when a check failed, to be looked at
