@@ -24,6 +24,7 @@ import os
 import signal
 import socket
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from pathlib import Path
@@ -41,9 +42,11 @@ from fray.core._remote import RemoteFailure, actor_died, remote_error
 from fray.core._serialization import check_call_picklable
 from fray.errors import ActorDiedError, ActorUnavailableError, ConfigError, FrayError, SerializationError
 from fray.monarch import supervision
+from fray.monarch._stacks import actor_stacks
 from fray.monarch.futures import CallFuture, send_then, when_done
 from fray.monarch.host import DEAD, ENDED, ERROR, OK, PICKLED, UNPICKLABLE
 from fray.process._process import KILL_GRACE, pid_alive
+from fray.stacks import ProcessStacks
 
 __all__ = ["ActorRecord", "HostMesh", "MonarchActorHandle", "MonarchActorMethod", "unwrap_reply"]
 
@@ -398,6 +401,30 @@ class MonarchActorHandle(ActorHandleBase):
             "exits the process that created an actor soon after another process calls a crashed one "
             "(docs/monarch.md); test crash handling on the local, Ray or Fray cluster backend"
         )
+
+    def stacks(self, timeout: float = 10, *, locals: bool = False) -> tuple[ProcessStacks, ...]:
+        """The live stacks of the actor process's threads, asked on this host (``fray.monarch._stacks``).
+
+        The creating process knows the pid; a handle elsewhere asks the actor's ``ready`` endpoint
+        for it (answered on Monarch's message loop, beside the calls running).
+        """
+        label = f"actor {self._name!r}"
+        record = self._record
+        if record is not None:
+            with record._lock:
+                pid = record.pid
+            dead = str(record.death_error()) if record.refusing else None
+            return (actor_stacks(label, pid, dead, timeout, locals),)
+        if self._ref is None:
+            return (actor_stacks(label, None, str(_died(self._death)), timeout, locals),)
+        if self._host != _HOSTNAME:
+            return (ProcessStacks(label, self._host, None, error=f"{label} lives on host {self._host!r}, not here"),)
+        started = time.monotonic()
+        try:
+            pid, _ = self._ref.ready.call_one().get(timeout=timeout)
+        except Exception as exc:
+            return (actor_stacks(label, None, f"no answer: {self._translate(exc)}", timeout, locals),)
+        return (actor_stacks(label, pid, None, max(0.1, timeout - (time.monotonic() - started)), locals),)
 
     @property
     def monarch_ref(self) -> Any:

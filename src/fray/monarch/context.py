@@ -46,6 +46,7 @@ from fray.context import (
     task_name,
 )
 from fray.core._serialization import call_parts, check_picklable
+from fray.core._stacks import running_task
 from fray.errors import ActorDiedError, ConfigError, TaskLostError
 
 __all__ = ["MonarchJobContext", "MonarchObjectRef", "TaskRunner"]
@@ -57,12 +58,19 @@ class TaskRunner:
     """The stateless actor on each rank of the pool: runs one task per call."""
 
     def run(
-        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], context: Any, rank: int
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        context: Any,
+        rank: int,
+        task_id: str = "",
     ) -> Any:
         context._pool.exclude = rank  # nested tasks go to the other ranks: this one is busy with the caller
         token = bind_context(context)
         try:
-            return fn(*args, **kwargs)
+            with running_task(task_id):  # this process's stacks name the task (one at a time per rank)
+                return fn(*args, **kwargs)
         finally:
             clear_job_context(token)
 
@@ -105,7 +113,8 @@ def _check_here(refs: list[MonarchObjectRef]) -> None:
             )
 
 
-_Job = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any], "concurrent.futures.Future[Any]", str]
+# (function, args, kwargs, its ref's future, the function's name, the ref's id)
+_Job = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any], "concurrent.futures.Future[Any]", str, str]
 
 
 class _Pool:
@@ -134,12 +143,12 @@ class _Pool:
                 return
             if self.busy[rank] or rank == self.exclude or self.runners[rank] is None:
                 continue
-            fn, args, kwargs, future, name = self.queue.popleft()
+            fn, args, kwargs, future, name, task_id = self.queue.popleft()
             if not future.set_running_or_notify_cancel():
                 continue
             self.busy[rank] = True
             try:
-                call = self.runners[rank].run.remote(fn, args, kwargs, context, rank)
+                call = self.runners[rank].run.remote(fn, args, kwargs, context, rank, task_id)
             except BaseException as exc:
                 self.busy[rank] = False
                 future.set_exception(exc)
@@ -231,7 +240,7 @@ class MonarchJobContext(JobContextBase[MonarchObjectRef]):
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
         ref = MonarchObjectRef(self.context_id, f"{self.context_id}/{next(self._ids)}", future, name)
         if not deps:
-            self._ensure_pool().submit((fn, args, kwargs, future, name), self)
+            self._ensure_pool().submit((fn, args, kwargs, future, name, ref.ref_id), self)
             return ref
 
         def start() -> None:
@@ -240,7 +249,7 @@ class MonarchJobContext(JobContextBase[MonarchObjectRef]):
             except BaseException as exc:  # an argument's task failed: this one fails the same way, unrun
                 future.set_exception(exc)
                 return
-            self._ensure_pool().submit((fn, *values, future, name), self)
+            self._ensure_pool().submit((fn, *values, future, name, ref.ref_id), self)
 
         after_all([dep._future for dep in deps], start)
         return ref

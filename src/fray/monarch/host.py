@@ -46,6 +46,7 @@ from fray.core._eventloop import ActorLoop, invoke
 from fray.core._lifecycle import Failure
 from fray.core._remote import RemoteFailure
 from fray.core._serialization import check_result_picklable
+from fray.core._stacks import serve
 from fray.errors import ActorContextError, ActorDiedError, SerializationError
 from fray.job import JobInfo, replica_env
 from fray.monarch import supervision
@@ -87,6 +88,7 @@ class FrayHost(Actor):
         member = members[current_rank().rank]
         self._label = member.info.name
         _redirect_output(member.log_path)
+        serve()  # this process answers stacks() (fray.monarch._stacks), whatever its calls do
         # The process hosts this actor only, so the job identity and the backend can live in
         # its environment: current_job() and current_client() read them there.
         os.environ.update(replica_env(member.info, member.client_spec))

@@ -36,9 +36,11 @@ from fray.job import (
     JobSummary,
     timeout_error,
 )
-from fray.monarch.actors import _RECORDS
+from fray.monarch._stacks import actor_stacks, job_stacks
+from fray.monarch.actors import _RECORDS, ActorRecord
 from fray.process._process import KILL_GRACE
 from fray.process._procjob import ReplicaProcess, callable_argv
+from fray.stacks import ProcessStacks
 
 __all__ = ["MonarchJob", "MonarchJobHandle"]
 
@@ -113,6 +115,13 @@ class MonarchJob:
             replica.kill()
         for thread in threads:  # their output is all in the log once they are done
             thread.join(KILL_GRACE + 5)
+
+    def replica_pids(self) -> list[int | None]:
+        """The process id of each replica of the running attempt (None: not started); empty once finished."""
+        if self.lifecycle.finished:
+            return []
+        with self._lock:
+            return [replica.pid for replica in self._replicas]
 
     # ----- the retry loop ----------------------------------------------------------------------
 
@@ -245,6 +254,15 @@ class MonarchJobHandle(JobHandleBase):
     def logs(self, max_lines: int | None = None) -> tuple[str, ...]:
         """The job's output lines so far (the last ``max_lines`` if given)."""
         return self._get().logs(max_lines)
+
+    def stacks(self, timeout: float = 10, *, locals: bool = False) -> tuple[ProcessStacks, ...]:
+        """Each replica's stacks, then its running job-context tasks' (an actor's job: the actor's); ``fray.monarch._stacks``."""
+        tracked = self._get()
+        if isinstance(tracked, MonarchJob):
+            return job_stacks(tracked.replica_pids(), timeout, locals)
+        if not isinstance(tracked, ActorRecord) or tracked.lifecycle.finished:
+            return ()
+        return (actor_stacks(f"actor {tracked.name!r}", tracked.pid, None, timeout, locals),)
 
     def _fray_preempt(self, replica: int | None) -> None:
         """Refused by name: see :func:`fray.testing.preempt` and ``docs/testing.md``."""
