@@ -17,11 +17,13 @@ client                 :class:`fray.core._client_core.ClientCore`    refusals af
                        ``_leftovers_at_exit``, ``from_spec``)
 job handle             :class:`fray.job.JobHandleBase`               ``wait_all``'s batching, the
                        (``job_id``, ``wait``, ``status``, ``info``,  default polling wait, refusing
-                       ``terminate``, ``logs``, ``_fray_wait_some``, ``preempt`` by name
-                       ``_fray_preempt``)
+                       ``terminate``, ``logs``, ``_fray_wait_some``, ``preempt`` by name, refusing
+                       ``_fray_preempt``, ``stacks``)                ``stacks`` by name
 actor handle           :class:`fray.actor.ActorHandleBase`           ``handle.method(...)`` and
                        (``_fray_call``, ``_fray_call_sync``,         ``.remote(...)`` (RemoteMethod),
-                       ``_fray_ready``, ``_fray_kill``)              refusing ``kill_actor`` by name
+                       ``_fray_ready``, ``_fray_kill``, ``stacks``)  refusing ``kill_actor`` and
+                                                                     ``stacks`` by name; an actor
+                                                                     group's ``stacks``
 queue client           :class:`fray.queue.QueueClient`               the ten queue methods: argument and
                        (``_push``, ``_peek``, ``_take``, ``_done``,  lease checks, blocking ``pop``,
                        ``_counts``)                                  lease errors, ``done_many``'s error
@@ -46,6 +48,23 @@ Monarch    MonarchJobHandle     MonarchActorHandle    ActorQueue         Monarch
 Iris       IrisJobHandle,       IrisActorHandle       (refused: use      LocalJobContext (threads     _actor_host._Dispatch
            IrisMemberJob                              ``actor_queue``)   of the job)
 =========  ===================  ====================  =================  ===========================  ======================
+
+Who answers ``stacks()`` (live stacks, :mod:`fray.stacks`): every process Fray runs user code in
+serves its own stacks on a private Unix socket (:func:`fray.core._stacks.serve`), and a relay
+on the same host asks it (:func:`fray.core._stacks.ask`):
+
+=========  =====================================================================================
+backend    relay
+=========  =====================================================================================
+local      the handle itself: threads of this process are captured by ident (replicas, actor
+           threads, ``LocalJobContext`` tasks); replicas run as processes and
+           ``ProcessJobContext`` workers are asked (``fray.local._local_stacks``)
+fray://    client -> controller (``job_stacks``, ``actor_stacks``; no lock held while waiting)
+           -> each worker holding a task -> the worker asks its task processes' pids
+Ray        see ``fray.ray`` (the other backends relay through their own host processes)
+Monarch    see ``fray.monarch``
+Iris       see ``fray.iris``
+=========  =====================================================================================
 
 Backends are loaded by scheme through ``importlib`` (:func:`fray.client.client_from_spec`),
 so nothing in the program hands mypy a backend where a ``Client`` is expected; the

@@ -40,6 +40,12 @@ class ActorLoop:
             self._loop, self._thread = loop, thread
         return self._loop
 
+    @property
+    def thread_ident(self) -> int | None:
+        """The ident of the loop's thread, None until the loop first started (for ``stacks()``)."""
+        thread = self._thread
+        return thread.ident if thread is not None else None
+
     def submit(self, awaitable: Awaitable[Any]) -> concurrent.futures.Future[Any]:
         """Start ``awaitable`` on the loop; its result arrives in the returned future."""
         with self._lock:

@@ -30,13 +30,25 @@ import stat
 import sys
 import threading
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Iterator, Sequence
 from types import FrameType
 from typing import Any
 
 from fray.stacks import FrameInfo, ProcessStacks, ThreadStack
 
-__all__ = ["ask", "capture", "serve", "serving", "socket_dir", "socket_path"]
+__all__ = [
+    "ask",
+    "ask_all",
+    "capture",
+    "child_pids",
+    "running_task",
+    "serve",
+    "serving",
+    "socket_dir",
+    "socket_path",
+    "thread_task",
+    "thread_tasks",
+]
 
 _REPR_LIMIT = 200
 _MAX_FRAMES = 200  # a runaway recursion must not make the answer megabytes long
@@ -101,6 +113,45 @@ def _locals(frame: FrameType) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
+_task: str | None = None  # the job-context task this process runs now (one at a time: a task worker's)
+
+
+@contextlib.contextmanager
+def running_task(task_id: str) -> Iterator[None]:
+    """Around a job-context task's run in a task worker process: its answers carry the task's id.
+
+    One assignment each way: nothing else is done unless somebody asks.
+    """
+    global _task
+    _task = task_id
+    try:
+        yield
+    finally:
+        _task = None
+
+
+# Job-context tasks that run on threads of this process (the local backend's LocalJobContext):
+# thread ident -> (task id, id of the job that created the task). Set and cleared per task, read
+# only when somebody asks; single dict operations need no lock under the GIL.
+_thread_tasks: dict[int, tuple[str, str | None]] = {}
+
+
+@contextlib.contextmanager
+def thread_task(task_id: str, job_id: str | None) -> Iterator[None]:
+    """Around a job-context task run on the calling thread: ``stacks()`` of job ``job_id`` shows it."""
+    ident = threading.get_ident()
+    _thread_tasks[ident] = (task_id, job_id)
+    try:
+        yield
+    finally:
+        _thread_tasks.pop(ident, None)
+
+
+def thread_tasks(job_id: str | None) -> list[tuple[int, str]]:
+    """``(thread ident, task id)`` of the tasks job ``job_id`` created that run on threads of this process now."""
+    return [(ident, task) for ident, (task, job) in list(_thread_tasks.items()) if job == job_id]
+
+
 def socket_dir() -> str:
     """The private directory of this user's stack sockets (mode 0700; created if missing).
 
@@ -157,7 +208,7 @@ class _Server:
         request = _read_all(conn, _REQUEST_LIMIT, time.monotonic() + _REQUEST_SECONDS, until_newline=True)
         want_locals = bool(json.loads(request or b"{}").get("locals", False))
         threads = capture(locals=want_locals, skip_current=True)
-        reply = {"pid": os.getpid(), "threads": [thread.to_json() for thread in threads]}
+        reply = {"pid": os.getpid(), "task_id": _task, "threads": [thread.to_json() for thread in threads]}
         conn.sendall(json.dumps(reply).encode())
 
     def close(self, unlink: bool) -> None:
@@ -268,7 +319,7 @@ def ask(
     """
     host = host or socket.gethostname()
     if pid == os.getpid():  # asking ourselves over a socket would only add a thread hop
-        return ProcessStacks(label, host, pid, capture(locals=locals), task_id=task_id)
+        return ProcessStacks(label, host, pid, capture(locals=locals), task_id=task_id or _task)
 
     def failed(why: str) -> ProcessStacks:
         return ProcessStacks(label, host, pid, error=f"{why} (pid {pid} on host {host})", task_id=task_id)
@@ -285,9 +336,10 @@ def ask(
         conn.shutdown(socket.SHUT_WR)
         reply: Any = json.loads(_read_all(conn, None, deadline))
         threads = tuple(ThreadStack.from_json(thread) for thread in reply["threads"])
-        return ProcessStacks(label, host, pid, threads, task_id=task_id)
+        running = reply.get("task_id")
+        return ProcessStacks(label, host, pid, threads, task_id=task_id or (None if running is None else str(running)))
     except TimeoutError:
-        return failed(f"did not answer within {timeout:g} s")
+        return failed(f"did not answer within {round(timeout, 1):g} s")
     except (OSError, ValueError, KeyError, TypeError) as exc:
         return failed(f"no answer: {type(exc).__name__}: {exc}")
     finally:
@@ -302,3 +354,46 @@ def _why_no_server(pid: int) -> str:
     except PermissionError:
         return "the process belongs to another user"
     return "the process has no stack server (it runs no Fray runtime, or has not started it yet)"
+
+
+def ask_all(
+    targets: Sequence[tuple[int, str, str | None]], *, timeout: float, locals: bool = False, host: str | None = None
+) -> tuple[ProcessStacks, ...]:
+    """:func:`ask` each ``(pid, label, task_id)`` of ``targets`` side by side: all answers within about ``timeout``."""
+    if len(targets) <= 1:
+        return tuple(
+            ask(pid, label=label, timeout=timeout, locals=locals, host=host, task_id=task)
+            for pid, label, task in targets
+        )
+    answers: list[ProcessStacks | None] = [None] * len(targets)
+
+    def one(index: int) -> None:
+        pid, label, task = targets[index]
+        answers[index] = ask(pid, label=label, timeout=timeout, locals=locals, host=host, task_id=task)
+
+    threads = [
+        threading.Thread(target=one, args=(i,), name="fray-stacks-ask", daemon=True) for i in range(len(targets))
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout + 1.0)
+    host = host or socket.gethostname()
+    return tuple(
+        answer
+        if answer is not None
+        else ProcessStacks(
+            label, host, pid, error=f"did not answer within {round(timeout, 1):g} s (pid {pid} on host {host})", task_id=task
+        )
+        for answer, (pid, label, task) in zip(answers, targets, strict=True)
+    )
+
+
+def child_pids(pid: int) -> list[int]:
+    """The direct children of process ``pid`` (from ``/proc``; empty where there is none)."""
+    children: list[int] = []
+    with contextlib.suppress(OSError):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{tid}/children") as f:
+                children.extend(int(child) for child in f.read().split())
+    return sorted(set(children))

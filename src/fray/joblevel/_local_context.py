@@ -35,7 +35,9 @@ from fray.context import (
     task_name,
 )
 from fray.core._remote import RemoteFailure, remote_error
+from fray.core._stacks import thread_task
 from fray.errors import ConfigError, TaskLostError
+from fray.job import _current_job
 
 __all__ = ["LocalJobContext", "LocalObjectRef"]
 
@@ -225,13 +227,18 @@ class LocalJobContext(JobContextBase[LocalObjectRef]):
         context = contextvars.copy_context()
         # The task's own context: the submitter's variables, with this job context bound.
         context.run(bind_context, self)
+        ref = self._new_ref(future)
+        task_id = ref.ref_id
+        job = _current_job.get()  # whose task it is, for that job's stacks()
+        job_id = job.job_id if job is not None else None
 
         def run() -> None:
             if not future.set_running_or_notify_cancel():
                 return
             try:
                 call_args, call_kwargs = resolve_arguments(args, kwargs, self._is_ref, _value)
-                result = context.run(fn, *call_args, **call_kwargs)
+                with thread_task(task_id, job_id):
+                    result = context.run(fn, *call_args, **call_kwargs)
             except BaseException as exc:
                 future.set_exception(_TaskError(RemoteFailure.capture(exc), exc))
                 return
@@ -247,7 +254,7 @@ class LocalJobContext(JobContextBase[LocalObjectRef]):
             self._threads.submit(run, drop)
         else:
             self._after(deps, future, run, drop)
-        return self._new_ref(future)
+        return ref
 
     def _after(
         self,

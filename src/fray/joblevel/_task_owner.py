@@ -50,6 +50,7 @@ from fray.context import (
 )
 from fray.core._serialization import call_parts, check_picklable
 from fray.errors import ConfigError, ObjectLostError
+from fray.job import _current_job
 from fray.joblevel import _objects
 from fray.joblevel._owner_messages import reply_message, run_message
 from fray.joblevel._task_records import (
@@ -67,7 +68,7 @@ from fray.joblevel._task_worker import value_of
 from fray.joblevel._taskwire import ONCE, Dep, ProcessObjectRef, dumps, function_blob, no_delay, receive, send
 from fray.resources import ResourceConfig
 
-__all__ = ["TaskOwner"]
+__all__ = ["TaskOwner", "live_owners"]
 
 
 class TaskOwner(JobContextBase[ProcessObjectRef]):
@@ -107,6 +108,8 @@ class TaskOwner(JobContextBase[ProcessObjectRef]):
         self._listener: Listener | None = None
         self._wake_r, self._wake_w = -1, -1
         self._tmpdir = ""
+        job = _current_job.get()
+        self.job_id = job.job_id if job is not None else None  # the job whose stacks() show its tasks
         _LIVE.add(self)
 
     def __repr__(self) -> str:
@@ -472,6 +475,11 @@ class TaskOwner(JobContextBase[ProcessObjectRef]):
             self._dispatch()
         return ref
 
+    def running_tasks(self) -> list[tuple[int, str]]:
+        """``(worker pid, task id)`` of every task running now (what ``stacks()`` asks)."""
+        with self._lock:
+            return [(worker.pid, worker.task.task_id) for worker in self._workers.values() if worker.task is not None]
+
     def _check_open(self) -> None:
         if self._closed:
             raise ConfigError(f"this {type(self).__name__} is shut down; create a new one")
@@ -559,6 +567,11 @@ def _as_dep(ref: ProcessObjectRef) -> Dep:
 
 
 _LIVE: weakref.WeakSet[TaskOwner] = weakref.WeakSet()
+
+
+def live_owners(job_id: str | None) -> list[TaskOwner]:
+    """The task owners of this process that job ``job_id`` created (for its ``stacks()``)."""
+    return [owner for owner in list(_LIVE) if owner.job_id == job_id]
 
 
 @atexit.register

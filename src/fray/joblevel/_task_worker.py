@@ -48,6 +48,7 @@ from fray.context import (
 )
 from fray.core._remote import RemoteFailure, remote_error
 from fray.core._serialization import call_parts, check_picklable, refused
+from fray.core._stacks import running_task, serve
 from fray.errors import ObjectLostError, TaskLostError
 from fray.joblevel import _objects
 from fray.joblevel._taskwire import ONCE, Dep, ProcessObjectRef, dumps, function_blob, no_delay, receive, send
@@ -154,7 +155,8 @@ class _Worker:
             self.file(objects, blobs[position + 1 :])
             args, kwargs = cloudpickle.loads(args_blob)
             args, kwargs = resolve_arguments(args, kwargs, _is_dep, self._dep_value)
-            result = fn(*args, **kwargs)
+            with running_task(task_id):  # stacks() of this process name the task it runs
+                result = fn(*args, **kwargs)
             try:
                 kind, frames = _objects.encode(result)
             except Exception as exc:
@@ -303,6 +305,7 @@ def serve_owner(request: dict[str, Any], authkey: bytes) -> None:
     ``request`` holds ``wid``, ``context``, ``address`` and ``family`` (how to reach the
     owner), and optionally ``path`` (``sys.path``) and ``cwd`` to take from the owner.
     """
+    serve()  # the worker answers stacks() (fray.core._stacks), naming the task it runs
     if "path" in request:
         sys.path[:] = request["path"]
     if "cwd" in request:

@@ -21,7 +21,9 @@ import concurrent.futures
 import contextlib
 import contextvars
 import dataclasses
+import os
 import queue
+import socket
 import threading
 import weakref
 from collections.abc import Callable
@@ -40,6 +42,8 @@ from fray.core._serialization import check_call_picklable, check_result_picklabl
 from fray.errors import ActorDiedError, ActorUnavailableError, SerializationError
 from fray.job import JobInfo, _current_job
 from fray.local._local_job import LocalJob
+from fray.local._local_stacks import thread_stacks
+from fray.stacks import ProcessStacks
 
 __all__ = ["LocalActor", "LocalActorHandle"]
 
@@ -79,6 +83,7 @@ class _Incarnation:
             self.calls.put(call)
         self.running: dict[_Call, None] = {}  # an ordered set, guarded by the actor's lock
         self.runs: list[StoppableRun] = []
+        self.idents: set[int] = set()  # its threads' idents (for stacks()), guarded by the actor's lock
         self.threads = 0  # started and not yet ended
         self.instance: object = None
         self.dead = False
@@ -165,6 +170,7 @@ class LocalActor:
         run = StoppableRun()
         with self._lock:
             incarnation.runs.append(run)
+            incarnation.idents.add(threading.get_ident())
             stopped = incarnation.dead and self._terminated
         if stopped:
             run.stop()
@@ -172,6 +178,8 @@ class LocalActor:
             with capture_to(self.job.logs), terminating_on(self.job.job_id, self.job.cancel):
                 body(incarnation, run, *args)
         finally:
+            with self._lock:
+                incarnation.idents.discard(threading.get_ident())
             self._thread_ended(incarnation)
 
     def _host(
@@ -197,6 +205,22 @@ class LocalActor:
         for _ in range(self.config.max_concurrency - 1):
             self._spawn(incarnation, self._start[2], self._serve)
         self._serve(incarnation, run)
+
+    def stacks(self, locals: bool) -> ProcessStacks:
+        """The stacks of the threads serving the actor now (its method threads and its event loop's)."""
+        label = f"actor {self.name!r}"
+        with self._lock:
+            incarnation = self._incarnation
+            alive = incarnation is not None and not incarnation.dead
+            idents = set(incarnation.idents) if incarnation is not None else set()
+        if not alive or incarnation is None:
+            host, pid = socket.gethostname(), os.getpid()
+            why = self.death or ("it has ended" if incarnation is not None else "it has not started")
+            return ProcessStacks(label, host, pid, error=f"the actor is not running: {why} (pid {pid} on host {host})")
+        loop = incarnation.loop.thread_ident
+        if loop is not None:
+            idents.add(loop)
+        return thread_stacks([(label, frozenset(idents), None)], locals)[0]
 
     # ----- serving ---------------------------------------------------------------------------
 
@@ -461,6 +485,10 @@ class LocalActorHandle(ActorHandleBase):
     def _fray_kill(self) -> None:
         """Kill the actor's "process" (its threads): see :func:`fray.testing.kill_actor`."""
         self._actor_or_raise().kill()
+
+    def stacks(self, timeout: float = 10, *, locals: bool = False) -> tuple[ProcessStacks, ...]:
+        """The live stacks of the actor's threads (threads of this process: nothing to wait for)."""
+        return (self._actor_or_raise().stacks(locals),)
 
 
 def _restore_actor_handle(client_id: str, job_id: str, cls: type, name: str) -> LocalActorHandle:

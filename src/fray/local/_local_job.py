@@ -20,7 +20,9 @@ from fray.core._remote import RemoteFailure, job_failed
 from fray.core._runtime import StoppableRun, check_terminated
 from fray.errors import ActorUnavailableError, FrayError, JobFailed
 from fray.job import JobHandleBase, JobStatus, JobSummary, _current_job, replicas_to_preempt, timeout_error
+from fray.local._local_stacks import job_stacks
 from fray.process._procjob import ReplicaProcess
+from fray.stacks import ProcessStacks
 
 __all__ = ["STOP_GRACE", "Attempt", "LocalJob", "LocalJobHandle", "stop_deadline", "wait_for_stop"]
 
@@ -51,6 +53,7 @@ class Attempt:
         self.preempted: set[int] = set()
         self._lock = threading.Lock()
         self._runs: dict[int, StoppableRun] = {}
+        self._threads: dict[int, int] = {}  # replica index -> ident of the thread running it (for stacks())
         self._processes: dict[int, ReplicaProcess] = {}
 
     def stoppable(self, index: int = 0) -> StoppableRun:
@@ -58,6 +61,7 @@ class Attempt:
         run = StoppableRun()
         with self._lock:
             self._runs[index] = run
+            self._threads[index] = threading.get_ident()  # called on the replica's own thread
             stopping = self.stopping.is_set() or index in self.preempted
         if stopping:
             run.stop()
@@ -70,6 +74,11 @@ class Attempt:
             stopping = self.stopping.is_set() or index in self.preempted
         if stopping:
             replica.kill()
+
+    def running(self) -> tuple[dict[int, int], dict[int, ReplicaProcess]]:
+        """What runs each replica now: thread idents and processes by replica index (for ``stacks()``)."""
+        with self._lock:
+            return dict(self._threads), dict(self._processes)
 
     def preempt(self, replicas: Sequence[int]) -> None:
         """End ``replicas`` as a preemption would: stop their threads, SIGKILL their processes."""
@@ -132,6 +141,12 @@ class LocalJob:
         if cancelled:
             attempt.stop()
         return attempt
+
+    def current_attempt(self) -> Attempt | None:
+        """The attempt running now (None before the first, or once the job finished)."""
+        with self._lock:
+            attempt = self._attempt
+        return None if self.lifecycle.finished else attempt
 
     def preempt(self, replica: int | None) -> None:
         """End the current attempt's ``replica`` (every replica if None) as a preemption would."""
@@ -327,6 +342,21 @@ class LocalJobHandle(JobHandleBase):
     def _fray_preempt(self, replica: int | None) -> None:
         """End a replica's thread (or process) as a preemption would (see :func:`fray.testing.preempt`)."""
         self._job.preempt(replica)
+
+    def stacks(self, timeout: float = 10, *, locals: bool = False) -> tuple[ProcessStacks, ...]:
+        """The live stacks of each replica (its thread, or its processes) and of the job's running tasks.
+
+        A replica on a thread of this process shows that thread; a replica run as processes
+        is asked over its stack socket (:mod:`fray.core._stacks`). Empty once the job finished,
+        and for a job wrapping a plain future (its thread is unknown).
+        """
+        if isinstance(self._job, _FutureJob):
+            return ()
+        attempt = self._job.current_attempt()
+        if attempt is None:
+            return ()
+        threads, processes = attempt.running()
+        return job_stacks(self.job_id, attempt.replicas, threads, processes, timeout, locals)
 
     @classmethod
     def _fray_wait_some(cls, jobs: Sequence[LocalJobHandle], timeout: float | None) -> list[JobStatus]:

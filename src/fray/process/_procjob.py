@@ -79,6 +79,7 @@ class ReplicaProcess:
         gpus: int = 0,
     ) -> None:
         self.argv = ranked_argv(argv, processes, gpus=gpus, failure=failure_path)
+        self.processes = processes  # more than one: the process seen here supervises the ranks
         # This process's environment (but the rank it may have as a process of a job itself), then
         # the replica's own (identity, backend, the user's variables).
         inherited = {k: v for k, v in os.environ.items() if k not in RANK_VARS}
