@@ -67,6 +67,21 @@ _PREEMPT_TESTS = (
     "test_preempt_names_a_replica_the_job_lacks",
 )
 NOT_APPLICABLE: dict[str, dict[str, str]] = {
+    "ray": {
+        "test_a_callable_job_that_sigkills_its_process_fails_naming_sigkill": (
+            "Ray reports a worker process that died while running a task as WorkerCrashedError, without its signal, "
+            "exit status or output, as it reports a preempted node; Fray counts it as a preemption "
+            "(fray.testing.preempt relies on it) and says 'lost its worker or node (WorkerCrashedError)' "
+            "(docs/debugging.md, 'Why did it die?')"
+        ),
+    },
+    "local": {
+        "test_a_callable_job_that_sigkills_its_process_fails_naming_sigkill": (
+            "the local backend runs callable jobs as threads of the calling process (README, 'The local backend in "
+            "one paragraph'): a job that SIGKILLs its process kills the caller; its binary jobs are processes and "
+            "say which signal ended them (test_a_program_that_sigkills_itself_fails_naming_sigkill_with_its_last_output)"
+        ),
+    },
     "monarch": {
         **dict.fromkeys(_PREEMPT_TESTS, _MONARCH_NO_PREEMPT),
         **dict.fromkeys(_WAITING_TESTS, _MONARCH_NEVER_WAITS),

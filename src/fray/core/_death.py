@@ -21,6 +21,8 @@ __all__ = ["LAST_LINES", "OUT_OF_MEMORY", "describe_exit", "mib", "out_of_memory
 #: How many of a dead replica's last output lines its failure carries (and its message quotes).
 LAST_LINES = 20
 
+_SIGNALS = frozenset(int(number) for number in signal.Signals)
+
 #: The words every out-of-memory end starts with, whoever detected it.
 OUT_OF_MEMORY = "out of memory"
 
@@ -52,7 +54,9 @@ def describe_exit(
     resident; ``peak_rss`` is the most it was seen holding (None: never measured);
     ``stderr_tail`` its last output lines, quoted after ``; last output:``. A SIGKILL that
     Fray did not send is most often the kernel's OOM killer, and the words say so, because
-    nothing else in the exit tells them apart.
+    nothing else in the exit tells them apart. An exit code of 128 + N (137) is also named as
+    the signal N a shell reports that way (runtimes that run the command under a shell, Ray's
+    job driver or Iris's, give no more), without claiming it was one.
     """
     if oom_limit is not None:
         text = (
@@ -65,6 +69,10 @@ def describe_exit(
             text += " (the kernel's OOM killer or another process)"
     else:
         text = f"exit code {returncode}"
+        shell_signal = returncode - 128
+        if 0 < shell_signal < 65 and shell_signal in _SIGNALS:
+            # What a shell (or a runtime that runs the command under one) reports for a command a signal killed.
+            text += f" (as a shell reports a command killed by {signal_name(shell_signal)})"
     if peak_rss and (oom_limit is not None or returncode < 0):
         text += f"; peak RSS {mib(peak_rss)}"
     if stderr_tail:

@@ -49,6 +49,7 @@ from connectrpc.errors import ConnectError
 
 from fray.actor import public_methods
 from fray.actor_context import ActorCalls, ActorContext, set_process_actor
+from fray.core._death import describe_exit
 from fray.core._eventloop import ActorLoop, invoke
 from fray.core._lifecycle import ActorRestartBudget
 from fray.core._remote import RemoteFailure
@@ -297,7 +298,7 @@ def _supervise(payload: bytes, opts: dict[str, Any], member: _Member) -> None:
         if code in (0, _task.FAILED_EXIT):
             # It ended itself (exit / fail), or its constructor raised: the child wrote how, and the end lines.
             os._exit(code)
-        reason = f"killed by signal {-code}" if code < 0 else f"its process exited with code {code}"
+        reason = describe_exit(code) if code < 0 else f"its process exited with code {code}"
         if not served:
             _task.exit_with_failure(ActorDiedError(f"actor {member.name!r} died before it served ({reason})"))
         budget, restart, words = budget.decide(member.name, reason)

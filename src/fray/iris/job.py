@@ -27,6 +27,7 @@ from iris.client.workload import TaskStatus
 from iris.cluster.types import JobName
 from iris.resources.state import JobState, TaskState
 
+from fray.core._death import LAST_LINES as _LAST_LINES
 from fray.core._lifecycle import Failure, FailureKind, RetryBudget
 from fray.core._logcapture import log_tail
 from fray.errors import FrayError, NotFound
@@ -46,8 +47,8 @@ __all__ = ["IrisJobHandle", "JobMeta", "forget_terminated", "mark_terminated", "
 POLL_INTERVAL = 0.25
 #: How long a finished job's logs may take to reach Iris's log store (see ``fray.iris._task``).
 LOG_GRACE = 10.0
-#: Lines of output quoted in the message of a process that exited non-zero.
-LAST_LINES = 10
+#: Lines of output quoted in the message of a process that exited non-zero: as on every backend.
+LAST_LINES = _LAST_LINES
 #: Task states that count against the preemption budget rather than the failure budget.
 LOST = frozenset({TaskState.WORKER_FAILED, TaskState.PREEMPTED})
 FAILED_TASK = frozenset({TaskState.FAILED, TaskState.WORKER_FAILED, TaskState.PREEMPTED, TaskState.COSCHED_FAILED})

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fray.actor_context import SHUTDOWN_GRACE
+from fray.core._death import out_of_memory
 from fray.core._lifecycle import ActorRestartBudget, Failure
 from fray.core._remote import RemoteFailure
 from fray.errors import FrayError
@@ -430,7 +431,12 @@ def _failure_of(outcome: tuple[str, Any]) -> Failure:
     if kind == "returned":  # ("error", logs, the encoded RemoteFailure) from the worker
         return Failure.from_remote(RemoteFailure.decode(value[2]))
     if is_preemption(value):
+        # Ray does not say which signal or exit ended a crashed worker: a preempted node looks the same.
         return Failure.lost(f"lost its worker or node ({type(value).__name__}): {first_line(value)}")
+    import ray.exceptions
+
+    if isinstance(value, ray.exceptions.OutOfMemoryError):  # Ray's memory monitor killed it: the job's own doing
+        return Failure(out_of_memory(f"Ray's memory monitor killed its worker ({first_line(value)})"))
     return Failure(f"{type(value).__name__}: {first_line(value)}")
 
 

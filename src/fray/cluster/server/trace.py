@@ -10,7 +10,8 @@ format that Perfetto (ui.perfetto.dev) and ``chrome://tracing`` open::
   ``not placed``), one *thread* (track) per replica of each job on it;
 * a complete event (``"ph": "X"``) for each attempt's wait to be placed (``cat`` ``pending``:
   from the attempt's creation to its placement) and for its run (``cat`` ``running``: from its
-  start to its end, or to now while it runs), named after the job, with ``args`` ``job_id``,
+  placement on a worker -- its environment's setup included -- to its end, or to now while it
+  runs), named after the job, with ``args`` ``job_id``,
   ``attempt``, ``replica``, ``outcome`` (the task's state: ``succeeded``, ``failed``, ``lost``,
   ``killed``, ``running``, ...), and the exit code and error where there is one;
 * instant events (``"ph": "i"``): ``lost`` where a task's host went away (a preemption, a
@@ -102,14 +103,16 @@ def chrome_trace(jobs: Sequence[TraceJob], now: float) -> dict[str, Any]:
             waited_until = placed if placed is not None else (task.finished_at or now)
             events.append({
                 "ph": "X", "name": job.name, "cat": "pending", "pid": pid, "tid": tid, "ts": ts(task.created_at),
-                "dur": ts(waited_until) - ts(task.created_at), "args": {**args, "outcome": "placed" if placed else task.state.value},
+                "dur": round(max(0.0, ts(waited_until) - ts(task.created_at)), 1), "args": {**args, "outcome": "placed" if placed else task.state.value},
             })  # fmt: skip
-            ran_from = task.started_at if task.started_at is not None else placed
+            # From its placement: a worker reports a short task's start with its end, so the start the
+            # store records can be as late as the end; setting up its environment is part of its run.
+            ran_from = placed
             if ran_from is not None:
                 until = task.finished_at if task.finished_at is not None else now
                 events.append({
                     "ph": "X", "name": job.name, "cat": "running", "pid": pid, "tid": tid, "ts": ts(ran_from),
-                    "dur": max(0.0, ts(until) - ts(ran_from)), "args": args,
+                    "dur": round(max(0.0, ts(until) - ts(ran_from)), 1), "args": args,
                 })  # fmt: skip
             if task.state == TaskState.LOST and task.finished_at is not None:
                 events.append({
