@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-__all__ = ["ExitNotice", "Leftovers", "report", "settle_all", "watch"]
+__all__ = ["ExitNotice", "Leftovers", "report", "settle_all", "watch", "watched"]
 
 _SHOWN = 5  # ids named in a notice; the rest are counted
 
@@ -122,6 +122,12 @@ def hand_over(client: _Settles) -> None:
     """
     with _lock:
         _clients.discard(client)
+
+
+def watched() -> list[Any]:
+    """The clients that have had work and are not settled yet (what :mod:`fray.testing`'s plugin asks for stacks)."""
+    with _lock:
+        return list(_clients)
 
 
 def settle_all() -> None:
