@@ -53,6 +53,7 @@ from fray.job import (
     timeout_error,
 )
 from fray.process._ranks import check_processes
+from fray.stacks import ProcessStacks
 
 __all__ = ["ClusterActorHandle", "ClusterClient", "ClusterJobHandle"]
 
@@ -190,6 +191,14 @@ class ClusterJobHandle(JobHandleBase):
     def _fray_preempt(self, replica: int | None) -> None:
         """Have the controller lose the replica's task as a preemption (see :func:`fray.testing.preempt`)."""
         self._controller.preempt(self._job_id, replica)
+
+    def stacks(self, timeout: float = 10, *, locals: bool = False) -> tuple[ProcessStacks, ...]:
+        """The live stacks of each running replica and of the job's running descendants (its tasks' executors).
+
+        The controller asks each worker that runs one, and the worker its task processes; a
+        worker or process that does not answer within ``timeout`` s is reported with ``error``.
+        """
+        return tuple(self._controller.job_stacks(self._job_id, float(timeout), bool(locals)))
 
     def logs(self, max_lines: int | None = None) -> tuple[str, ...]:
         """The job's output lines, all replicas and attempts, in arrival order (see :func:`log_tail`)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import dataclasses
 import functools
 import threading
 import time
@@ -29,6 +30,7 @@ from fray.core._lifecycle import Failure
 from fray.core._remote import actor_died
 from fray.core._serialization import check_call_picklable
 from fray.errors import ActorDiedError, ActorUnavailableError, FrayError, RemoteError
+from fray.stacks import ProcessStacks
 
 __all__ = ["ClusterActorHandle", "live_clients"]
 
@@ -261,6 +263,24 @@ class ClusterActorHandle(ActorHandleBase):
             died.__context__ = error
             return _Restarting(died)
         return error
+
+    def stacks(self, timeout: float = 10, *, locals: bool = False) -> tuple[ProcessStacks, ...]:
+        """The live stacks of the actor's process (asked through the controller and its worker).
+
+        An actor that is not running (ended, or not started yet) is one :class:`ProcessStacks`
+        whose ``error`` says so.
+        """
+        controller = connect_controller(self._address, self._token)
+        label = f"actor {self._name!r}"
+        found = controller.job_stacks(self._job_id, float(timeout), bool(locals))
+        if not found:
+            view = controller.job(self._job_id)
+            why = f"its job {self._job_id!r} is {view.state.value}"
+            if view.error:
+                why += f": {view.error}"
+            return (ProcessStacks(label, "", None, error=f"the actor is not running ({why})"),)
+        own = [p for p in found if p.label == "replica 0"]
+        return tuple(dataclasses.replace(p, label=label) for p in own) + tuple(p for p in found if p not in own)
 
     def _fray_kill(self) -> None:
         """Kill the actor's process with SIGKILL (see :func:`fray.testing.kill_actor`); returns once it is dead."""

@@ -17,7 +17,15 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from fray.cluster.protocol.capacity import Device, TaskResources, WorkerInfo
-from fray.cluster.protocol.messages import JobSpec, JobView, TaskAssignment, TaskExit, WorkerCommands, WorkerReport
+from fray.cluster.protocol.messages import (
+    JobSpec,
+    JobView,
+    StacksAsk,
+    TaskAssignment,
+    TaskExit,
+    WorkerCommands,
+    WorkerReport,
+)
 from fray.cluster.protocol.records import Endpoint, TaskKey, TaskRecord, TaskState, WorkerRecord, WorkerState
 from fray.errors import FrayError, ProtocolError
 from fray.job import EnvironmentConfig, JobStatus
@@ -37,6 +45,8 @@ __all__ = [
     "report_from",
     "spec_data",
     "spec_from",
+    "stacks_ask_data",
+    "stacks_ask_from",
     "task_data",
     "task_from",
     "view_data",
@@ -255,7 +265,24 @@ def commands_data(commands: WorkerCommands) -> dict[str, Any]:
         "reregister": commands.reregister,
         "epoch": commands.epoch,
         "lease_seconds": commands.lease_seconds,
+        "stacks": [stacks_ask_data(ask) for ask in commands.stacks],
     }
+
+
+def stacks_ask_data(ask: StacksAsk) -> list[Any]:
+    return [ask.request_id, [[key_data(key), label] for key, label in ask.tasks], ask.timeout, ask.locals]
+
+
+def stacks_ask_from(data: Any) -> StacksAsk:
+    return checked(
+        "stacks request",
+        lambda: StacksAsk(
+            request_id=_int(data[0]),
+            tasks=tuple((key_from(key), _str(label)) for key, label in data[1]),
+            timeout=float(data[2]),
+            locals=bool(data[3]),
+        ),
+    )
 
 
 def commands_from(data: Any) -> WorkerCommands:
@@ -267,6 +294,8 @@ def commands_from(data: Any) -> WorkerCommands:
             reregister=bool(data["reregister"]),
             epoch=_int(data["epoch"]),
             lease_seconds=float(data["lease_seconds"]),
+            # A controller older than live stacks sends none.
+            stacks=tuple(stacks_ask_from(a) for a in data.get("stacks", ())),
         ),
     )
 

@@ -25,6 +25,7 @@ from fray.cluster.protocol.messages import JobSpec, JobView, TaskExit, WorkerCom
 from fray.cluster.protocol.records import Endpoint, TaskKey, TaskRecord, WorkerRecord
 from fray.cluster.rpc.datarpc import DataClient
 from fray.errors import ActorUnavailableError, CallNotSentError, ControllerUnreachable, ProtocolError
+from fray.stacks import ProcessStacks
 
 __all__ = [
     "CONTROLLER_RETRY_SECONDS",
@@ -187,6 +188,15 @@ class ControllerProxy:
 
     def logs(self, job_id: str, last: int | None = None, after_id: int = 0) -> list[tuple[int, str]]:
         return [(int(i), str(line)) for i, line in self._call("logs", job_id, last, after_id)]
+
+    def job_stacks(self, job_id: str, timeout: float = 10.0, locals: bool = False) -> list[ProcessStacks]:
+        """The live stacks of the job's running tasks (and its descendants'): see ``JobHandle.stacks``."""
+        # The controller answers within the timeout plus its relay's slack: the call may take that long.
+        proxy = self if self._timeout is not None else self.with_timeout(timeout + 30.0)
+        return [ProcessStacks.from_json(p) for p in proxy._call("job_stacks", job_id, timeout, locals)]
+
+    def stacks_answer(self, worker_id: str, epoch: int, request_id: int, stacks: list[ProcessStacks]) -> bool:
+        return bool(self._call("stacks_answer", worker_id, epoch, request_id, [p.to_json() for p in stacks]))
 
     def list_jobs(self, states: list[str] | None = None) -> list[JobView]:
         return [codec.view_from(v) for v in self._call("list_jobs", states)]

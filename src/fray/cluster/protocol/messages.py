@@ -25,6 +25,7 @@ __all__ = [
     "DEFAULT_MAX_ARGUMENT_BYTES",
     "JobSpec",
     "JobView",
+    "StacksAsk",
     "TaskAssignment",
     "TaskExit",
     "WorkerCommands",
@@ -185,6 +186,21 @@ class WorkerReport:
 
 
 @dataclass(frozen=True)
+class StacksAsk:
+    """The controller asks a worker for the live stacks of some of its tasks (``stacks()``, issue 35).
+
+    ``tasks`` pairs each task with the label its answer carries (``"replica 0"``); the worker
+    asks each task's processes within ``timeout`` seconds and answers ``request_id`` with the
+    controller's ``stacks_answer``.
+    """
+
+    request_id: int
+    tasks: tuple[tuple[TaskKey, str], ...]
+    timeout: float
+    locals: bool = False
+
+
+@dataclass(frozen=True)
 class WorkerCommands:
     """What the controller wants a worker to do; ``reregister`` if it does not know the worker (any more).
 
@@ -199,6 +215,7 @@ class WorkerCommands:
     reregister: bool = False
     epoch: int = 0
     lease_seconds: float = 0.0
+    stacks: tuple[StacksAsk, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ def _opt_str(value: Any) -> str | None:
 
 
 # Only workers (and the administrator) drive tasks.
-_WORKER_METHODS = frozenset({"register_worker", "poll", "report", "leave"})
+_WORKER_METHODS = frozenset({"register_worker", "poll", "report", "leave", "stacks_answer"})
 # What a worker credential may call: its own protocol and nothing that changes jobs.
 _WORKER_MAY = _WORKER_METHODS | {"health", "job", "tasks", "list_workers"}
 # The administrator's alone: issuing and revoking credentials.
@@ -149,6 +149,8 @@ class ControllerAPI:
             "register_endpoint": self._register_endpoint,
             "namespace_token": self._namespace_token,
             "logs": self._logs,
+            "job_stacks": self._job_stacks,
+            "stacks_answer": self._stacks_answer,
             "list_jobs": self._list_jobs,
             "join": self._join,
             "register_worker": self._register_worker,
@@ -277,6 +279,21 @@ class ControllerAPI:
             raise PermissionDenied(f"job {job.job_id!r} belongs to user {job.user!r}; only they may read its output")
         lines = self._service.logs(job.job_id, None if last is None else int(last), int(after_id))
         return [[i, line] for i, line in lines]
+
+    def _job_stacks(self, caller: Caller, job_id: Any, timeout: Any = 10.0, locals: Any = False) -> list[Any]:
+        # Stacks show what a job's code holds (with locals, its variables): its owner's, like its output.
+        job = self._service.job(str(job_id))
+        if not caller.may_act_for(job.user):
+            raise PermissionDenied(f"job {job.job_id!r} belongs to user {job.user!r}; only they may read its stacks")
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+            raise ProtocolError(f"job_stacks: timeout must be a number of seconds, got {type(timeout).__name__}")
+        return [p.to_json() for p in self._service.job_stacks(job.job_id, float(timeout), bool(locals))]
+
+    def _stacks_answer(self, caller: Caller, worker_id: Any, epoch: Any, request_id: Any, stacks: Any) -> bool:
+        worker = self._own_worker(caller, worker_id)
+        if not isinstance(stacks, list):
+            raise ProtocolError(f"stacks_answer: stacks must be a list, got {type(stacks).__name__}")
+        return bool(self._service.stacks_answer(worker, int(epoch), int(request_id), stacks))
 
     def _list_jobs(self, caller: Caller, states: Any = None) -> list[dict[str, Any]]:
         views = self._service.list_jobs(None if states is None else [str(x) for x in states])

@@ -36,6 +36,7 @@ from fray.cluster.protocol.messages import (
     CONTROLLER_ACTOR,
     JobSpec,
     JobView,
+    StacksAsk,
     TaskAssignment,
     TaskExit,
     WorkerCommands,
@@ -59,12 +60,14 @@ from fray.cluster.server.controller._pending import PendingSet
 from fray.cluster.server.controller._queues import QueueService
 from fray.cluster.server.controller._scheduling_loop import LEASE_FRACTION, SchedulingLoop
 from fray.cluster.server.controller._specs import DEFAULT_MAX_SPECS, SpecCache
+from fray.cluster.server.controller._stacks_relay import StacksRelay
 from fray.cluster.server.controller._worker_sessions import WorkerSessions
 from fray.cluster.server.scheduler import PendingJob, SchedulingDecision, schedule
 from fray.cluster.server.store import ClusterStore
 from fray.cluster.server.store._database import ReadOnlyMode
 from fray.errors import AuthenticationError, FrayError, JobAlreadyExists, NotFound, PermissionDenied, StorageError
 from fray.job import JobStatus
+from fray.stacks import ProcessStacks
 
 __all__ = ["CONTROLLER_ACTOR", "DEFAULT_JOIN_TTL", "ControllerService"]
 
@@ -128,6 +131,8 @@ class ControllerService:
         self._storage = ReadOnlyMode(store.path)
         # The queue in memory (SQLite stays the record): see fray.cluster.server.controller._pending.
         self._queue = PendingSet(store)
+        # Live stacks (issue 35): asks reach workers through their outboxes; answers wait here, lock-free.
+        self._stacks = StacksRelay(store, self._send_stacks)
         self._loop = SchedulingLoop(
             store,
             self._storage,
@@ -423,6 +428,7 @@ class ControllerService:
             kill=tuple(dict.fromkeys(kill)),
             epoch=epoch,
             lease_seconds=self._worker_timeout * LEASE_FRACTION,
+            stacks=tuple(outbox.stacks),
         )
 
     def poll(self, worker_id: str, epoch: int, wait: float = 1.0) -> WorkerCommands:
@@ -593,6 +599,21 @@ class ControllerService:
     def logs(self, job_id: str, last: int | None = None, after_id: int = 0) -> list[tuple[int, str]]:
         """The job's output lines as ``(line_id, text)``; ``after_id`` to follow new output."""
         return [(line.line_id, line.line) for line in self._store.read_logs(job_id, after_id=after_id, last=last)]
+
+    def job_stacks(self, job_id: str, timeout: float = 10.0, locals: bool = False) -> list[ProcessStacks]:
+        """The live stacks of the job's running tasks and its running descendants' (waits without the lock)."""
+        self._store.get_job(job_id)  # NotFound for an unknown job
+        return self._stacks.job_stacks(job_id, timeout, locals)
+
+    def stacks_answer(self, worker_id: str, epoch: int, request_id: int, stacks: list[Any]) -> bool:
+        """A worker's answer to a stacks request; False if it came too late or from an ended epoch."""
+        if not self._sessions.heartbeat(worker_id, epoch, self._clock()):
+            return False
+        return self._stacks.answer(worker_id, request_id, stacks)
+
+    def _send_stacks(self, asks: dict[str, StacksAsk]) -> list[str]:
+        with self._lock:
+            return self._sessions.send_stacks(asks)
 
     def list_jobs(self, states: list[str] | None = None) -> list[JobView]:
         """All jobs (optionally only those in ``states``), oldest first."""

@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from fray.cluster.protocol.messages import TaskAssignment, WorkerCommands
+from fray.cluster.protocol.messages import StacksAsk, TaskAssignment, WorkerCommands
 from fray.cluster.protocol.records import Effects, TaskKey, TaskRecord
 from fray.cluster.server.store import ClusterStore
 
@@ -37,6 +37,7 @@ class Outbox:
 
     start: list[TaskAssignment] = field(default_factory=list)
     kill: list[TaskKey] = field(default_factory=list)
+    stacks: list[StacksAsk] = field(default_factory=list)
 
 
 class WorkerSessions:
@@ -102,6 +103,15 @@ class WorkerSessions:
             self._outboxes.setdefault(task.worker_id, Outbox()).start.append(assignment)
         self._ready.notify_all()
 
+    def send_stacks(self, asks: dict[str, StacksAsk]) -> list[str]:
+        """Queue a stacks request for each alive worker of ``asks`` and wake their polls; the workers not alive."""
+        gone = [worker_id for worker_id in asks if worker_id not in self._epochs]
+        for worker_id, ask in asks.items():
+            if worker_id not in gone:
+                self._outboxes.setdefault(worker_id, Outbox()).stacks.append(ask)
+        self._ready.notify_all()
+        return gone
+
     def take(self, worker_id: str) -> Outbox:
         """Everything waiting for ``worker_id`` (a registering worker gets it with its answer)."""
         return self._outboxes.pop(worker_id, Outbox())
@@ -110,9 +120,9 @@ class WorkerSessions:
         """Wait (releasing the lock) until ``worker_id`` has commands, ``deadline`` (monotonic) or ``stopping``."""
         while True:
             outbox = self._outboxes.get(worker_id)
-            if outbox is not None and (outbox.start or outbox.kill):
+            if outbox is not None and (outbox.start or outbox.kill or outbox.stacks):
                 del self._outboxes[worker_id]
-                return WorkerCommands(start=tuple(outbox.start), kill=tuple(outbox.kill))
+                return WorkerCommands(start=tuple(outbox.start), kill=tuple(outbox.kill), stacks=tuple(outbox.stacks))
             if worker_id not in self._epochs:  # its epoch ended meanwhile (it left, or was lost or revoked)
                 return WorkerCommands(reregister=True)
             remaining = deadline - time.monotonic()

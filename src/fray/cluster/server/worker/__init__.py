@@ -95,11 +95,13 @@ from fray.cluster.server.worker._memory import MemoryWatch
 from fray.cluster.server.worker._task_env import nul_problem, task_env
 from fray.cluster.server.worker._task_output import LAST_OUTPUT_LINES, OutputCap
 from fray.cluster.server.worker._worker_join import join_token, refusal_line, revoked, stored_credential
+from fray.cluster.server.worker._worker_stacks import answer_stacks_soon
 from fray.cluster.server.worker._worker_tasks import PendingReports, Process, TaskProcess
 from fray.core._lifecycle import Failure
 from fray.core._private_files import private_dir, write_private
 from fray.errors import FrayError
 from fray.process._process import kill_process_group
+from fray.stacks import ProcessStacks
 
 __all__ = ["DEFAULT_DRAIN_SECONDS", "LAST_OUTPUT_LINES", "Worker"]
 
@@ -409,7 +411,12 @@ class Worker:
         self._heard(sent)
         if more.reregister:  # the registration gets every assignment not yet started again
             return more
-        return replace(more, start=commands.start + more.start, kill=commands.kill + more.kill)
+        return replace(
+            more,
+            start=commands.start + more.start,
+            kill=commands.kill + more.kill,
+            stacks=commands.stacks + more.stacks,
+        )
 
     def _join(self) -> None:
         """Exchange the join token for this worker's own credential, kept 0600 in :attr:`credential_file`."""
@@ -484,6 +491,17 @@ class Worker:
                         self._report_ready.set()
         for key in commands.kill:
             self._kill(key)
+        for ask in commands.stacks:  # live stacks: answered from a thread, the loop polls on
+            answer_stacks_soon(ask, self._task_pid, self._answer_stacks)
+
+    def _task_pid(self, key: TaskKey) -> int | None:
+        with self._lock:
+            task = self._tasks.get(key)
+        proc = task.proc if task is not None else None
+        return proc.pid if proc is not None and proc.poll() is None else None
+
+    def _answer_stacks(self, request_id: int, stacks: list[ProcessStacks]) -> None:
+        self._client.with_timeout(30.0).stacks_answer(self.worker_id, self._epoch, request_id, stacks)
 
     def _kill(self, key: TaskKey) -> None:
         with self._lock:
