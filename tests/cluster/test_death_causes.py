@@ -15,7 +15,7 @@ from fray import Entrypoint, JobRequest, ResourceConfig
 from fray.cluster.client import ClusterClient
 from fray.cluster.server.launcher import LocalCluster
 from fray.cluster.server.worker._memory import group_rss, kill_threshold, memory_limit
-from fray.errors import JobFailed
+from fray.errors import ActorDiedError, JobFailed
 
 
 def grab_a_gibibyte() -> None:
@@ -84,3 +84,28 @@ def test_the_default_ram_is_no_limit_and_the_threshold_has_its_slack():
     assert kill_threshold(200 << 20) == (200 << 20) + (20 << 20) + (16 << 20)
     mine = os.getpgid(0)
     assert group_rss([mine])[mine] > 0
+
+
+class Fragile:
+    def crash(self) -> None:
+        print("MARKER-ACTOR going down", file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def ping(self) -> str:
+        return "pong"
+
+
+def test_an_actor_whose_process_is_killed_says_sigkill_in_actor_died_error(cluster_client: ClusterClient):
+    actor = cluster_client.create_actor(Fragile, name="fragile-death")
+    assert actor.ping() == "pong"
+    with pytest.raises(ActorDiedError):
+        actor.crash()
+    deadline = time.monotonic() + 30
+    said = ""
+    while "killed by SIGKILL" not in said and time.monotonic() < deadline:
+        try:  # the next call learns the death from the controller, with its cause
+            actor.ping()
+        except ActorDiedError as exc:
+            said = str(exc)
+        time.sleep(0.2)
+    assert "killed by SIGKILL" in said and "MARKER-ACTOR going down" in said, said

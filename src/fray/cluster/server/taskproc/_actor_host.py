@@ -104,7 +104,8 @@ def host_actor(
     signal.signal(signal.SIGTERM, host.terminate)
     instance = actor_class(*args, **kwargs)  # raising here fails the job: callers see ActorDiedError
     # From here on, a death this process does not explain is a lost process: a restart, if allowed.
-    _jobmain.if_killed(Failure.lost(f"the process of actor {name!r} died (a signal, the OOM killer or a crash)"))
+    # The worker adds how it died (a signal by name, an exit code) and its last output lines.
+    _jobmain.if_killed(Failure.lost(f"the process of actor {name!r} died"))
     host.check_end()
     bind = os.environ.get("FRAY_ADVERTISE_HOST", "127.0.0.1")
     server = ActorServer(host=os.environ.get("FRAY_BIND_HOST", bind), port=0, namespace=info.namespace)

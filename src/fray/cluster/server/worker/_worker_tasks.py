@@ -14,7 +14,8 @@ from fray.cluster.protocol.messages import TaskAssignment
 from fray.cluster.protocol.records import TaskKey
 from fray.cluster.server.taskproc._launch import ForkedProcess
 from fray.cluster.server.worker._memory import memory_limit
-from fray.core._lifecycle import Failure
+from fray.core._death import describe_exit
+from fray.core._lifecycle import Failure, FailureKind
 
 __all__ = ["PendingReports", "Process", "TaskProcess"]
 
@@ -54,9 +55,15 @@ class TaskProcess:
         except OSError:
             return Failure.from_exit(command, code, last_output, peak_rss=peak).encode()
         try:
-            return Failure.decode(written).with_last_lines(last_output, peak).encode()
+            failure = Failure.decode(written)
         except (ValueError, KeyError):  # not one _jobmain wrote whole: pass it on as it is
             return written
+        if failure.kind == FailureKind.PREEMPTION:
+            # Written ahead by the process (fray.process._jobmain.if_killed: an actor's host) for a death it
+            # could not explain itself: the exit says what it was.
+            how = describe_exit(code, peak_rss=peak, stderr_tail=last_output)
+            failure = failure.with_message(f"{failure.message}: {how}")
+        return failure.with_last_lines(last_output, peak).encode()
 
 
 @dataclass
