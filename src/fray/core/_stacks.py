@@ -208,7 +208,14 @@ class _Server:
         request = _read_all(conn, _REQUEST_LIMIT, time.monotonic() + _REQUEST_SECONDS, until_newline=True)
         want_locals = bool(json.loads(request or b"{}").get("locals", False))
         threads = capture(locals=want_locals, skip_current=True)
-        reply = {"pid": os.getpid(), "task_id": _task, "threads": [thread.to_json() for thread in threads]}
+        reply = {
+            "pid": os.getpid(),
+            "task_id": _task,
+            "threads": [thread.to_json() for thread in threads],
+            # Which threads run job-context tasks (thread_task): an asker on another host (Iris's relay)
+            # cannot look them up in this process, so they travel with the answer.
+            "thread_tasks": [[ident, task] for ident, (task, _) in list(_thread_tasks.items())],
+        }
         conn.sendall(json.dumps(reply).encode())
 
     def close(self, unlink: bool) -> None:
@@ -383,7 +390,11 @@ def ask_all(
         answer
         if answer is not None
         else ProcessStacks(
-            label, host, pid, error=f"did not answer within {round(timeout, 1):g} s (pid {pid} on host {host})", task_id=task
+            label,
+            host,
+            pid,
+            error=f"did not answer within {round(timeout, 1):g} s (pid {pid} on host {host})",
+            task_id=task,
         )
         for answer, (pid, label, task) in zip(answers, targets, strict=True)
     )

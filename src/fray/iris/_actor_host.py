@@ -8,7 +8,9 @@ the port Iris allocated (``ports=["actor"]``), with the instance's public method
 ``{job id}/{group name}-{i}``. If Iris refuses the registration because the task is already
 terminal (its job was cancelled while the actor started), the server stops and the task ends,
 logging an error, without a failure. Calls run on up to ``ActorConfig.max_concurrency`` server
-threads (one: in arrival order); ``async def`` methods run on the actor's own loop.
+threads (one: in arrival order); ``async def`` methods run on the actor's own loop. Two more
+threads answer Fray's controls meanwhile (which instance serves, ``kill_actor``, and ``stacks()``:
+``fray_stacks`` takes the live stacks of the actor's threads, see ``fray.iris._stacks``).
 ``current_actor()`` works in the constructor and methods; an actor that ends itself stops its
 server gracefully, then its task ends (SUCCEEDED, or FAILED with the exception given to
 ``fail()``).
@@ -34,6 +36,7 @@ import logging
 import os
 import pickle
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -54,9 +57,11 @@ from fray.core._eventloop import ActorLoop, invoke
 from fray.core._lifecycle import ActorRestartBudget
 from fray.core._remote import RemoteFailure
 from fray.core._serialization import check_result_picklable
+from fray.core._stacks import capture
 from fray.errors import ActorDiedError, SerializationError
 from fray.iris import _connect, _task
 from fray.iris._seams import seam
+from fray.iris._stacks import announce
 from fray.iris._wire import CallFailed, Pickled, call_arguments
 
 __all__ = ["host_actor"]
@@ -122,6 +127,14 @@ class _Dispatch:
         """This instance's id: a handle whose call broke sees a restart as a new id."""
         return self._id
 
+    def fray_stacks(self, locals: bool = False) -> dict[str, Any]:
+        """This process's pid, host and every thread's stack but this control thread's, as JSON (``stacks()``)."""
+        return {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "threads": [thread.to_json() for thread in capture(locals=locals, skip_current=True)],
+        }
+
     def fray_crash(self) -> None:
         """Die at once, as a crash would (``fray.testing.kill_actor``)."""
         os.kill(os.getpid(), signal.SIGKILL)
@@ -133,6 +146,7 @@ class _Dispatch:
             served.__dict__[method] = partial(self.call, method)
         served.__dict__["fray_instance"] = self.fray_instance
         served.__dict__["fray_crash"] = self.fray_crash
+        served.__dict__["fray_stacks"] = self.fray_stacks
         return served
 
     def check_end(self) -> None:
@@ -225,6 +239,7 @@ def _register(member: _Member) -> bool:
 
 def _serve(payload: bytes, opts: dict[str, Any], member: _Member, serving: Callable[[], bool]) -> None:
     """Construct the actor and serve it on the member's port until it ends; ``serving()`` registers it."""
+    announce()  # this process answers stacks() on its host too, as every Fray task does (fray.iris._stacks)
     try:
         actor_class, args, kwargs = cloudpickle.loads(payload)
         concurrency = int(opts.get("max_concurrency", 1))

@@ -38,7 +38,7 @@ import cloudpickle
 
 from fray.core._lifecycle import exit_status
 from fray.core._remote import RemoteFailure
-from fray.job import JobInfo, job_env
+from fray.job import TOP_LEVEL_BAND, JobInfo, job_env
 
 __all__ = [
     "ARG_PREFIX",
@@ -154,6 +154,7 @@ def identity() -> JobInfo:
         replica_count=int(os.environ.get("FRAY_REPLICA_COUNT") or max(1, tasks // hosts)),
         namespace="/" + "/".join(parts[:2]),
         attempt=int(attempt),
+        priority_band=int(os.environ.get("FRAY_PRIORITY_BAND") or TOP_LEVEL_BAND),
     )
 
 
@@ -211,6 +212,9 @@ def run_callable(payload: bytes) -> None:
     ranks = os.environ.get(RANKS_ENV)
     if ranks and "FRAY_LOCAL_PROCESS_INDEX" not in os.environ:
         _supervise_ranks(payload, shlex.split(ranks))
+    from fray.iris._stacks import announce
+
+    announce()  # this process answers stacks() through Iris (fray.iris._stacks): one idle thread until asked
     try:
         fn, args, kwargs = _load(payload)
         fn(*args, **kwargs)

@@ -29,6 +29,7 @@ import queue
 import threading
 import time
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -44,11 +45,13 @@ from fray.core._runtime import check_terminated
 from fray.core._serialization import actor_call_label, check_call_picklable
 from fray.errors import ActorDiedError, ActorUnavailableError, SerializationError
 from fray.iris._seams import seam
+from fray.iris._stacks import ask_actor
 from fray.iris._wire import CallFailed, Pickled, raised, unpickled
 from fray.iris.job import IrisJobHandle
 from fray.iris.members import IrisMemberJob
 from fray.iris.operation import OperationFuture
 from fray.job import JobStatus
+from fray.stacks import ProcessStacks
 
 if TYPE_CHECKING:
     from iris.actor.resolver import Resolver
@@ -410,6 +413,24 @@ class IrisActorHandle(ActorHandleBase):
                     f"{actor_call_label(self._label, method)}: the actor did not answer: {exc}"
                 )
             time.sleep(READY_POLL)
+
+    def stacks(self, timeout: float = 10, *, locals: bool = False) -> tuple[ProcessStacks, ...]:
+        """The live stacks of the actor process's threads, from the actor itself (``fray.iris._stacks``).
+
+        Answered by a control method on a server thread kept beside the actor's ``max_concurrency``,
+        so it answers while every call slot is taken; a terminated actor answers at once, with why.
+        """
+        label = f"actor {self._label!r}"
+        if self._terminated():
+            return (ProcessStacks(label, "", None, error=f"{label} was terminated"),)
+        started = time.monotonic()
+        try:
+            self._fray_ready().result(timeout=timeout)
+        except FutureTimeout:
+            return (ProcessStacks(label, "", None, error=f"{label} is not serving yet (waited {timeout:g} s)"),)
+        except Exception as exc:
+            return (ProcessStacks(label, "", None, error=f"{label} is dead: {exc}"),)
+        return (ask_actor(self._rpc, label, max(0.1, timeout - (time.monotonic() - started)), locals),)
 
     def _fray_kill(self) -> None:
         """SIGKILL the actor's process (see :func:`fray.testing.kill_actor`); returns once it is dead."""

@@ -32,9 +32,11 @@ from fray.core._lifecycle import Failure, FailureKind, RetryBudget
 from fray.core._logcapture import log_tail
 from fray.errors import FrayError, NotFound
 from fray.iris import _connect
+from fray.iris._stacks import ask_tasks, task_target
 from fray.iris._task import END_TAG, FAILURE_TAG, decode_failure_line, untagged
-from fray.iris.mapping import fray_status
+from fray.iris.mapping import fray_status, member_status
 from fray.job import JobHandleBase, JobStatus, JobSummary, timeout_error
+from fray.stacks import ProcessStacks
 
 if TYPE_CHECKING:
     from iris.client import IrisClient as IrisLib
@@ -248,6 +250,26 @@ class IrisJobHandle(JobHandleBase):
                 await_end(self.iris_job, {t.task_id: t.current_attempt_number for t in tasks if t.state in ENDED})
                 self._settled = True
             return read_logs(self.iris_job, max_lines)
+
+    def stacks(self, timeout: float = 10, *, locals: bool = False) -> tuple[ProcessStacks, ...]:
+        """Each replica's stacks (each host's, with several per replica), then its context's tasks'; ``fray.iris._stacks``.
+
+        Asked in the tasks' own containers through Iris; empty once every task has finished.
+        """
+        started = time.monotonic()
+        if self._final is not None:
+            return ()
+        with iris_errors(self.job_id):
+            tasks = sorted(self._iris().list_tasks(self._name()), key=lambda task: task.task_id.task_index or 0)
+        if all(member_status(task.state).finished for task in tasks):
+            return ()
+        hosts = self.meta.hosts_per_replica
+        targets = []
+        for task in tasks:
+            index = task.task_id.task_index or 0
+            label = f"replica {index // hosts}" + (f" host {index % hosts}" if hosts > 1 else "")
+            targets.append(task_target(task, label))
+        return ask_tasks(self._iris(), targets, max(0.1, timeout - (time.monotonic() - started)), locals)
 
     @classmethod
     def _fray_wait_some(cls, jobs: Sequence[IrisJobHandle], timeout: float | None) -> list[JobStatus]:

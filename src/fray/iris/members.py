@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from iris.cluster.types import JobName, TaskAttempt
 
 from fray.core._lifecycle import Failure
+from fray.iris._stacks import ask_tasks, task_target
 from fray.iris.job import (
     FAILED_TASK,
     POLL_INTERVAL,
@@ -29,6 +30,7 @@ from fray.iris.job import (
 )
 from fray.iris.mapping import member_status
 from fray.job import JobHandleBase, JobStatus, JobSummary, timeout_error
+from fray.stacks import ProcessStacks
 
 if TYPE_CHECKING:
     from iris.client.workload import TaskStatus
@@ -131,6 +133,13 @@ class IrisMemberJob(JobHandleBase):
             with iris_errors(self._member_id):
                 iris = self._group_job._iris()
                 iris.fail_tasks([TaskAttempt(self._task_name())], reason="terminated by its Fray client")
+
+    def stacks(self, timeout: float = 10, *, locals: bool = False) -> tuple[ProcessStacks, ...]:
+        """The member's process's stacks, asked in its task's container through Iris (``fray.iris._stacks``)."""
+        task = self._task()
+        if self._status_of(task).finished:
+            return ()
+        return ask_tasks(self._group_job._iris(), [task_target(task, f"member {self._index}")], timeout, locals)
 
     def logs(self, max_lines: int | None = None) -> tuple[str, ...]:
         """The last ``max_lines`` lines the member's task wrote (all for None or 0)."""
