@@ -27,6 +27,7 @@ from fray.cli._errors import CliError, debug_enabled, report, set_debug
 from fray.cli.cluster import cluster
 from fray.cli.daemons import controller, token, worker
 from fray.cli.jobs import job
+from fray.cli.stacks import actor
 from fray.cli.status import dashboard, endpoint, status
 from fray.cli.timeline import timeline
 from fray.client import _BACKENDS, VALID_SPECS, detect_spec, parse_client_spec
@@ -119,5 +120,5 @@ def _importable(module: str) -> bool:
         return False
 
 
-for _command in (cluster, controller, worker, token, job, status, dashboard, endpoint, timeline):
+for _command in (cluster, controller, worker, token, job, actor, status, dashboard, endpoint, timeline):
     main.add_command(_command)
