@@ -13,6 +13,8 @@ import pytest
 
 from fray import Entrypoint, JobRequest, ResourceConfig
 from fray.cluster.client import ClusterClient
+from fray.cluster.protocol.controller_client import ops_client
+from fray.cluster.server.dashboard.pages import job_page
 from fray.cluster.server.launcher import LocalCluster
 from fray.cluster.server.worker._memory import group_rss, kill_threshold, memory_limit
 from fray.errors import ActorDiedError, JobFailed
@@ -61,6 +63,11 @@ def test_a_job_past_its_ram_fails_out_of_memory_with_the_limit_and_its_last_outp
     assert status.returncode == 0, status.stderr
     assert "out of memory" in status.stdout and "ram=200m" in status.stdout, status.stdout
     assert "MARKER-OOM" in status.stdout
+    # The dashboard's job page shows the same words (its error style keeps their lines apart).
+    ops = ops_client(fray_cluster.address, fray_cluster.token)
+    html = job_page(ops.job_detail(job.job_id), csrf="x")
+    ops.close()
+    assert "out of memory: used " in html and "ram=200m (200 MiB)" in html and "MARKER-OOM" in html
 
 
 def test_a_job_that_sigkills_itself_fails_naming_sigkill_with_its_last_output(

@@ -116,12 +116,15 @@ class MonarchJob:
         for thread in threads:  # their output is all in the log once they are done
             thread.join(KILL_GRACE + 5)
 
-    def replica_pids(self) -> list[int | None]:
-        """The process id of each replica of the running attempt (None: not started); empty once finished."""
+    def replica_pids(self) -> list[tuple[int | None, int]]:
+        """Each replica's process id (None: not started) and processes per task; empty once finished.
+
+        With several processes per task the process is the ranks' supervisor and its children the ranks.
+        """
         if self.lifecycle.finished:
             return []
         with self._lock:
-            return [replica.pid for replica in self._replicas]
+            return [(replica.pid, replica.processes) for replica in self._replicas]
 
     # ----- the retry loop ----------------------------------------------------------------------
 

@@ -41,7 +41,7 @@ th { background: #f4f6f7; } td.num { text-align: right; }
 .state-running { color: #0b62d6; } .state-pending { color: #8a6d00; } .state-succeeded { color: #137333; }
 .state-failed { color: #c5221f; } .state-stopped { color: #5f6368; }
 pre.log { background: #111; color: #e8e8e8; padding: 8px; min-height: 200px; max-height: 70vh; overflow: auto; }
-.muted { color: #5f6368; } .error { color: #c5221f; }
+.muted { color: #5f6368; } .error { color: #c5221f; white-space: pre-line; }
 td.why { color: #8a6d00; white-space: pre-line; } section.chart { max-width: 1100px; }
 .login { max-width: 360px; margin: 80px auto; } .login input { width: 100%; padding: 6px; margin: 6px 0; }
 """
