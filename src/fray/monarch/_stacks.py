@@ -42,31 +42,36 @@ def actor_stacks(label: str, pid: int | None, dead: str | None, timeout: float, 
     return ask(pid, label=label, timeout=timeout, locals=locals)
 
 
-def job_stacks(pids: Sequence[int | None], timeout: float, locals: bool) -> tuple[ProcessStacks, ...]:
-    """Each replica (``pids``, in replica order; None: not started), then each job-context task running below them.
+def job_stacks(replicas: Sequence[tuple[int | None, int]], timeout: float, locals: bool) -> tuple[ProcessStacks, ...]:
+    """Each replica (``(pid or None if not started, processes per task)``, in order), then each job-context task.
 
-    One round of asking, side by side, for replicas and every candidate task process, so a
-    process that hangs costs ``timeout`` once.
+    A replica of several processes per task is its ranks (the supervisor's children, which run the
+    code), one answer each. One round of asking, side by side, for replicas and every candidate task
+    process, so a process that hangs costs ``timeout`` once.
     """
-    replicas: list[tuple[int, str, str | None]] = []
-    not_started: dict[int, ProcessStacks] = {}
-    for index, pid in enumerate(pids):
+    slots: list[ProcessStacks | int] = []  # an answer known already, or the index of a target to ask
+    targets: list[tuple[int, str, str | None]] = []
+    for index, (pid, processes) in enumerate(replicas):
+        label = f"replica {index}"
         if pid is None:
-            not_started[index] = ProcessStacks(
-                f"replica {index}", "", None, error=f"replica {index} has not started yet"
-            )
-        else:
-            replicas.append((pid, f"replica {index}", None))
-    started = [pid for pid, _, _ in replicas]
-    candidates = [(pid, f"process {pid}", None) for pid in _serving_descendants(started)]
-    answers = ask_all([*replicas, *candidates], timeout=timeout, locals=locals) if replicas else ()
-    by_replica = iter(answers[: len(replicas)])
-    ordered = [not_started[i] if i in not_started else next(by_replica) for i in range(len(pids))]
+            slots.append(ProcessStacks(label, "", None, error=f"{label} has not started yet"))
+            continue
+        ranks = child_pids(pid) if processes > 1 else []
+        named = [(rank, f"{label} process {n}") for n, rank in enumerate(ranks)] if ranks else [(pid, label)]
+        for process, name in named:
+            slots.append(len(targets))
+            targets.append((process, name, None))
+    asked = len(targets)
+    roots = [pid for pid, _ in replicas if pid is not None]
+    known = {target[0] for target in targets}  # a replica's ranks are its descendants too
+    targets.extend((pid, f"process {pid}", None) for pid in _serving_descendants(roots) if pid not in known)
+    answers = ask_all(targets, timeout=timeout, locals=locals) if targets else ()
     tasks = [
         ProcessStacks(f"task {answer.task_id}", answer.host, answer.pid, answer.threads, task_id=answer.task_id)
-        for answer in answers[len(replicas) :]
+        for answer in answers[asked:]
         if answer.task_id is not None and answer.error is None
     ]
+    ordered = [answers[slot] if isinstance(slot, int) else slot for slot in slots]
     return (*ordered, *sorted(tasks, key=lambda task: task.label))
 
 
