@@ -325,6 +325,12 @@ class OpsService:
         lines: list[tuple[int, str]] = self._controller.logs(job_id, last, after_id)
         return lines
 
+    def job_stacks(self, job_id: str, timeout: float = 10.0, locals: bool = False) -> list[dict[str, Any]]:
+        """The job's live stacks as JSON (the controller's own relay to its workers; for the dashboard)."""
+        if self._controller is None:
+            return []
+        return [process.to_json() for process in self._controller.job_stacks(job_id, timeout, locals)]
+
     def terminate(self, job_id: str) -> None:
         """Stop the job, its tasks and its child jobs (the controller's own call; for the dashboard)."""
         if self._controller is not None:

@@ -37,7 +37,7 @@ from starlette.responses import (
 )
 from starlette.routing import Route
 
-from fray.cluster.server.dashboard import charts, pages, timeline
+from fray.cluster.server.dashboard import charts, pages, stacks, timeline
 
 __all__ = ["Backend", "Sessions", "build_app"]
 
@@ -69,6 +69,7 @@ class Backend(Protocol):
     def logs(self, job_id: str, last: int | None = None, after_id: int = 0) -> list[tuple[int, str]]: ...
     def terminate(self, job_id: str) -> None: ...
     def utilisation(self, since: float = 0.0) -> dict[str, Any]: ...
+    def job_stacks(self, job_id: str, timeout: float = 10.0, locals: bool = False) -> list[dict[str, Any]]: ...
 
 
 @dataclass
@@ -234,6 +235,17 @@ def build_app(backend: Backend, sessions: Sessions, *, stopping: threading.Event
         lines = await run_in_threadpool(backend.logs, job_id, 500)
         return _html(pages.logs_page(job_id, [text for _, text in lines], detail["state"], session.csrf))
 
+    async def stacks_data(request: Request, session: _Session) -> Response:
+        # A read, like the pages: it asks the job's processes for their stacks and changes nothing.
+        job_id = request.path_params["job_id"]
+        try:
+            detail = await run_in_threadpool(backend.job_detail, job_id)
+        except KeyError:
+            return JSONResponse({"text": f"no job {job_id}", "stacks": []}, status_code=404, headers=_HEADERS)
+        with_locals = request.query_params.get("locals", "") in ("1", "true")
+        found = await run_in_threadpool(backend.job_stacks, job_id, stacks.TIMEOUT, with_locals)
+        return JSONResponse(stacks.stacks_data(found, detail["state"]), headers=_HEADERS)
+
     async def stop(request: Request, session: _Session) -> Response:
         job_id = request.path_params["job_id"]
         await run_in_threadpool(backend.terminate, job_id)
@@ -301,9 +313,9 @@ def build_app(backend: Backend, sessions: Sessions, *, stopping: threading.Event
     async def static(request: Request) -> Response:
         name = request.path_params["name"]
         if name == "app.js":
-            return Response(pages.SCRIPT, media_type="text/javascript", headers=_HEADERS)
+            return Response(pages.SCRIPT + stacks.SCRIPT, media_type="text/javascript", headers=_HEADERS)
         if name == "app.css":
-            return Response(pages.STYLE + timeline.STYLE, media_type="text/css", headers=_HEADERS)
+            return Response(pages.STYLE + timeline.STYLE + stacks.STYLE, media_type="text/css", headers=_HEADERS)
         found = charts.static_file(name)
         if found is not None:
             return Response(found[0], media_type=found[1], headers=_HEADERS)
@@ -323,6 +335,7 @@ def build_app(backend: Backend, sessions: Sessions, *, stopping: threading.Event
         Route("/queues", authed(queues)),
         Route("/utilisation", authed(utilisation)),
         Route("/data/utilisation", authed(utilisation_data)),
+        Route("/data/stacks/{job_id:path}", authed(stacks_data)),
         Route("/stream/jobs", authed(stream_jobs)),
         Route("/stream/logs/{job_id:path}", authed(stream_logs)),
         Route("/static/{name}", static),

@@ -13,6 +13,7 @@ from html import escape
 from typing import Any
 from urllib.parse import quote
 
+from fray.cluster.server.dashboard.stacks import stacks_button
 from fray.resources import format_size
 
 __all__ = [
@@ -226,8 +227,9 @@ def job_page(job: dict[str, Any], csrf: str, timeline: str = "") -> str:
         ((_when(e["at"]), _state(e["state"]), escape(e["detail"] or "")) for e in job["history"]),
     )
     children = _table(("child job", "state"), ((_job_link(c["job_id"]), _state(c["state"])) for c in job["children"]))
+    live = stacks_button(job_id, "stacks") if job["state"] == "running" else ""
     body = (
-        f'<h1>{escape(job_id)}</h1><p><a href="/logs/{quote(job_id)}">Output (live)</a></p>{stop}'
+        f'<h1>{escape(job_id)}</h1><p><a href="/logs/{quote(job_id)}">Output (live)</a></p>{stop}{live}'
         f"<table>{facts_html}</table>"
         + (f'<h2>Timeline</h2><div id="timeline">{timeline}</div>' if timeline else "")
         + f"<h2>Tasks</h2>{tasks}<h2>History</h2>{history}"
@@ -348,10 +350,11 @@ def actors_page(status: dict[str, Any], csrf: str) -> str:
             _job_link(a["job_id"]),
             escape(a["user"]),
             "<br>".join(escape(e["address"]) for e in a["endpoints"]) or '<span class="muted">not serving yet</span>',
+            stacks_button(a["job_id"], f"stacks-{n}", what=f"actor {a['name']!r}") if a["state"] == "running" else "",
         )
-        for a in status["actors"]
+        for n, a in enumerate(status["actors"])
     )
-    table = _table(("actor", "namespace", "state", "job", "user", "endpoints"), rows)
+    table = _table(("actor", "namespace", "state", "job", "user", "endpoints", "what it is doing"), rows)
     return page("Actors", f"<h1>Actors</h1>{table}", csrf=csrf)
 
 
