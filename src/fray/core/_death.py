@@ -16,15 +16,37 @@ from collections.abc import Sequence
 
 from fray.core._sizes import scaled_size
 
-__all__ = ["LAST_LINES", "OUT_OF_MEMORY", "describe_exit", "mib", "out_of_memory", "signal_name"]
+__all__ = [
+    "LAST_LINES",
+    "LAST_LINE_CHARS",
+    "OUT_OF_MEMORY",
+    "describe_exit",
+    "last_lines",
+    "mib",
+    "out_of_memory",
+    "signal_name",
+]
 
 #: How many of a dead replica's last output lines its failure carries (and its message quotes).
 LAST_LINES = 20
 
 _SIGNALS = frozenset(int(number) for number in signal.Signals)
 
+#: Longest quoted output line kept whole; a longer one keeps its start and a note (twenty long lines stay small).
+LAST_LINE_CHARS = 2000
+
 #: The words every out-of-memory end starts with, whoever detected it.
 OUT_OF_MEMORY = "out of memory"
+
+
+def last_lines(lines: Sequence[str]) -> tuple[str, ...]:
+    """The last :data:`LAST_LINES` of ``lines``, each cut to :data:`LAST_LINE_CHARS` with a note."""
+    return tuple(
+        line
+        if len(line) <= LAST_LINE_CHARS
+        else f"{line[:LAST_LINE_CHARS]} [fray: {len(line) - LAST_LINE_CHARS} more characters]"
+        for line in list(lines)[-LAST_LINES:]
+    )
 
 
 def mib(num_bytes: int) -> str:
@@ -76,7 +98,7 @@ def describe_exit(
     if peak_rss and (oom_limit is not None or returncode < 0):
         text += f"; peak RSS {mib(peak_rss)}"
     if stderr_tail:
-        text += "; last output:\n" + "\n".join(stderr_tail[-LAST_LINES:])
+        text += "; last output:\n" + "\n".join(last_lines(stderr_tail))
     return text
 
 

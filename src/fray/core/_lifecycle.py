@@ -36,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
-from fray.core._death import LAST_LINES, describe_exit
+from fray.core._death import describe_exit, last_lines
 from fray.core._remote import RemoteFailure, job_failed
 from fray.errors import IllegalTransition, JobFailed, JobTimeout, timeout_message
 from fray.job import JobStatus
@@ -152,13 +152,13 @@ class Failure:
 
         The words are :func:`fray.core._death.describe_exit`'s, the same on every backend.
         """
-        tail = tuple(last_output or ())[-LAST_LINES:]
+        tail = last_lines(last_output or ())
         words = describe_exit(exit_code, oom_limit=oom_limit, used=used, peak_rss=peak_rss, stderr_tail=tail)
         return cls(f"{command!r} {words}", FailureKind.FAILURE, exit_code=exit_code, last_lines=tail, peak_rss=peak_rss)
 
     def with_last_lines(self, last_output: list[str] | tuple[str, ...], peak_rss: int | None = None) -> Failure:
         """The same failure carrying the replica's last output lines (its message unchanged: an exception says why)."""
-        return replace(self, last_lines=tuple(last_output)[-LAST_LINES:], peak_rss=peak_rss or self.peak_rss)
+        return replace(self, last_lines=last_lines(last_output), peak_rss=peak_rss or self.peak_rss)
 
     @classmethod
     def timed_out(cls, timeout: float) -> Failure:
