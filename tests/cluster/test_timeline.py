@@ -13,7 +13,10 @@ import pytest
 import fray
 from fray import Entrypoint, JobRequest, JobStatus
 from fray.cluster.client import ClusterClient
+from fray.cluster.protocol.capacity import TaskResources
+from fray.cluster.protocol.records import JobRecord, TaskRecord, TaskState
 from fray.cluster.server.launcher import LocalCluster
+from fray.cluster.server.trace import NOT_PLACED, TraceJob, chrome_trace
 from fray.errors import ConfigError, JobFailed
 from fray.local import LocalClient
 
@@ -93,3 +96,42 @@ def test_timeline_mistakes_are_one_line(fray_cluster: LocalCluster, tmp_path: Pa
 def test_backends_without_records_say_so(tmp_path: Path):
     with LocalClient() as client, pytest.raises(ConfigError, match="keeps no timeline"):
         client.timeline()
+
+
+def _job(job_id: str, name: str, attempt: int) -> JobRecord:
+    return JobRecord(
+        job_id, None, name, "alice", "ns", JobStatus.RUNNING, TaskResources(), 1, 0, 1, 0, attempt, attempt, "", "",
+        100.0, 101.0, None,
+    )  # fmt: skip
+
+
+def _task(job_id: str, attempt: int, state: TaskState, worker: str | None, at: float) -> TaskRecord:
+    placed = at + 1 if worker else None
+    done = at + 3 if state.finished else None
+    return TaskRecord(job_id, 0, attempt, 0, 0, state, worker, None, "worker lost" if state == TaskState.LOST else "",
+                      at, placed, placed, done)  # fmt: skip
+
+
+def test_losses_actor_restarts_and_unplaced_tasks_in_the_trace():
+    actor = _job("actor-1", "svc", 1)
+    waiting = _job("wait-1", "waits", 0)
+    trace = chrome_trace(
+        [
+            TraceJob(actor, "svc", (_task("actor-1", 0, TaskState.LOST, "w0", 100.0),
+                                    _task("actor-1", 1, TaskState.RUNNING, "w1", 104.0))),
+            TraceJob(waiting, "", (_task("wait-1", 0, TaskState.PENDING, None, 102.0),)),
+        ],
+        now=110.0,
+    )  # fmt: skip
+    events = trace["traceEvents"]
+    processes = {e["args"]["name"] for e in events if e["name"] == "process_name"}
+    assert processes == {"w0", "w1", NOT_PLACED}
+    [lost] = [e for e in events if e["name"] == "lost"]
+    assert lost["ts"] == 3e6 and lost["args"]["reason"] == "worker lost"
+    [restart] = [e for e in events if e["name"] == "actor restart"]
+    assert restart["ts"] == 4e6 and restart["args"]["attempt"] == 1
+    running = [e for e in events if e["ph"] == "X" and e["cat"] == "running" and e["args"]["attempt"] == 1]
+    assert running[0]["dur"] == 5e6  # still running: to now
+    [pending] = [e for e in events if e["ph"] == "X" and e["args"]["job_id"] == "wait-1"]
+    assert pending["cat"] == "pending" and pending["dur"] == 8e6 and pending["args"]["outcome"] == "pending"
+    assert json.loads(json.dumps(trace)) == trace
