@@ -184,3 +184,14 @@ def test_a_foreign_socket_directory_is_refused(tmp_path, monkeypatch):
     monkeypatch.setenv("FRAY_STACKS_DIR", str(shared))
     with pytest.raises(PermissionError, match="not a private directory"):
         _stacks._private_dir()
+
+
+def test_sockets_of_ended_processes_are_swept():
+    _stacks.serve()
+    stale = _stacks.socket_path(2**22 + 4321)  # no such pid: a process that was killed before removing it
+    with socket.socket(socket.AF_UNIX) as dead:
+        dead.bind(stale)
+    assert os.path.exists(stale)
+    _stacks._sweep()
+    assert not os.path.exists(stale)
+    assert os.path.exists(_stacks.socket_path(os.getpid()))  # a live one stays

@@ -285,10 +285,24 @@ def _sweep() -> None:
             try:
                 os.kill(int(stem), 0)
             except ProcessLookupError:
-                with contextlib.suppress(OSError):
-                    os.unlink(os.path.join(directory, name))
+                path = os.path.join(directory, name)
+                if _nobody_listens(path):  # not a live server of another pid namespace sharing this /tmp
+                    with contextlib.suppress(OSError):
+                        os.unlink(path)
             except PermissionError:
                 pass
+
+
+def _nobody_listens(path: str) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(0.1)
+        try:
+            probe.connect(path)
+        except (ConnectionRefusedError, FileNotFoundError):
+            return True
+        except OSError:
+            return False
+    return False
 
 
 def _read_all(conn: socket.socket, limit: int | None, deadline: float, *, until_newline: bool = False) -> bytes:
