@@ -67,6 +67,24 @@ def test_thread_limit_keeps_extra_jobs_pending():
     client.shutdown()
 
 
+def test_a_job_of_a_better_band_waiting_for_a_thread_starts_before_earlier_jobs_of_a_worse_band():
+    client = LocalClient(max_threads=1)
+    gate = Gate()
+    started: list[str] = []
+    first = client.submit(job("first", gate.pass_through))
+    assert gate.entered.wait(10)
+    batch = [client.submit(job(f"batch{i}", started.append, f"batch{i}", priority=3)) for i in range(2)]
+    interactive = client.submit(job("interactive", started.append, "interactive"))
+    production = client.submit(job("production", started.append, "production", priority=1))
+    waiting = [*batch, interactive, production]
+    wait_until(lambda: all(j.info().pending_reason for j in waiting), what="the four jobs to wait for the thread")
+    gate.release.set()
+    assert fray.wait_all([first, *waiting], timeout=30) == [JobStatus.SUCCEEDED] * 5
+    # Best band first; within a band, whichever the thread went to first.
+    assert started[:2] == ["production", "interactive"] and sorted(started[2:]) == ["batch0", "batch1"]
+    client.shutdown()
+
+
 def test_replicas_beyond_the_thread_limit_are_rejected_at_submit():
     client = LocalClient(max_threads=2)
     with pytest.raises(ConfigError, match="at most 2 threads"):

@@ -185,7 +185,9 @@ def test_actor_config_marin_fields() -> None:
 
     assert ActorConfig(max_restarts=None, max_task_retries=None) == ActorConfig()
     assert ActorConfig(max_task_retries=3).max_restarts == 3  # retried calls need an actor to reach
-    assert ActorConfig(priority=5).priority == 5
+    assert ActorConfig(priority=3).priority == 3  # a priority band (Iris's numbers)
+    with pytest.raises(ConfigError, match=r"ActorConfig\(priority=5\) is not a priority band"):
+        ActorConfig(priority=5)
 
 
 def test_job_status_finished_on_class_and_instance() -> None:
@@ -263,15 +265,14 @@ def test_marin_settings_fray_cannot_honour_are_refused_by_name() -> None:
     from fray.types import ActorConfig, Entrypoint, JobRequest, ResourceConfig, create_environment
 
     with LocalClient() as client:
-        with pytest.raises(ConfigError, match="priority=3"):
-            client.submit(JobRequest("p", Entrypoint.from_binary("true"), priority=3))
         with pytest.raises(ConfigError, match="secrets"):
             secrets = create_environment(secrets={"HF_TOKEN": "env:HF_TOKEN"})
             client.submit(JobRequest("e", Entrypoint.from_binary("true"), environment=secrets))
         with pytest.raises(ConfigError, match="target_cluster"):
             client.submit(JobRequest("t", Entrypoint.from_binary("true"), resources=ResourceConfig(target_cluster="c")))
-        with pytest.raises(ConfigError, match="priority"):
-            client.create_actor(_Counter, name="c", actor_config=ActorConfig(priority=1))
+        # Priority bands are honoured (tests/conformance/test_priority.py); what is not a band is refused by name.
+        with pytest.raises(ConfigError, match=r"JobRequest\(priority=9\) is not a priority band"):
+            client.submit(JobRequest("p", Entrypoint.from_binary("true"), priority=9))
 
 
 def test_local_job_handle_from_a_future() -> None:

@@ -47,6 +47,7 @@ from fray.job import (
     JobRequest,
     JobStatus,
     JobSummary,
+    PriorityBand,
     current_job,
     wait_all,
 )
@@ -115,6 +116,7 @@ __all__ = [
     "ObjectLostError",
     "ObjectRef",
     "PermissionDenied",
+    "PriorityBand",
     "ProcessJobContext",
     "ProcessStacks",
     "ProtocolError",

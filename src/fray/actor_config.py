@@ -13,6 +13,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, fields
 
 from fray.errors import ConfigError
+from fray.job import check_band
 
 __all__ = ["ACTOR_CONFIG_FIELDS", "LIFETIMES", "ActorConfig", "check_actor_config_supported"]
 
@@ -49,8 +50,8 @@ class ActorConfig:
     * ``lifetime``: ``"owned"`` (default) ends the actor with the client that created it;
       ``"detached"`` keeps it running after that client shuts down or its script exits,
       until it is terminated (``fray job stop``) or ends itself.
-    * ``priority`` (default 0): marin's scheduling priority. No Fray backend schedules
-      actors by priority yet, so each refuses a value other than 0 by name.
+    * ``priority`` (default 0): the actor's :class:`~fray.job.PriorityBand`, as a job's
+      (1 production, 2 interactive, 3 batch; 0 inherits the creating job's band).
 
     As in marin, ``max_restarts=None`` and ``max_task_retries=None`` mean "the default"
     (0); ``max_restarts=None`` with ``max_task_retries=N`` allows N restarts, so the
@@ -70,7 +71,7 @@ class ActorConfig:
             # A bad max_task_retries is named by its own check below, not as a bad max_restarts.
             restarts = retries if isinstance(retries, int) and not isinstance(retries, bool) and retries > 0 else 0
             object.__setattr__(self, "max_restarts", restarts)
-        _whole("priority", self.priority, -(2**31), "0 leaves the backend's default priority")
+        check_band(self.priority, "ActorConfig")
         _whole("max_concurrency", self.max_concurrency, 1, "1 runs one call at a time")
         _whole("max_restarts", self.max_restarts, 0, "0 means a dead actor stays dead")
         _whole("max_task_retries", self.max_task_retries, 0, "0 means calls to a dead actor fail")
@@ -101,11 +102,6 @@ def check_actor_config(actor_config: object) -> ActorConfig:
     if not isinstance(actor_config, ActorConfig):
         raise ConfigError(
             f"create_actor(actor_config={actor_config!r}) must be a fray.ActorConfig, e.g. ActorConfig(max_concurrency=4)"
-        )
-    if actor_config.priority != 0:
-        raise ConfigError(
-            f"ActorConfig(priority={actor_config.priority!r}): no Fray backend schedules actors by priority yet; "
-            "leave it at 0 (see docs/marin.md)"
         )
     return actor_config
 

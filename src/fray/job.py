@@ -10,7 +10,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
+from enum import IntEnum, StrEnum
 from typing import Any, Protocol, overload, runtime_checkable
 
 from fray.core._progress import progress_bar
@@ -29,6 +29,7 @@ __all__ = [
     "JobRequest",
     "JobStatus",
     "JobSummary",
+    "PriorityBand",
     "SecretBehavior",
     "create_environment",
     "current_job",
@@ -326,6 +327,47 @@ def validate_name(name: object, what: str = "job name") -> str:
     return name
 
 
+class PriorityBand(IntEnum):
+    """A job's priority band, with Iris's numbers (``JobRequest.priority``, ``ActorConfig.priority``).
+
+    Better bands are placed first and, on a Fray cluster, may preempt running work of a worse
+    band (``docs/scheduling.md``). ``INHERIT`` (0, the default) takes the band of the job that
+    submits: a top-level submit (from a script, not from inside a job) is ``INTERACTIVE``.
+    """
+
+    INHERIT = 0
+    PRODUCTION = 1
+    INTERACTIVE = 2
+    BATCH = 3
+
+    @property
+    def label(self) -> str:
+        """``"production"``, ``"interactive"``, ``"batch"`` (``"inherit"`` for 0)."""
+        return self.name.lower()
+
+
+#: What a top-level job (submitted from outside any job) gets for ``priority=0``.
+TOP_LEVEL_BAND = PriorityBand.INTERACTIVE
+
+
+def check_band(value: object, owner: str) -> PriorityBand:
+    """``value`` as a :class:`PriorityBand`; ConfigError naming ``owner(priority=...)`` and the bands otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int) or value not in PriorityBand._value2member_map_:
+        raise ConfigError(
+            f"{owner}(priority={value!r}) is not a priority band: use 1 (production), 2 (interactive), 3 (batch), "
+            "or 0 to inherit the submitting job's band (interactive for a top-level job); fray.PriorityBand names them"
+        )
+    return PriorityBand(value)
+
+
+def effective_band(priority: int) -> PriorityBand:
+    """The band ``priority`` means here: itself, or for 0 the calling job's band (top level: interactive)."""
+    if priority:
+        return PriorityBand(priority)
+    parent = current_job()
+    return PriorityBand(parent.priority_band) if parent is not None else TOP_LEVEL_BAND
+
+
 @dataclass(frozen=True)
 class JobRequest:
     """Everything needed to run a job: name, entrypoint, per-replica resources, environment, retries.
@@ -335,8 +377,10 @@ class JobRequest:
     the request is built. ``resources.image``, when set, becomes the environment's
     ``docker_image``. ``max_task_failures`` is marin's name for the failure budget: it
     raises ``max_retries_failure`` to its value (a job tolerates that many failed
-    attempts). ``priority`` and ``timeout`` are marin's fields that a backend refuses
-    away from the default, by name, at submit unless it honours them (see ``docs/marin.md``).
+    attempts). ``priority`` is the job's :class:`PriorityBand` (Iris's numbers: 1 production,
+    2 interactive, 3 batch; 0, the default, inherits the submitting job's band) and
+    ``timeout`` the seconds (or a :class:`Duration`) it may run before it is stopped and FAILED
+    with :class:`~fray.errors.JobTimeout`; both are honoured by every backend (``docs/scheduling.md``).
 
     ``processes_per_task=N`` (marin's) runs N processes of the entrypoint in each replica
     (on ``fray://``, local and Monarch; refused by name elsewhere). Each process sees its
@@ -424,8 +468,7 @@ class JobRequest:
             least = 1 if name in ("replicas", "processes_per_task") else 0
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ConfigError(f"JobRequest({name}={value!r}) must be a whole number >= {least}")
-        if isinstance(self.priority, bool) or not isinstance(self.priority, int):
-            raise ConfigError(f"JobRequest(priority={self.priority!r}) must be a whole number (a priority band)")
+        check_band(self.priority, "JobRequest")
         seconds_of(self.timeout, "JobRequest.timeout")
         # One failure budget: marin's max_task_failures counts failed attempts, as max_retries_failure does.
         object.__setattr__(self, "max_retries_failure", max(self.max_retries_failure, self.max_task_failures))
@@ -689,6 +732,7 @@ class JobInfo:
     process_count: int = None  # type: ignore[assignment]  # None: replica_count * local_process_count
     local_process_index: int = 0
     local_process_count: int = 1
+    priority_band: int = TOP_LEVEL_BAND  #: the job's :class:`PriorityBand` (1..3), what its own submits inherit
 
     def __post_init__(self) -> None:
         if self.process_index is None:
@@ -707,7 +751,7 @@ def current_job() -> JobInfo | None:
     Backends that run jobs in threads set it in the job's context; process-based
     backends pass it through the ``FRAY_JOB_ID``, ``FRAY_JOB_NAME``,
     ``FRAY_REPLICA_INDEX``, ``FRAY_REPLICA_COUNT``, ``FRAY_NAMESPACE`` and
-    ``FRAY_ATTEMPT`` environment variables, and a process of a multi-process replica
+    ``FRAY_ATTEMPT`` (and ``FRAY_PRIORITY_BAND``) environment variables, and a process of a multi-process replica
     (``JobRequest.processes_per_task``) its rank through ``FRAY_PROCESS_INDEX``,
     ``FRAY_PROCESS_COUNT``, ``FRAY_LOCAL_PROCESS_INDEX`` and ``FRAY_LOCAL_PROCESS_COUNT``.
     """
@@ -737,6 +781,7 @@ def current_job() -> JobInfo | None:
         process_count=_env_int("FRAY_PROCESS_COUNT"),  # type: ignore[arg-type]
         local_process_index=_env_int("FRAY_LOCAL_PROCESS_INDEX") or 0,
         local_process_count=_env_int("FRAY_LOCAL_PROCESS_COUNT") or 1,
+        priority_band=_env_int("FRAY_PRIORITY_BAND") or TOP_LEVEL_BAND,
     )
 
 
@@ -750,6 +795,7 @@ def job_env(info: JobInfo) -> dict[str, str]:
         "FRAY_NAMESPACE": info.namespace,
         "FRAY_ATTEMPT": str(info.attempt),
         "FRAY_DEVICE": info.device,
+        "FRAY_PRIORITY_BAND": str(int(info.priority_band)),
     }
 
 

@@ -36,9 +36,29 @@ def iris_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     cluster = LocalIrisCluster(tmp_path_factory.mktemp("iris-cluster"), workers=2, env=env)
     cluster.start()
     try:
+        _grant_production_band(cluster.address)
         yield cluster
     finally:
         cluster.stop()
+
+
+def _grant_production_band(address: str) -> None:
+    """Let this user submit production jobs, as an Iris admin would (Iris's default budget stops at interactive)."""
+    import getpass
+
+    from iris.cli.connect import rpc_client
+    from iris.rpc import controller_pb2, job_pb2
+
+    from fray.iris._connect import controller_url
+
+    with rpc_client(controller_url(address), None) as rpc:
+        user = getpass.getuser()
+        budget = rpc.get_user_budget(controller_pb2.Controller.GetUserBudgetRequest(user_id=user))
+        rpc.set_user_budget(
+            controller_pb2.Controller.SetUserBudgetRequest(
+                user_id=user, budget_limit=budget.budget_limit, max_band=job_pb2.PRIORITY_BAND_PRODUCTION
+            )
+        )
 
 
 @pytest.fixture

@@ -33,6 +33,7 @@ the script.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.metadata
 import os
 import random
@@ -52,7 +53,7 @@ from fray.core._owned import OwnedWork
 from fray.core._pending_notice import watch as watch_pending
 from fray.core._runtime import check_terminated
 from fray.errors import ConfigError, FrayError
-from fray.job import JobHandle, JobRequest, current_job
+from fray.job import JobHandle, JobRequest, current_job, effective_band
 from fray.queue import Queue, check_queue_name
 from fray.resources import ResourceConfig
 
@@ -184,6 +185,7 @@ class ClientCore(ABC, Generic[J, A]):
         self._check_open()
         if not isinstance(request, JobRequest):
             raise ConfigError(f"submit() takes a JobRequest, got {type(request).__name__}")
+        request = _in_its_band(request)
         live = adopt_or_check(
             self.BACKEND, request, adopt_existing, self._live_job if self.ADOPTS else None, self.HONOURS
         )
@@ -204,10 +206,11 @@ class ClientCore(ABC, Generic[J, A]):
         any starts; then the backend starts them together (``_start_jobs``).
         """
         self._check_open()
-        requests = list(requests)
         for request in requests:
             if not isinstance(request, JobRequest):
                 raise ConfigError(f"submit_many() takes JobRequests, got {type(request).__name__}")
+        requests = [_in_its_band(request) for request in requests]
+        for request in requests:
             adopt_or_check(self.BACKEND, request, None, None, self.HONOURS)
         handles = self._start_jobs(requests, detached)
         self._watch_exit()
@@ -357,6 +360,8 @@ class ClientCore(ABC, Generic[J, A]):
         group: tuple[str, int] | None = None,
     ) -> ActorStart:
         reserved, config = check_actor_request(actor_class, name, resources, args, kwargs, actor_config, self.HONOURS)
+        if config.priority != (band := effective_band(config.priority)):
+            config = dataclasses.replace(config, priority=int(band))
         if self.ACTOR_CONFIG is not None:
             check_actor_config_supported(self.BACKEND, config, self.ACTOR_CONFIG)
         return ActorStart(actor_class, args, kwargs, name, reserved, config, group)
@@ -463,3 +468,13 @@ class ClientCore(ABC, Generic[J, A]):
         if self.ACTORS_END_AT_EXIT:
             self._end(self._owned_work()[1], False)
         return leftovers
+
+
+def _in_its_band(request: JobRequest) -> JobRequest:
+    """``request`` with its band resolved: ``priority=0`` becomes the submitting job's band (top level: interactive).
+
+    Resolved here, where the submitting job is known, so every backend gets a band it can
+    act on (1..3) and the job's own submits inherit it (``JobInfo.priority_band``).
+    """
+    band = effective_band(request.priority)
+    return request if request.priority == band else dataclasses.replace(request, priority=int(band))

@@ -56,7 +56,7 @@ def submit(
     """
     place = placement(request.resources, request.replicas)
     env_cfg = request.environment or EnvironmentConfig()
-    info = JobInfo(job_id="", name=request.name, replica_count=request.replicas)
+    info = JobInfo(job_id="", name=request.name, replica_count=request.replicas, priority_band=request.priority)
     env = replica_env(info, IN_TASK_SPEC, env_cfg.env_vars)
     env[_task.HOSTS_ENV] = str(place.hosts_per_replica)
     processes = request.processes_per_task
@@ -92,6 +92,7 @@ def submit(
             max_retries_preemption=request.max_retries_preemption,
             max_task_failures=task_failures,
             timeout=iris_timeout(request.timeout),
+            priority_band=request.priority,  # Fray's bands are Iris's numbers (fray.job.PriorityBand)
             task_image=image,
             container_profile=place.container_profile,
         )

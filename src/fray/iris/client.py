@@ -70,6 +70,7 @@ class IrisClient(ClientCore["IrisJobHandle", "IrisActorHandle"]):
     HONOURS = frozenset(
         {
             "JobRequest.processes_per_task",
+            "JobRequest.priority",
             "JobRequest.timeout",
             "ResourceConfig.target_cluster",
             "ResourceConfig.container_profile",
@@ -208,7 +209,11 @@ class IrisClient(ClientCore["IrisJobHandle", "IrisActorHandle"]):
             "single": single,
         }
         request = JobRequest(
-            name, CallableEntrypoint(host_actor, (payload, name, options)), start.resources, replicas=len(starts)
+            name,
+            CallableEntrypoint(host_actor, (payload, name, options)),
+            start.resources,
+            replicas=len(starts),
+            priority=config.priority,
         )
         entrypoint = IrisEntrypoint.from_callable(host_actor, payload, name, options)
         job = self._launch(request, entrypoint, actors=True)

@@ -78,7 +78,9 @@ class MarinLocalClient(ClientCore["LocalJobHandle", "LocalActorHandle"]):
     CHECKS_PICKLING: ClassVar[bool] = False
 
     BACKEND = "local"
-    HONOURS = frozenset({"JobRequest.processes_per_task", "JobRequest.timeout", "EnvironmentConfig.extras"})
+    HONOURS = frozenset(
+        {"JobRequest.processes_per_task", "JobRequest.priority", "JobRequest.timeout", "EnvironmentConfig.extras"}
+    )
 
     def __init__(
         self,
@@ -247,7 +249,16 @@ class MarinLocalClient(ClientCore["LocalJobHandle", "LocalActorHandle"]):
                 )
         job = self._new_job(name)
         try:
-            info = JobInfo(job.job_id, name, 0, 1, self._parent_namespace(), 0, local_device(start.resources))
+            info = JobInfo(
+                job.job_id,
+                name,
+                0,
+                1,
+                self._parent_namespace(),
+                0,
+                local_device(start.resources),
+                priority_band=start.config.priority,
+            )
             actor = LocalActor(
                 self,
                 job,

@@ -16,6 +16,7 @@ them, and ``EnvironmentConfig.extras`` whose requirements are not installed here
 
 from __future__ import annotations
 
+import collections
 import contextvars
 import os
 import queue
@@ -185,6 +186,7 @@ class JobRunner:
         self._max_threads = max_threads
         self._slots = threading.Condition()
         self._busy_threads = 0
+        self._waiting = collections.Counter[int]()  # jobs waiting for slots, by priority band
 
     def check(self, request: JobRequest) -> None:
         """Refuse, at submit, what this backend cannot run of ``request`` (see the module docstring)."""
@@ -229,19 +231,28 @@ class JobRunner:
         return request.replicas if _in_threads(request) else 0
 
     def _acquire_slots(self, job: LocalJob, request: JobRequest) -> bool:
+        # Dispatch order is by priority band: while a job of a better band waits for slots, no
+        # job of a worse band takes any (jobs of one band fill free slots as they fit, as before).
         need = self._threads_needed(request)
+        band = request.priority or 2
         with self._slots:
-            while (
-                not job.cancel.is_set()
-                and self._max_threads is not None
-                and self._busy_threads + need > self._max_threads
-            ):
-                free = self._max_threads - self._busy_threads
-                job.waiting_for = (
-                    f"needs {need} thread(s) at once; {free} of LocalClient(max_threads={self._max_threads}) "
-                    "are free, the others run earlier jobs"
-                )
-                self._slots.wait()  # woken by a finished attempt or by terminate()
+            self._waiting[band] += 1
+            try:
+                while not job.cancel.is_set() and self._max_threads is not None:
+                    free = self._max_threads - self._busy_threads
+                    better = sum(self._waiting[b] for b in range(1, band))
+                    if need <= free and (need == 0 or not better):
+                        break
+                    job.waiting_for = (
+                        f"needs {need} thread(s) at once; {free} of LocalClient(max_threads={self._max_threads}) "
+                        "are free, the others run earlier jobs"
+                        if need > free
+                        else f"waits behind {better} job(s) of a better priority band"
+                    )
+                    self._slots.wait()  # woken by a finished attempt, a job of a better band starting, or terminate()
+            finally:
+                self._waiting[band] -= 1
+                self._slots.notify_all()  # a worse band may go now
             job.waiting_for = ""
             if job.cancel.is_set():
                 return False
@@ -285,6 +296,7 @@ class JobRunner:
                 namespace,
                 job.lifecycle.attempt,
                 local_device(request.resources),
+                priority_band=request.priority,
             )
             target: Callable[[], Failure | None]
             if isinstance(entry, CallableEntrypoint) and payload is None:

@@ -31,7 +31,7 @@ def spawn_mesh(
     logs = [workdir / f"actor-{name}-{short_id()}.log" for name in names]
     members = [
         MemberSpec(
-            JobInfo(job_id, name, 0, 1, namespace, 0, "cpu"),
+            JobInfo(job_id, name, 0, 1, namespace, 0, "cpu", priority_band=first.config.priority),
             spec,
             str(log),
             group,

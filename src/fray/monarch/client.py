@@ -95,9 +95,11 @@ class MonarchClient(ClientCore["MonarchJobHandle", "MonarchActorHandle"]):
     """
 
     BACKEND = "Monarch"
-    ACTOR_CONFIG = frozenset({"max_concurrency"})  # Monarch restarts nothing; its processes end with the client's
+    ACTOR_CONFIG = frozenset({"max_concurrency", "priority"})  # Monarch restarts nothing; its processes end with the client's
     # A replica of several processes: fray.process._ranks; extras are checked installed, as on local.
-    HONOURS = frozenset({"JobRequest.processes_per_task", "JobRequest.timeout", "EnvironmentConfig.extras"})
+    HONOURS = frozenset(
+        {"JobRequest.processes_per_task", "JobRequest.priority", "JobRequest.timeout", "EnvironmentConfig.extras"}
+    )
 
     def __init__(self, procs: int | None = None, *, namespace: str | None = None, echo_logs: bool = False) -> None:
         self.procs = check_count(procs, "MonarchClient(procs=")

@@ -162,7 +162,16 @@ class MonarchJob:
         return first
 
     def _replica(self, index: int, count: int, attempt: int) -> ReplicaProcess:
-        info = JobInfo(self.job_id, self.request.name, index, count, self.namespace, attempt, "cpu")
+        info = JobInfo(
+            self.job_id,
+            self.request.name,
+            index,
+            count,
+            self.namespace,
+            attempt,
+            "cpu",
+            priority_band=self.request.priority,
+        )
         env, cwd = self.environment.env_vars, self.environment.workspace
         entry = self.request.entrypoint
         processes = self.request.processes_per_task  # run under fray.process._ranks when > 1

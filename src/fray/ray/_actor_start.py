@@ -29,7 +29,8 @@ def start_actor(
     name, config, namespace = start.name, start.config, launcher.namespace
     if isinstance(reserved.device, TpuConfig):
         raise ConfigError(f"actor {name!r}: actors cannot take a TpuConfig on Ray; submit a TPU job instead")
-    env = replica_env(JobInfo(job_id, name, 0, 1, namespace, 0, device_name(reserved.device)), spec)
+    info = JobInfo(job_id, name, 0, 1, namespace, 0, device_name(reserved.device), priority_band=config.priority)
+    env = replica_env(info, spec)
     if start.group is not None:
         env.update({GROUP_ENV: start.group[0], INDEX_ENV: str(start.group[1])})
     options: dict[str, Any] = ray_options(reserved, pin_resource=launcher.pin_resource())

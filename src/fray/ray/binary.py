@@ -83,7 +83,16 @@ class BinaryJob(RayJobHandle):
             if self._stopping:
                 break
             device = device_name(request.resources.device)
-            info = JobInfo(self._job_id, request.name, index, request.replicas, launcher.namespace, attempt, device)
+            info = JobInfo(
+                self._job_id,
+                request.name,
+                index,
+                request.replicas,
+                launcher.namespace,
+                attempt,
+                device,
+                priority_band=request.priority,
+            )
             env = replica_env(info, launcher.spec, user_env(request))
             submission_id = f"fray-{self._job_id.replace('/', '.')}-a{attempt}-r{index}"
             _submit_with_retry(

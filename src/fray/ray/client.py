@@ -81,7 +81,7 @@ class RayClient(ClientCore["RayJobHandle", "RayActorHandle"]):
     """
 
     BACKEND = "Ray"
-    HONOURS = frozenset({"JobRequest.timeout"})
+    HONOURS = frozenset({"JobRequest.priority", "JobRequest.timeout"})
 
     def __init__(
         self,

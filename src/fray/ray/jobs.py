@@ -80,7 +80,16 @@ class CallableJob(RayJobHandle):
         """The environment of replica ``index`` of ``count`` in the current attempt."""
         launcher, request = self._launcher, self._request
         device = device_name(request.resources.device)
-        info = JobInfo(self._job_id, request.name, index, count, launcher.namespace, self._lifecycle.attempt, device)
+        info = JobInfo(
+            self._job_id,
+            request.name,
+            index,
+            count,
+            launcher.namespace,
+            self._lifecycle.attempt,
+            device,
+            priority_band=request.priority,
+        )
         return replica_env(info, launcher.spec, {**(extra or {}), **user_env(request)})
 
     def _replica_arguments(self, index: int, env: dict[str, str]) -> tuple[bytes]:

@@ -250,7 +250,9 @@ class ClusterClient(ClientCore["ClusterJobHandle", "ClusterActorHandle"]):
 
     BACKEND = "Fray cluster"
     CONTEXT_FIRST = True  # its executors are jobs of this client that serve until told
-    HONOURS = frozenset({"JobRequest.processes_per_task", "JobRequest.timeout", "EnvironmentConfig.extras"})
+    HONOURS = frozenset(
+        {"JobRequest.processes_per_task", "JobRequest.priority", "JobRequest.timeout", "EnvironmentConfig.extras"}
+    )
 
     def __init__(
         self, address: str, *, token: CredentialLike = None, namespace: str | None = None, user: str | None = None
@@ -364,6 +366,7 @@ class ClusterClient(ClientCore["ClusterJobHandle", "ClusterActorHandle"]):
             # A restart is a retry of the actor's job after its process was lost; a constructor
             # that raises, or an actor that fails itself, is final.
             max_retries_preemption=config.max_restarts,
+            priority=config.priority,
         )
         spec = JobSpec.from_request(request, actor_name=name, command=f"actor {start.actor_class.__qualname__}")
         job = self._submit(spec, is_actor=True, detached=config.detached)

@@ -182,6 +182,9 @@ def spec_from(data: Any) -> JobSpec:
             timeout = values["timeout_seconds"] = float(timeout)
             if not timeout > 0:  # the controller adds it to a start time
                 raise ValueError(f"timeout_seconds {timeout} must be > 0")
+        band = values["priority"] = _int(values.get("priority", 2))
+        if band not in (1, 2, 3):  # the scheduler orders and preempts by it
+            raise ValueError(f"priority {band} is not a priority band (1, 2 or 3)")
         digest = values["workspace_digest"] = _str(values.get("workspace_digest", ""))
         if digest and _DIGEST.fullmatch(digest) is None:  # workers make a directory name of it
             raise ValueError(f"workspace_digest {digest[:80]!r} is not sha256:<64 hex digits>")

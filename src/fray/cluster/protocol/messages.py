@@ -66,6 +66,8 @@ class JobSpec:
     processes_per_task: int = 1
     #: ``JobRequest.timeout`` in seconds: the controller fails the job (``JobTimeout``) that long after it first started.
     timeout_seconds: float | None = None
+    #: The job's :class:`~fray.job.PriorityBand` (1 production, 2 interactive, 3 batch), resolved at submit.
+    priority: int = 2
 
     @classmethod
     def from_request(cls, request: JobRequest, *, actor_name: str = "", command: str | None = None) -> JobSpec:
@@ -94,6 +96,7 @@ class JobSpec:
             command=command if command is not None else describe_entrypoint(entry),
             processes_per_task=request.processes_per_task,
             timeout_seconds=request.timeout_seconds,
+            priority=request.priority or 2,  # 0 only from a request built past the client's submit: interactive
         )
 
 

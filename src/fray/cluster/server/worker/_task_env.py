@@ -28,6 +28,7 @@ def task_env(assignment: TaskAssignment, worker_id: str, controller: str) -> dic
         assignment.replica_count,
         assignment.namespace,
         key.attempt,
+        priority_band=spec.priority,
     )
     # The worker's own variables (never its credential, nor a cluster token), then Fray's
     # for this task -- the job's own credential and its namespace's actor key -- then the
