@@ -13,12 +13,13 @@ import os
 import signal
 import socket
 import stat
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from fray import Entrypoint, JobRequest, ProcessJobContext, ProcessStacks
+from fray import Entrypoint, FrameInfo, JobRequest, ProcessJobContext, ProcessStacks
 from fray.context import set_job_context
 from fray.core import _stacks
 from fray.local import LocalClient
@@ -144,8 +145,11 @@ def test_a_fork_child_serves_its_own_stacks():
     read, write = os.pipe()
     ready_r, ready_w = os.pipe()
     pid = os.fork()
-    if pid == 0:  # the child (serving once fork returned): say so, wait until the parent has asked, exit
+    if pid == 0:  # the child: once it serves (a moment after fork), say so; wait until the parent has asked; exit
         os.close(write)
+        deadline = time.monotonic() + 30
+        while not _stacks.serving() and time.monotonic() < deadline:
+            time.sleep(0.01)
         os.write(ready_w, b"x")
         os.read(read, 1)
         os._exit(0)
@@ -162,6 +166,33 @@ def test_a_fork_child_serves_its_own_stacks():
         os.close(write)
         os.close(ready_r)
         os.waitpid(pid, 0)
+
+
+def test_a_huge_local_is_shown_in_a_bounded_repr():
+    def holder(event: threading.Event) -> None:
+        huge = list(range(10_000_000))
+        event.wait(30)
+        del huge
+
+    event = threading.Event()
+    thread = threading.Thread(target=holder, args=(event,))
+    thread.start()
+    try:
+
+        def frame() -> FrameInfo | None:
+            for stack in _stacks.capture(locals=True, threads={thread.ident or 0}):
+                for candidate in stack.frames:
+                    if candidate.function == "holder" and candidate.locals and dict(candidate.locals).get("huge"):
+                        return candidate
+            return None
+
+        found = wait_until(frame, timeout=30, what="holder's frame with its list")
+        assert found.locals is not None
+        text = dict(found.locals)["huge"]
+        assert text.startswith("[0, 1, 2") and len(text) <= 200
+    finally:
+        event.set()
+        thread.join()
 
 
 def test_the_socket_directory_is_private_and_answers_are_json():

@@ -15,7 +15,7 @@ never pickle, so asking cannot run code in the asker.
 
 After ``fork()`` the child has no server thread (only the parent's listening socket): an
 ``os.register_at_fork`` hook drops the parent's state and, if the parent was serving, starts
-the child's own server at the child's pid.
+the child's own server at the child's pid (from a thread, a moment later).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import contextlib
 import json
 import linecache
 import os
+import reprlib
 import socket
 import stat
 import sys
@@ -98,13 +99,23 @@ def _frames(frame: FrameType | None, with_locals: bool) -> tuple[FrameInfo, ...]
     return tuple(frames)
 
 
+# Bounded reprs: a local holding a list of ten million items must not make the process build its
+# whole repr (seconds, gigabytes) to keep 200 characters of it. Containers show their first items;
+# other objects' own __repr__ runs and is cut.
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = _REPR_LIMIT
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = _REPR.maxfrozenset = _REPR.maxdeque = 12
+_REPR.maxarray = 12
+_REPR.maxlevel = 3
+
+
 def _locals(frame: FrameType) -> tuple[tuple[str, str], ...]:
     if frame.f_locals is frame.f_globals:
         return ()  # a module's top level: its "locals" are every global of the module, which says nothing
     out = []
     for name, value in list(frame.f_locals.items()):
         try:
-            text = repr(value)
+            text = _REPR.repr(value)
         except BaseException as exc:  # a user's __repr__ may raise anything; the stack must still come back
             text = f"<repr failed: {type(exc).__name__}>"
         if len(text) > _REPR_LIMIT:
@@ -180,12 +191,13 @@ def _private_dir() -> str:
 
 
 class _Server:
-    def __init__(self) -> None:
+    def __init__(self, sweep: bool = True) -> None:
         self.pid = os.getpid()
         self.path = socket_path(self.pid)
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         _private_dir()
-        _sweep()
+        if sweep:
+            _sweep()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)  # a stale socket of an earlier process with our pid
         self.sock.bind(self.path)
@@ -230,10 +242,11 @@ _lock = threading.Lock()
 _server: _Server | None = None
 
 
-def serve() -> None:
+def serve(*, sweep: bool = True) -> None:
     """Start this process's stack server (idempotent); a failure to start only costs ``stacks()`` for it.
 
-    Called by every process Fray runs user code in. The socket is removed at exit.
+    Called by every process Fray runs user code in; the socket exists once it returns and is
+    removed at exit. ``sweep`` first removes the sockets of processes that ended without removing theirs.
     """
     global _server
     if _server is not None and _server.pid == os.getpid():
@@ -242,7 +255,7 @@ def serve() -> None:
         if _server is not None and _server.pid == os.getpid():
             return
         try:
-            _server = _Server()
+            _server = _Server(sweep)
         except OSError as exc:
             # Stacks are a debugging aid: a read-only /tmp or a foreign directory must not
             # stop the job; asking this process then says it has no stack server.
@@ -268,7 +281,10 @@ def _after_fork_in_child() -> None:
     _server = None
     if parent is not None:
         parent.close(unlink=False)  # the path is the parent's; it keeps serving there
-        serve()
+        # The child's own server starts on a thread: the fork's caller gets on at once. That matters
+        # for subprocess's preexec_fn children, which run this hook and exec a moment later (the
+        # thread, and a socket it may have bound, end with the exec; a later sweep removes the file).
+        threading.Thread(target=serve, kwargs={"sweep": False}, name="fray-stacks-start", daemon=True).start()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
