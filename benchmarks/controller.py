@@ -1,10 +1,15 @@
 """The cluster controller under a backlog: throughput, CPU per job, memory, against Ray tasks in the same run.
 
-    python benchmarks/controller.py                 # 2,000 queued jobs, RSS after 10,000, and Ray
+    python benchmarks/controller.py                 # 2,000 queued jobs, both sizings, RSS after 10,000, and Ray
     python benchmarks/controller.py --no-ray
-    python benchmarks/controller.py --profile out   # also a py-spy profile of the controller (out.txt)
+    python benchmarks/controller.py --sizing default --forms submit_many --rss-jobs 0 --no-ray   # the quick one
+    python benchmarks/controller.py --profile out   # also a py-spy profile of the controller (out-*.txt)
 
-Fray: a fresh controller and 2 workers on 127.0.0.1; ``--jobs`` trivial callable jobs
+Fray: a fresh controller and 2 workers on 127.0.0.1, in two sizings (``--sizing``): ``default``,
+what ``fray cluster up --workers 2`` gives each worker (its share of this machine: on 2 cores one
+core each, so 2 slots for 1-CPU jobs -- the small cluster with a deep queue, where each freed slot
+used to cost a pass over the whole queue), and ``cpu8`` (``--worker-option "--cpu 8"``: 16 slots,
+this benchmark's historical sizing). ``--jobs`` trivial callable jobs
 submitted at once, then waited for, in the two forms users write: ``submit_many`` and the
 plain loop ``[client.submit(r) for r in requests]`` (whose submits the client coalesces
 into ``submit_many`` calls behind the caller's back). Reported for each: jobs/s from
@@ -37,6 +42,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fray import Entrypoint, JobRequest, wait_all
+from fray.cli.cluster import _machine_share
 from fray.cluster.client import ClusterClient
 from fray.cluster.server.launcher import LocalCluster
 
@@ -58,19 +64,34 @@ def burst(client: ClusterClient, count: int, name: str, form: str = "submit_many
     return time.perf_counter() - started, submitted
 
 
-def fray_rows(jobs: int, rss_jobs: int, profile: str | None) -> dict[str, Any]:
+#: The workers' options of each sizing (see the module's docstring).
+SIZINGS = {
+    "default": ("2 workers, default sizing", lambda: _machine_share(2, [])),
+    "cpu8": ("2 workers, --cpu 8 each", lambda: ["--cpu", "8"]),
+}
+
+
+def slots(worker_args: list[str]) -> int:
+    """How many 1-CPU jobs the two workers of this sizing run at once."""
+    cpu = float(worker_args[worker_args.index("--cpu") + 1]) if "--cpu" in worker_args else os.cpu_count() or 1
+    return 2 * int(cpu)
+
+
+def fray_rows(
+    jobs: int, rss_jobs: int, profile: str | None, worker_args: list[str], forms_run: tuple[str, ...] = FORMS
+) -> dict[str, Any]:
     with (
         tempfile.TemporaryDirectory(prefix="fray-bench-controller-") as directory,
         LocalCluster(Path(directory) / "cluster") as cluster,
     ):
-        cluster.start(2, "--cpu", "8")
+        cluster.start(2, *worker_args)
         assert cluster.controller is not None
         controller = psutil.Process(cluster.controller.pid)
         client = ClusterClient(cluster.address, token=cluster.token)
         burst(client, 50, "warm")
         rss_before = controller.memory_info().rss
         forms: dict[str, dict[str, Any]] = {}
-        for form in FORMS:
+        for form in forms_run:
             cpu_before = sum(controller.cpu_times()[:2])
             roles_before = cpu_by_role(psutil.Process())
             spy = None
@@ -80,7 +101,7 @@ def fray_rows(jobs: int, rss_jobs: int, profile: str | None) -> dict[str, Any]:
                         "py-spy",
                         "record",
                         "-o",
-                        f"{profile}-{form.replace(' ', '-')}.txt",
+                        f"{profile}-{slots(worker_args)}slots-{form.replace(' ', '-')}.txt",
                         "-f",
                         "raw",
                         "-p",
@@ -118,6 +139,7 @@ def fray_rows(jobs: int, rss_jobs: int, profile: str | None) -> dict[str, Any]:
         "rss_before": rss_before / 2**20,
         "rss_burst": rss_burst / 2**20,
         "rss_after": rss_after / 2**20,
+        "rss_jobs": rss_jobs,
     }
 
 
@@ -183,38 +205,55 @@ def main() -> None:
     parser.add_argument("--rss-jobs", type=int, default=10_000)
     parser.add_argument("--no-ray", action="store_true")
     parser.add_argument("--profile", default=None)
+    parser.add_argument("--sizing", choices=(*SIZINGS, "both"), default="both")
+    parser.add_argument("--forms", choices=(*FORMS, "both"), default="both")
     args = parser.parse_args()
-    fray = fray_rows(args.jobs, args.rss_jobs, args.profile)
+    forms_run = FORMS if args.forms == "both" else (args.forms,)
+    sizings = list(SIZINGS) if args.sizing == "both" else [args.sizing]
+    runs: dict[str, dict[str, Any]] = {}
+    for i, sizing in enumerate(sizings):
+        worker_args = SIZINGS[sizing][1]()
+        # The RSS rounds (a leak check, not a sizing question) run once, in the last sizing.
+        rss_jobs = args.rss_jobs if i == len(sizings) - 1 else 0
+        label = f"{SIZINGS[sizing][0]} ({slots(worker_args)} slots)"
+        runs[label] = fray_rows(args.jobs, rss_jobs, args.profile, worker_args, forms_run)
     ray, ray_cpu = (None, None) if args.no_ray else ray_rate(args.jobs)
     floor = isolation_floor()
     table = Table(title=f"Controller under a backlog: {args.jobs} queued trivial callable jobs, 2 workers")
     for column in ("measure", "fray", "ray tasks", "fray / ray"):
         table.add_column(column)
-    for form, row in fray["forms"].items():
+    for label, fray in runs.items():
+        table.add_section()
+        table.add_row(label, "", "", "")
+        for form, row in fray["forms"].items():
+            table.add_row(
+                f"jobs/s ({form})",
+                f"{row['rate']:.0f}",
+                "-" if ray is None else f"{ray:.0f}",
+                "-" if ray is None else f"{row['rate'] / ray:.2f}x",
+            )
+        for form, row in fray["forms"].items():
+            table.add_row(f"submit call, per job ({form})", f"{row['submit_ms']:.2f} ms", "", "")
+        for form, row in fray["forms"].items():
+            table.add_row(f"controller CPU per job ({form})", f"{row['cpu_ms']:.2f} ms", "", "")
         table.add_row(
-            f"jobs/s ({form})",
-            f"{row['rate']:.0f}",
-            "-" if ray is None else f"{ray:.0f}",
-            "-" if ray is None else f"{row['rate'] / ray:.2f}x",
+            "controller RSS: warm / after burst", f"{fray['rss_before']:.0f} / {fray['rss_burst']:.0f} MiB", "", ""
         )
-    for form, row in fray["forms"].items():
-        table.add_row(f"submit call, per job ({form})", f"{row['submit_ms']:.2f} ms", "", "")
-    for form, row in fray["forms"].items():
-        table.add_row(f"controller CPU per job ({form})", f"{row['cpu_ms']:.2f} ms", "", "")
-    table.add_row(
-        "controller RSS: warm / after burst", f"{fray['rss_before']:.0f} / {fray['rss_burst']:.0f} MiB", "", ""
-    )
-    table.add_row(f"controller RSS after {args.rss_jobs:,} more jobs", f"{fray['rss_after']:.0f} MiB", "", "")
+        if fray["rss_jobs"]:
+            table.add_row(
+                f"controller RSS after {fray['rss_jobs']:,} more jobs", f"{fray['rss_after']:.0f} MiB", "", ""
+            )
     Console().print(table)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    for form, row in fray["forms"].items():
-        roles = row["roles"]
-        total = sum(roles.values())
-        split = ", ".join(f"{role} {roles[role]:.2f}" for role in ROLES)
-        print(
-            f"CPU per job by process, {form} (ms): {split}; sum {total:.2f} ms "
-            f"-> at most {cores / total * 1000:.0f} jobs/s on {cores} cores"
-        )
+    for label, fray in runs.items():
+        for form, row in fray["forms"].items():
+            roles = row["roles"]
+            total = sum(roles.values())
+            split = ", ".join(f"{role} {roles[role]:.2f}" for role in ROLES)
+            print(
+                f"CPU per job by process, {label}, {form} (ms): {split}; sum {total:.2f} ms "
+                f"-> at most {cores / total * 1000:.0f} jobs/s on {cores} cores"
+            )
     if ray_cpu is not None:
         print(
             f"Ray, CPU per task of the driver and every Ray process: {ray_cpu:.2f} ms (warm workers, no process per task)"

@@ -13,7 +13,15 @@ from hypothesis import strategies as st
 
 from cluster import _old_scheduler
 from fray.cluster.protocol.capacity import Device, TaskResources, WorkerInfo
-from fray.cluster.server.scheduler import PendingJob, RunningTask, SchedulerPolicy, schedule
+from fray.cluster.server.scheduler import (
+    PendingJob,
+    PendingQueue,
+    PendingReasons,
+    RunningTask,
+    SchedulerPolicy,
+    schedule,
+    schedule_queue,
+)
 from fray.cluster.server.scheduler._freeindex import FreeIndex
 
 GiB = 1 << 30
@@ -125,6 +133,32 @@ def test_indexed_scheduler_decides_exactly_like_the_old_one(
     assert new.assignments == old.assignments
     assert new.pending == old.pending
     assert new.bids == old.bids
+
+
+@settings(max_examples=400, deadline=None)
+@given(_load(), st.sampled_from([None, 0.0, 300.0]))
+def test_a_pass_over_the_kept_queue_that_stops_early_decides_exactly_like_the_old_one(
+    load: tuple[list[PendingJob], list[WorkerInfo], list[RunningTask], dict[str, float], float],
+    reserve_after: float | None,
+) -> None:
+    """schedule_queue stops once every shape left is settled (issue 34): the same placements, bids and reasons."""
+    pending, workers, running, credits, now = load
+    policy = SchedulerPolicy(reserve_after_seconds=reserve_after)
+    new = schedule_queue(PendingQueue.of(pending), workers, running, credits, now=now, policy=policy)
+    old = _old_scheduler.schedule(pending, workers, running, credits, now=now, policy=policy)
+    assert new.assignments == old.assignments
+    assert dict(new.pending) == old.pending
+    assert len(new.pending) == len(old.pending) and all(job_id in new.pending for job_id in old.pending)
+    assert new.bids == old.bids
+    # What a controller reads instead of the whole mapping says the same.
+    assert isinstance(new.pending, PendingReasons)
+    for job in pending:
+        if job.job_id in old.pending and job.job_id not in new.pending.explicit:
+            shared = new.pending.by_shape[(job.resources, job.replicas)]
+            assert (shared.message, shared.satisfiable) == (
+                old.pending[job.job_id].message,
+                old.pending[job.job_id].satisfiable,
+            )
 
 
 def test_free_index_prefers_the_first_level_then_the_fullest_fitting_worker() -> None:

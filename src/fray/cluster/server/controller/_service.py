@@ -62,7 +62,7 @@ from fray.cluster.server.controller._scheduling_loop import LEASE_FRACTION, Sche
 from fray.cluster.server.controller._specs import DEFAULT_MAX_SPECS, SpecCache
 from fray.cluster.server.controller._stacks_relay import StacksRelay
 from fray.cluster.server.controller._worker_sessions import WorkerSessions
-from fray.cluster.server.scheduler import PendingJob, SchedulingDecision, schedule
+from fray.cluster.server.scheduler import PendingJob, SchedulingDecision, schedule_queue
 from fray.cluster.server.store import ClusterStore
 from fray.cluster.server.store._database import ReadOnlyMode
 from fray.errors import AuthenticationError, FrayError, JobAlreadyExists, NotFound, PermissionDenied, StorageError
@@ -231,15 +231,17 @@ class ControllerService:
     def schedule_once(self, now: float | None = None) -> list[TaskRecord]:
         """Run one scheduling pass over the in-memory pending set and send the assigned tasks to their workers."""
         now = self._clock() if now is None else now
-        pending = self._queue.snapshot()
-        if not pending:
+        # The queue as kept sorted and counted by shape: the pass stops once nothing left can change,
+        # so its cost does not grow with the backlog (see fray.cluster.server.scheduler.schedule_queue).
+        pending = self._queue.view()
+        if not pending.jobs:
             return []
         snapshot = self._store.scheduler_input(pending=False)
         workers = snapshot.workers
         fenced = self.fenced_workers
         if fenced:
             workers = tuple(w for w in workers if w.worker_id not in fenced)
-        decision = schedule(pending, workers, snapshot.running, snapshot.credits, now=now)
+        decision = schedule_queue(pending, workers, snapshot.running, snapshot.credits, now=now)
         if self.pending_notes is not None:
             decision = self.pending_notes(decision)
         with self._placing:

@@ -42,17 +42,22 @@ from fray.cluster.protocol.capacity import TaskResources, WorkerInfo, format_amo
 from fray.cluster.server.credit import CreditPolicy, bid, task_rate
 from fray.cluster.server.scheduler._fit import capacity_of, fits, gpu_matches, need_of, need_text, one_of, slots_for
 from fray.cluster.server.scheduler._freeindex import FreeIndex
+from fray.cluster.server.scheduler._queue import PendingQueue, PendingReasons, Shape
 from fray.errors import ConfigError
 from fray.resources import TPU_TOPOLOGIES
 
 __all__ = [
     "Assignment",
     "PendingJob",
+    "PendingQueue",
     "PendingReason",
+    "PendingReasons",
     "RunningTask",
     "SchedulerPolicy",
     "SchedulingDecision",
+    "Shape",
     "schedule",
+    "schedule_queue",
 ]
 
 
@@ -454,7 +459,11 @@ WAITING_PREFIX = "waiting for capacity: "
 
 def _starving(job: PendingJob, policy: SchedulerPolicy, now: float) -> bool:
     """True once ``job`` has waited long enough to reserve workers (see :class:`SchedulerPolicy`)."""
-    return policy.reserve_after_seconds is not None and now - job.submitted_at >= policy.reserve_after_seconds
+    return _starving_since(job.submitted_at, policy, now)
+
+
+def _starving_since(submitted_at: float, policy: SchedulerPolicy, now: float) -> bool:
+    return policy.reserve_after_seconds is not None and now - submitted_at >= policy.reserve_after_seconds
 
 
 def schedule(
@@ -476,7 +485,56 @@ def schedule(
     Never over-commits a worker, never places part of a gang, and places each TPU
     replica on all hosts of one complete slice.
     """
-    policy = policy or SchedulerPolicy()
+    by_user: dict[str, list[PendingJob]] = {}
+    for job in sorted(pending, key=lambda j: (j.submitted_at, j.job_id)):
+        by_user.setdefault(job.user, []).append(job)
+    assignments, reasons, _, bids = _pass(by_user, None, workers, running, credits, now, policy or SchedulerPolicy())
+    return SchedulingDecision(assignments, reasons, bids)
+
+
+def schedule_queue(
+    queue: PendingQueue,
+    workers: Sequence[WorkerInfo],
+    running: Sequence[RunningTask],
+    credits: Mapping[str, float],
+    *,
+    now: float,
+    policy: SchedulerPolicy | None = None,
+) -> SchedulingDecision:
+    """:func:`schedule` over a queue kept sorted and counted by shape: the same decision, at a cost flat in its length.
+
+    The pass stops as soon as every shape still waiting is *settled* (it cannot fit the free
+    capacity left, or can never fit, and no job of it still has to reserve workers): each job
+    behind that point would only be given its shape's reason, with nothing placed, reserved or
+    re-bid, so its decision is known without looking. The decision's ``pending`` is then a
+    :class:`~fray.cluster.server.scheduler._queue.PendingReasons`: every pending job's reason, read
+    lazily, with the jobs looked at (:attr:`~._queue.PendingReasons.explicit`) apart from the
+    rest (:attr:`~._queue.PendingReasons.by_shape`), so that a caller that kept the last reasons
+    grouped by shape writes only the ones that changed.
+    """
+    assignments, reasons, settled, bids = _pass(
+        queue.by_user, queue.shapes, workers, running, credits, now, policy or SchedulerPolicy()
+    )
+    placed = {a.job_id for a in assignments}
+    by_shape = {shape: PendingReason("", message, satisfiable) for shape, (message, satisfiable, _) in settled.items()}
+    return SchedulingDecision(assignments, PendingReasons(queue.jobs, placed, reasons, by_shape), bids)
+
+
+def _pass(
+    by_user: Mapping[str, Sequence[PendingJob]],
+    shapes: Mapping[Shape, tuple[int, float]] | None,
+    workers: Sequence[WorkerInfo],
+    running: Sequence[RunningTask],
+    credits: Mapping[str, float],
+    now: float,
+    policy: SchedulerPolicy,
+) -> tuple[tuple[Assignment, ...], dict[str, PendingReason], dict[Shape, tuple[str, bool, bool]], dict[str, float]]:
+    """One pass over ``by_user`` (each user's jobs in submission order): assignments, reasons, settled shapes, bids.
+
+    With ``shapes`` (each shape's job count and oldest submit time), the pass stops once every
+    shape left is settled for all its remaining jobs; the jobs not looked at get their shape's
+    settled reason (see :func:`schedule_queue`). Without, every job gets its reason here.
+    """
     pool = _Pool(workers, running)
     rates: dict[TaskResources, float] = {}
 
@@ -490,9 +548,7 @@ def schedule(
     for task in running:
         user_rate[task.user] = user_rate.get(task.user, 0.0) + rate(task.resources)
 
-    queues: dict[str, deque[PendingJob]] = {}
-    for job in sorted(pending, key=lambda j: (j.submitted_at, j.job_id)):
-        queues.setdefault(job.user, deque()).append(job)
+    queues: dict[str, deque[PendingJob]] = {user: deque(jobs) for user, jobs in by_user.items() if jobs}
 
     # A user's bid changes only when one of their jobs is placed: cached until then, since
     # a long queue of one user's jobs would otherwise recompute it once per job.
@@ -521,7 +577,17 @@ def schedule(
     # reserved) or only for those not yet starving. A settled job changes nothing -- no placement, no
     # reservation, no bid -- so it is given its reason without going through the heap: the order of
     # every other job, and so every decision, is the same as if it had been looked at in turn.
-    settled: dict[tuple[TaskResources, int], tuple[str, bool, bool]] = {}
+    settled: dict[Shape, tuple[str, bool, bool]] = {}
+    # The shapes some remaining job of which may still need a look: once none is left, the pass is over
+    # (see schedule_queue). Each shape's count drops as its jobs are placed.
+    left = dict(shapes.items()) if shapes is not None else {}
+    open_shapes = {shape for shape, (count, _) in left.items() if count > 0}
+
+    def close(shape: Shape) -> None:
+        """Drop ``shape`` from the open ones if it is settled for every job of it that is left."""
+        entry = settled[shape]
+        if shape in left and (entry[2] or not _starving_since(left[shape][1], policy, now)):
+            open_shapes.discard(shape)
 
     def settle(job: PendingJob) -> bool:
         """Give ``job`` its reason at once if its shape settled it; False if it needs a look."""
@@ -534,13 +600,16 @@ def schedule(
     def requeue(user: str) -> None:
         """Put ``user`` back in line with their next job that needs a look, if they have one."""
         queue = queues[user]
-        while queue and settle(queue[0]):
+        # Once no shape is open, the jobs left are the tail the decision gives their shapes' reasons.
+        while queue and (shapes is None or open_shapes) and settle(queue[0]):
             queue.popleft()
         if queue:
             head = queue[0]
             heapq.heappush(heap, (-user_bid(user), head.submitted_at, head.job_id, user))
 
     while heap:
+        if shapes is not None and not open_shapes:
+            break  # every job left would only be given its shape's settled reason
         _, _, _, user = heapq.heappop(heap)
         job = queues[user].popleft()
         if settle(job):
@@ -560,12 +629,18 @@ def schedule(
         if never is not None:
             reasons[job.job_id] = PendingReason(job.job_id, NEVER_PREFIX + never, satisfiable=False)
             settled[shape] = (NEVER_PREFIX + never, False, True)
+            close(shape)
         else:
             result = known_failure if known_failure is not None else pool.place(job, static)
             if isinstance(result, tuple):
                 assignments.append(Assignment(job.job_id, result))
                 user_rate[user] = user_rate.get(user, 0.0) + rate(job.resources) * job.task_count
                 current_bids.pop(user, None)
+                if shape in left:
+                    count, oldest = left[shape]
+                    left[shape] = (count - 1, oldest)
+                    if count == 1:
+                        open_shapes.discard(shape)
             else:
                 failed[shape] = result
                 reasons[job.job_id] = PendingReason(job.job_id, WAITING_PREFIX + result, satisfiable=True)
@@ -573,5 +648,6 @@ def schedule(
                     reserved_shapes.add(shape)
                     pool.reserve(job, static)
                 settled[shape] = (WAITING_PREFIX + result, True, shape in reserved_shapes)
+                close(shape)
         requeue(user)
-    return SchedulingDecision(tuple(assignments), reasons, bids)
+    return tuple(assignments), reasons, settled, bids

@@ -250,6 +250,9 @@ class ClusterStore:
 
     def time_out_jobs(self, now: float) -> Effects:
         """Fail every unfinished job whose timeout ran out by ``now`` (counted from its first start): ``JobTimeout``."""
+        with self._db.read() as cur:  # called on every scheduling pass: no write transaction when none is due
+            if not _job_rows.timed_out(cur, now):
+                return STALE
         with self._db.txn() as cur:
             due = _job_rows.timed_out(cur, now)
             if not due:
