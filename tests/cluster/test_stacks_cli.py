@@ -155,3 +155,19 @@ def test_a_stopped_task_process_is_reported_and_the_controller_stays_responsive(
         assert _showing(answers[0], "deep_sleep"), "the other replica still answers"
     finally:
         os.kill(first.pid, signal.SIGCONT)
+
+
+def test_only_a_jobs_owner_reads_its_stacks_and_only_workers_answer(fray_cluster: LocalCluster, sleeping: Any):
+    from fray import PermissionDenied
+    from fray.cluster.protocol.controller_client import controller_client
+    from fray.cluster.protocol.credentials import WORKER, Credential, user_principal
+
+    master = fray_cluster.token.encode()
+    mallory = controller_client(fray_cluster.address, Credential.mint(master, user_principal("mallory")))
+    with pytest.raises(PermissionDenied, match="only they may read its stacks"):
+        mallory.job_stacks(sleeping.job_id, 1.0)
+    with pytest.raises(PermissionDenied, match="worker credential"):
+        mallory.stacks_answer("worker-0", 1, 1, [])
+    # A worker credential may answer, but an answer nobody asked for (or from an ended epoch) is dropped.
+    worker = controller_client(fray_cluster.address, Credential.mint(master, WORKER))
+    assert worker.stacks_answer("worker-0", 10**6, 10**6, []) is False
