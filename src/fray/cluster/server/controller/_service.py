@@ -77,6 +77,11 @@ logger = logging.getLogger(__name__)
 _MAX_CONCURRENCY = 512
 # How long wait_status holds a partial answer to gather more completions (see there).
 _WAIT_LINGER = 0.05
+# ... and longer for a long list, up to _WAIT_LINGER_MAX: each answer costs a pass over the whole list (and the
+# client's next call another), so a wait_all over a deep queue would otherwise cost more per job the deeper it is.
+_WAIT_LINGER_PER_JOB = 0.0002
+_WAIT_LINGER_MAX = 0.5
+_FINISHED_STATES = frozenset(state.value for state in JobStatus if state.finished)
 
 
 class ControllerService:
@@ -564,20 +569,25 @@ class ControllerService:
         that the completions of a busy cluster come back in batches, not one call each.
         """
         deadline = time.monotonic() + min(max(timeout, 0.0), 60.0)
+        linger = max(linger, min(_WAIT_LINGER_MAX, len(job_ids) * _WAIT_LINGER_PER_JOB))
         lingered = False
         while True:
             since = self._generation
             states = self._queue.unfinished_states(job_ids)
             # Only jobs that finished (or are unknown) need the store.
-            states.update(self._store.job_states([job_id for job_id in job_ids if job_id not in states]))
-            missing = [job_id for job_id in job_ids if job_id not in states]
+            ended = [job_id for job_id in job_ids if job_id not in states]
+            remaining = deadline - time.monotonic()
+            if not ended and remaining > 0 and not self._stopping.is_set():
+                self._wait_for_change(since, remaining)  # none finished: nothing more to look at
+                continue
+            states.update(self._store.job_states(ended))
+            missing = [job_id for job_id in ended if job_id not in states]
             if missing:
                 raise NotFound(f"no job {missing[0]!r}")
             with self._lock:
                 unsettled = self._sessions.unsettled_jobs()
             result = [(states[job_id], job_id not in unsettled) for job_id in job_ids]
-            done = [JobStatus(state).finished and settled for state, settled in result]
-            remaining = deadline - time.monotonic()
+            done = [state in _FINISHED_STATES and settled for state, settled in result]
             if all(done) or remaining <= 0 or self._stopping.is_set():
                 return result
             if any(done):
