@@ -85,6 +85,26 @@ def test_a_job_of_a_better_band_waiting_for_a_thread_starts_before_earlier_jobs_
     client.shutdown()
 
 
+def _submit_children_and_wait(count: int, how: str) -> list[str]:
+    client = fray.current_client()
+    children = [client.submit(job(f"child{i}", lambda i=i: i)) for i in range(count)]
+    if how == "wait_all":
+        fray.wait_all(children, timeout=30)
+    else:
+        for child in children:
+            child.wait(timeout=30)
+    return [c.status().value for c in children]
+
+
+@pytest.mark.parametrize("how", ["wait_all", "handle.wait"])
+def test_a_job_waiting_on_its_children_lends_its_thread_so_they_run(how):
+    # One thread: the parent holds it, and would wait for ever on children that cannot start.
+    client = LocalClient(max_threads=1)
+    parent = client.submit(job("parent", _submit_children_and_wait, 3, how))
+    assert parent.wait(timeout=60) == JobStatus.SUCCEEDED
+    client.shutdown()
+
+
 def test_replicas_beyond_the_thread_limit_are_rejected_at_submit():
     client = LocalClient(max_threads=2)
     with pytest.raises(ConfigError, match="at most 2 threads"):

@@ -25,6 +25,7 @@ from fray.actor_context import ActorContext, current_actor
 from fray.actor_context import _current_actor_ctx as _current_actor_ctx
 from fray.actor_context import _reset_current_actor as _reset_current_actor
 from fray.actor_context import _set_current_actor as _set_current_actor
+from fray.core._lending import blocked
 from fray.core._progress import watch_ready
 from fray.core._remote import actor_died
 from fray.core._runtime import check_terminated
@@ -58,8 +59,15 @@ class ActorFuture(concurrent.futures.Future[Any]):
 
     ``result(timeout)`` returns the method's value or raises its exception (the
     original type, with the remote traceback attached where the call crossed a
-    process boundary); ``TimeoutError`` if ``timeout`` passes first.
+    process boundary); ``TimeoutError`` if ``timeout`` passes first. Inside a job, a
+    caller blocked on the result lends its CPU meanwhile (:mod:`fray.core._lending`).
     """
+
+    def result(self, timeout: float | None = None) -> Any:
+        if self.done():
+            return super().result()
+        with blocked():
+            return super().result(timeout)
 
 
 class ActorMethod(Protocol):
@@ -156,9 +164,10 @@ class RemoteMethod:
         return self._handle._fray_call(self._name, args, kwargs)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """Make the call and block for its result."""
+        """Make the call and block for its result (inside a job, lending its CPU meanwhile)."""
         check_terminated()
-        return self._handle._fray_call_sync(self._name, args, kwargs)
+        with blocked():
+            return self._handle._fray_call_sync(self._name, args, kwargs)
 
 
 @runtime_checkable

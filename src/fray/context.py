@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, Protocol, TypeVar, runtime_checkable
 
 from fray.client import current_client
+from fray.core._lending import blocked
 from fray.core._runtime import check_terminated
 from fray.errors import ConfigError
 from fray.resources import ResourceConfig
@@ -195,8 +196,12 @@ class JobContextBase(ABC, Generic[R]):
         check_terminated()
         timeout = check_timeout(timeout, "get")
         if isinstance(refs, self._REF) or not isinstance(refs, list | tuple):
-            return self._values([one_ref(refs, self._REF, "get()", self._owns)], timeout)[0]
-        return self._values(ref_list(refs, self._REF, "get()", self._owns), timeout)
+            one = [one_ref(refs, self._REF, "get()", self._owns)]
+            with blocked():
+                return self._values(one, timeout)[0]
+        many = ref_list(refs, self._REF, "get()", self._owns)
+        with blocked():
+            return self._values(many, timeout)
 
     def wait(self, refs: Sequence[R], num_returns: int = 1, timeout: float | None = None) -> tuple[list[R], list[R]]:
         """The first ``num_returns`` refs to be ready, and the rest, both in input order (see :class:`JobContext`)."""
@@ -204,7 +209,8 @@ class JobContextBase(ABC, Generic[R]):
         items = ref_list(refs, self._REF, "wait()", self._owns)
         want = check_num_returns(num_returns, len(items))
         timeout = check_timeout(timeout, "wait")
-        return self._first_ready(items, want, timeout)
+        with blocked():
+            return self._first_ready(items, want, timeout)
 
     def create_actor(self, actor_class: type, *args: Any, name: str | None = None, **kwargs: Any) -> Any:
         """An actor of this context's client (the current client when it has none), uniquely named if unnamed."""

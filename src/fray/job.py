@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
 from typing import Any, Protocol, overload, runtime_checkable
 
+from fray.core._lending import blocked
 from fray.core._progress import progress_bar
 from fray.errors import ConfigError, JobFailed
 from fray.resources import ResourceConfig
@@ -672,7 +673,7 @@ def wait_all(
     backends are polled.
     """
     jobs = list(jobs)
-    with progress_bar("jobs finished", len(jobs), progress) as update:
+    with progress_bar("jobs finished", len(jobs), progress) as update, blocked():
         return _wait_all(jobs, timeout, raise_on_failure, update)
 
 

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from fray.core._death import describe_exit, last_lines
+from fray.core._lending import blocked
 from fray.core._remote import RemoteFailure, job_failed
 from fray.errors import IllegalTransition, JobFailed, JobTimeout, timeout_message
 from fray.job import JobStatus
@@ -513,7 +514,8 @@ class JobLifecycle:
             if self._done is None:
                 self._done = threading.Event()
             done = self._done
-        return done.wait(timeout)
+        with blocked():  # inside a job, waiting on a job it submitted lends its CPU (fray.core._lending)
+            return done.wait(timeout)
 
     def wait(self, timeout: float | None = None, *, raise_on_failure: bool = True) -> JobStatus:
         """What ``JobHandle.wait`` does: block, then raise JobFailed for a failed job (unless told not to)."""

@@ -25,6 +25,7 @@ import sys
 import tempfile
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -32,6 +33,7 @@ from fray.actor_context import bind_actor
 from fray.client import Client, _bind_client
 from fray.cluster.server.envs._project import check_extras
 from fray.core._codepickle import dumps
+from fray.core._lending import lending_to
 from fray.core._lifecycle import Failure, exit_status
 from fray.core._logcapture import capture_to
 from fray.core._private_files import write_private
@@ -264,6 +266,15 @@ class JobRunner:
             self._busy_threads -= self._threads_needed(request)
             self._slots.notify_all()
 
+    def _lend_slot(self) -> None:
+        with self._slots:
+            self._busy_threads -= 1
+            self._slots.notify_all()
+
+    def _reclaim_slot(self) -> None:
+        with self._slots:
+            self._busy_threads += 1  # at once, even past max_threads: a resumed replica never waits (as on Ray)
+
     def _run_attempt(
         self,
         job: LocalJob,
@@ -332,7 +343,9 @@ class JobRunner:
         bind_actor(None)  # a job started from an actor's method is not that actor
         env = dict(environment.env_vars)
         run = attempt.stoppable(info.replica_index)
-        with capture_to(job.logs), terminating_on(job.job_id, attempt.stopping):
+        # Blocked on its own work, the replica gives its thread slot to the jobs waiting for one.
+        lender = _SlotLender(self) if self._max_threads is not None else None
+        with capture_to(job.logs), terminating_on(job.job_id, attempt.stopping), lending_to(lender):
             try:
                 _ENV.acquire(env)
             except ConfigError as exc:
@@ -349,6 +362,19 @@ class JobRunner:
             finally:
                 _ENV.release(env)
         return None
+
+
+@dataclass(frozen=True)
+class _SlotLender:
+    """Lends one replica's thread slot while it blocks on its own work (:mod:`fray.core._lending`)."""
+
+    runner: JobRunner
+
+    def lend(self) -> None:
+        self.runner._lend_slot()
+
+    def reclaim(self) -> None:
+        self.runner._reclaim_slot()
 
 
 def local_device(resources: ResourceConfig) -> str:

@@ -1,0 +1,167 @@
+"""Lend while blocked: a job blocked on its own work gives its CPU back to the scheduler until it resumes.
+
+A job that fans out (``create_task`` then ``get``, or submits child jobs then waits for
+them) would otherwise hold its CPU while it waits, and on a full cluster the work it waits
+for would never start: a deadlock Ray avoids by lending a worker's CPU inside ``ray.get``.
+Fray does the same for its own waits, on every backend whose scheduler it controls:
+
+* the places a job blocks on Fray work -- :meth:`JobContext.get` / ``wait``,
+  :func:`fray.wait_all` and ``JobHandle.wait``, an actor call's result -- run inside
+  :func:`blocked`;
+* the backend's runtime installs a :class:`Lender` for the code it runs (:func:`lending_to`:
+  per thread context for the local backend, whose jobs are threads; per process for the
+  others), which knows how to give the job's CPU back and take it again;
+* a wait that lasts more than :data:`LEND_AFTER` lends once, however many of the job's
+  threads block; the last to resume takes the CPU back. Taking it back never waits: the
+  job may briefly use more than its share (as on Ray), which the scheduler then sees.
+
+Only the CPU is lent, never devices, memory or disk: those stay the job's. Short waits
+(a ``get`` of a ready value) lend nothing and cost a lock and a counter.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import heapq
+import itertools
+import os
+import threading
+import time
+from collections.abc import Iterator
+from typing import Protocol
+
+__all__ = ["LEND_AFTER", "Lender", "blocked", "lending_to"]
+
+#: How long a wait lasts before the job's CPU is lent (shorter waits would cost a round trip for nothing).
+LEND_AFTER = 0.05
+
+
+class Lender(Protocol):
+    """What a backend does when its job blocks and resumes (each called once per lending, in turn)."""
+
+    def lend(self) -> None:
+        """Give the job's CPU to the scheduler (it is blocked on its own work)."""
+
+    def reclaim(self) -> None:
+        """Take it back at once (the job resumed); never waits for room."""
+
+
+class _Loan:
+    """One lender's state: how many threads block on it, and whether its CPU is lent."""
+
+    def __init__(self, lender: Lender) -> None:
+        self.lender = lender
+        self.blocked = 0
+        self.lent = False
+        self.generation = 0  # which episode a scheduled lend is for: a stale one does nothing
+
+
+_loans: contextvars.ContextVar[_Loan | None] = contextvars.ContextVar("fray_lender", default=None)
+_process_loan: _Loan | None = None
+_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def lending_to(lender: Lender | None, *, process_wide: bool = False) -> Iterator[None]:
+    """Run the block with ``lender`` lending the CPU of the code it runs while it blocks.
+
+    ``process_wide``: for every thread of this process (a backend whose process is one job's);
+    otherwise for this context only (the local backend's job threads and what they start with
+    a copy of their context).
+    """
+    global _process_loan
+    loan = None if lender is None else _Loan(lender)
+    if process_wide:
+        previous, _process_loan = _process_loan, loan
+        try:
+            yield
+        finally:
+            _process_loan = previous
+        return
+    token = _loans.set(loan)
+    try:
+        yield
+    finally:
+        _loans.reset(token)
+
+
+@contextlib.contextmanager
+def blocked() -> Iterator[None]:
+    """Mark the block as waiting on the job's own work: past :data:`LEND_AFTER`, its CPU is lent."""
+    loan = _loans.get() or _process_loan
+    if loan is None:
+        yield
+        return
+    with _lock:
+        loan.blocked += 1
+        first = loan.blocked == 1
+        if first:
+            loan.generation += 1
+            generation = loan.generation
+    if first:
+        _timer.schedule(loan, generation)
+    try:
+        yield
+    finally:
+        reclaim = False
+        with _lock:
+            loan.blocked -= 1
+            if loan.blocked == 0:
+                loan.generation += 1  # a lend still scheduled for this episode is dropped
+                reclaim, loan.lent = loan.lent, False
+        if reclaim:
+            with contextlib.suppress(Exception):  # the job goes on; the scheduler is told at its next report
+                loan.lender.reclaim()
+
+
+def _lend_if_still_blocked(loan: _Loan, generation: int) -> None:
+    with _lock:
+        if loan.generation != generation or loan.blocked == 0 or loan.lent:
+            return
+        loan.lent = True
+    try:
+        loan.lender.lend()
+    except Exception:
+        with _lock:
+            loan.lent = False  # nothing was lent: nothing to take back
+
+
+class _Timer:
+    """One daemon thread that lends for the waits still blocked when their :data:`LEND_AFTER` is up."""
+
+    def __init__(self) -> None:
+        self._due: list[tuple[float, int, _Loan, int]] = []
+        self._order = itertools.count()
+        self._wake = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def schedule(self, loan: _Loan, generation: int) -> None:
+        with self._wake:
+            heapq.heappush(self._due, (time.monotonic() + LEND_AFTER, next(self._order), loan, generation))
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="fray-lending", daemon=True)
+                self._thread.start()
+            self._wake.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while not self._due or self._due[0][0] > time.monotonic():
+                    self._wake.wait(None if not self._due else self._due[0][0] - time.monotonic())
+                _, _, loan, generation = heapq.heappop(self._due)
+            _lend_if_still_blocked(loan, generation)
+
+
+_timer = _Timer()
+
+
+def _after_fork_in_child() -> None:
+    # Another thread may have held the lock, or been the timer, at the fork: the child starts afresh.
+    global _lock, _timer, _process_loan
+    _lock = threading.Lock()
+    _timer = _Timer()
+    _process_loan = None
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
