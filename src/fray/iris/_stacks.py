@@ -43,31 +43,57 @@ from fray.stacks import ProcessStacks, ThreadStack
 
 __all__ = ["announce", "ask_actor", "ask_tasks", "record_name", "task_target"]
 
-# The command run in the task's container: $1 the record's name, $2 the asking program, $3 locals
-# (0/1), $4 the seconds it may take. The record's two lines are the socket path and the interpreter.
+# The command run in the task's container: $1 the task's record name, $2 the asking program, $3 locals
+# (0/1), $4 the seconds it may take. A task's process has the record ``$1``; each rank of a task of
+# several processes has ``$1@RANK``. Each record's lines: socket path, interpreter, rank, pid.
 _RELAY = (
-    'd="${FRAY_STACKS_DIR:-/tmp/fray-stacks-$(id -u)}"; f="$d/$1"; '
-    'if [ ! -r "$f" ]; then echo "no Fray stack server was started in this task" >&2; exit 3; fi; '
-    '{ read -r sock; read -r py; } < "$f"; exec "$py" -c "$2" "$sock" "$3" "$4"'
+    'd="${FRAY_STACKS_DIR:-/tmp/fray-stacks-$(id -u)}"; py=""; '
+    'for f in "$d/$1" "$d/$1"@*; do if [ -r "$f" ]; then { read -r _; read -r py; } < "$f"; break; fi; done; '
+    'if [ -z "$py" ]; then echo "no Fray stack server was started in this task" >&2; exit 3; fi; '
+    'exec "$py" -c "$2" "$3" "$4" "$d/$1" "$d/$1"@*'
 )
 
-# What asks the socket: the request and answer of fray.core._stacks (one JSON line each way), in
-# standard-library Python only, so that it runs with the task's interpreter whatever its paths.
+# What asks the sockets, side by side: the request and answer of fray.core._stacks (one JSON line each
+# way), in standard-library Python only, so that it runs with the task's interpreter whatever its paths.
 _ASK = """
-import json, socket, sys
-path, with_locals, timeout = sys.argv[1], sys.argv[2] == "1", float(sys.argv[3])
-conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-conn.settimeout(timeout)
-conn.connect(path)
-conn.sendall(json.dumps({"locals": with_locals}).encode() + b"\\n")
-conn.shutdown(socket.SHUT_WR)
-chunks = []
-while True:
-    chunk = conn.recv(65536)
-    if not chunk:
-        break
-    chunks.append(chunk)
-sys.stdout.write(json.dumps({"host": socket.gethostname(), "answer": json.loads(b"".join(chunks))}))
+import json, socket, sys, threading
+with_locals, timeout = sys.argv[1] == "1", float(sys.argv[2])
+records = []
+for path in sys.argv[3:]:
+    try:
+        with open(path) as f:
+            sock, _, rank, pid = f.read().split("\\n")[:4]
+    except (OSError, ValueError):
+        continue
+    records.append((sock, rank, pid))
+answers = [None] * len(records)
+def ask(i):
+    sock, rank, pid = records[i]
+    answer = {"rank": rank, "pid": pid}
+    try:
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.settimeout(timeout)
+        conn.connect(sock)
+        conn.sendall(json.dumps({"locals": with_locals}).encode() + b"\\n")
+        conn.shutdown(socket.SHUT_WR)
+        chunks = []
+        while True:
+            chunk = conn.recv(65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+        answer["answer"] = json.loads(b"".join(chunks))
+    except Exception as exc:
+        answer["error"] = f"no answer: {type(exc).__name__}: {exc}"
+    answers[i] = answer
+threads = [threading.Thread(target=ask, args=(i,), daemon=True) for i in range(len(records))]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join(timeout + 0.5)
+late = {"error": f"did not answer within {timeout:g} s"}
+out = [a if a is not None else dict(late, rank=r[1], pid=r[2]) for a, r in zip(answers, records)]
+sys.stdout.write(json.dumps({"host": socket.gethostname(), "answers": out}))
 """
 
 #: Seconds of the caller's timeout left for Iris to start the command and carry its answer back.
@@ -83,22 +109,25 @@ def announce() -> None:
     """In an Iris task: serve this process's stacks and leave the record the relay finds them by.
 
     The record is replaced by each attempt of the task (and by a restarted actor's new process);
-    it is removed when the process exits normally.
+    it is removed when the process exits normally. Each rank of a task of several processes
+    leaves its own (``NAME@RANK``).
     """
     serve()
     raw = os.environ.get("IRIS_TASK_ID", "")
     if not raw:
         return
     task = raw.rpartition(":")[0] if ":" in raw.rsplit("/", 1)[-1] else raw
-    path = os.path.join(socket_dir(), record_name(task))
+    rank = os.environ.get("FRAY_LOCAL_PROCESS_INDEX", "")
+    pid = os.getpid()
+    path = os.path.join(socket_dir(), record_name(task) + (f"@{rank}" if rank else ""))
     try:
-        temporary = f"{path}.{os.getpid()}"
+        temporary = f"{path}.{pid}"
         with open(temporary, "w") as record:
-            record.write(f"{socket_path(os.getpid())}\n{sys.executable}\n")
+            record.write(f"{socket_path(pid)}\n{sys.executable}\n{rank}\n{pid}\n")
         os.replace(temporary, path)  # whole or not at all: the relay may read it at any moment
     except OSError:
         return  # no private socket directory (serve() said why): this task has no stacks to give
-    atexit.register(_remove, path, os.getpid())
+    atexit.register(_remove, path, pid)
 
 
 def _remove(path: str, pid: int) -> None:
@@ -152,18 +181,10 @@ def ask_tasks(
 def _ask_one(iris: Any, task: str, label: str, timeout: float, locals: bool) -> list[ProcessStacks]:
     from iris.rpc import controller_pb2
 
+    ask = max(0.5, timeout - _EXEC_SLACK)  # what each process is given: the rest is Iris's round trip
     request = controller_pb2.Controller.ExecInContainerRequest(
         task_id=task,
-        command=[
-            "sh",
-            "-c",
-            _RELAY,
-            "fray-stacks",
-            record_name(task),
-            _ASK,
-            "1" if locals else "0",
-            f"{max(0.5, timeout - _EXEC_SLACK):g}",
-        ],
+        command=["sh", "-c", _RELAY, "fray-stacks", record_name(task), _ASK, "1" if locals else "0", f"{ask:g}"],
         timeout_seconds=max(1, math.ceil(timeout)),
     )
 
@@ -181,18 +202,23 @@ def _ask_one(iris: Any, task: str, label: str, timeout: float, locals: bool) -> 
         return failed((response.stderr.strip().splitlines() or [f"the relay exited {response.exit_code}"])[-1])
     try:
         reply = json.loads(response.stdout)
-        return _split(label, str(reply["host"]), reply["answer"])
+        host = str(reply["host"])
+        return [stacks for answer in reply["answers"] for stacks in _split(label, host, answer)]
     except (ValueError, KeyError, TypeError) as exc:
         return failed(f"unreadable answer: {type(exc).__name__}: {exc}")
 
 
-def _split(label: str, host: str, answer: dict[str, Any]) -> list[ProcessStacks]:
-    """The process's stacks, with each thread that runs a job-context task taken out as that task's own."""
-    pid = int(answer["pid"])
+def _split(label: str, host: str, reply: dict[str, Any]) -> list[ProcessStacks]:
+    """One process's stacks (a rank's: ``replica 0 process 1``), each job-context task's thread on its own."""
+    rank = str(reply.get("rank") or "")
+    label = f"{label} process {rank}" if rank else label
+    pid = int(reply["pid"]) if str(reply.get("pid") or "").isdigit() else None
+    if "answer" not in reply:
+        return [ProcessStacks(label, host, pid, error=f"{reply.get('error')} (pid {pid} on host {host})")]
+    answer = reply["answer"]
     threads = [ThreadStack.from_json(thread) for thread in answer["threads"]]
     tasks = {int(ident): str(task) for ident, task in answer.get("thread_tasks", ())}
-    own = tuple(thread for thread in threads if thread.ident not in tasks)
-    out = [ProcessStacks(label, host, pid, own)]
+    out = [ProcessStacks(label, host, pid, tuple(thread for thread in threads if thread.ident not in tasks))]
     for thread in threads:
         task = tasks.get(thread.ident)
         if task is not None:
