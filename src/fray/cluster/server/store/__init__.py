@@ -466,6 +466,9 @@ class ClusterStore:
 
     def expire_workers(self, now: float, timeout: float) -> Effects:
         """Declare lost every alive worker not heard from for more than ``timeout`` seconds; retry their gangs."""
+        with self._db.read() as cur:  # called on every scheduling pass: no write transaction when none is silent
+            if not _worker_rows.silent_workers(cur, now, timeout):
+                return Effects()
         with self._db.txn() as cur:
             stale = _worker_rows.silent_workers(cur, now, timeout)
             if not stale:
