@@ -77,3 +77,25 @@ def test_a_blocked_actor_answers_through_its_control_group(ray_client) -> None:
     started = time.monotonic()
     (dead,) = actor.stacks(timeout=5)
     assert dead.error is not None and time.monotonic() - started < 6
+
+
+def test_a_terminated_job_leaves_no_task_keys_behind(ray_client, tmp_path: Path) -> None:
+    from ray.experimental import internal_kv
+
+    from fray.ray._stacks import task_prefix
+    from fray.ray.inside._worker import KV_NAMESPACE
+
+    ref_file, release = tmp_path / "ref", tmp_path / "release"
+    job = ray_client.submit(
+        JobRequest(
+            name="killed", entrypoint=Entrypoint.from_callable(job_with_task, args=(str(ref_file), str(release)))
+        )
+    )
+    wait_until(lambda: [p for p in job.stacks(timeout=10) if p.task_id], timeout=60, what="the task's stacks")
+    job.terminate()
+
+    def keys() -> list[bytes]:
+        return list(internal_kv._internal_kv_list(task_prefix(job.job_id), namespace=KV_NAMESPACE))
+
+    wait_until(lambda: not keys(), timeout=30, what="the task's key to go")
+    release.write_text("go")  # in case Ray left the task running

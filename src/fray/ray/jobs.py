@@ -29,7 +29,7 @@ from fray.ray._board import BOARD
 from fray.ray._errors import first_line, is_preemption
 from fray.ray._job_handle import LIVE, RayJobHandle
 from fray.ray._launch import Launcher, unique_suffix, user_env
-from fray.ray._stacks import job_stacks
+from fray.ray._stacks import job_stacks, task_prefix
 from fray.ray.actors import RayActorHandle
 from fray.ray.inside import _worker
 from fray.ray.inside._actor_end import read_end
@@ -322,6 +322,8 @@ class CallableJob(RayJobHandle):
             internal_kv._internal_kv_del(
                 f"started/{self._uid}/".encode(), del_by_prefix=True, namespace=_worker.KV_NAMESPACE
             )
+            # And those of job-context tasks killed with the job (tasks that end delete their own).
+            internal_kv._internal_kv_del(task_prefix(self._job_id), del_by_prefix=True, namespace=_worker.KV_NAMESPACE)
 
     # Stopping ----------------------------------------------------------------------------------
 
