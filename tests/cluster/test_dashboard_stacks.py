@@ -17,6 +17,7 @@ from fray import ActorConfig
 from fray.cluster.client import ClusterClient
 from fray.cluster.server.launcher import LocalCluster
 from fray.job import Entrypoint, JobRequest
+from support import wait_until
 
 
 def dash_sleep(stop: str) -> None:
@@ -38,6 +39,17 @@ class DashStuck:
 
 def dash_stuck_here(event: threading.Event) -> None:
     event.wait(120)
+
+
+def _answered(out: Any) -> str:
+    """The text the button put in ``out`` once the answer came (the page's CSP forbids evaluated waits)."""
+    return str(
+        wait_until(
+            lambda: (text := out.text_content() or "") and not text.startswith("asking") and text,
+            timeout=30,
+            what="the stacks to come",
+        )
+    )
 
 
 def test_stacks_buttons_show_a_jobs_replicas_and_an_actors_call(
@@ -71,8 +83,7 @@ def test_stacks_buttons_show_a_jobs_replicas_and_an_actors_call(
         stacks = page.locator("#stacks")
         for _ in range(60):  # both replicas may take a moment to reach deep sleep after the job runs
             page.click("button.stacks >> nth=0")
-            page.wait_for_function("document.getElementById('stacks').textContent.indexOf('asking') !== 0")
-            text = stacks.text_content() or ""
+            text = _answered(stacks)
             if "replica 0" in text and "replica 1" in text and text.count("in dash_sleep") == 2:
                 break
             page.wait_for_timeout(500)
@@ -83,10 +94,7 @@ def test_stacks_buttons_show_a_jobs_replicas_and_an_actors_call(
         for _ in range(60):
             row.locator("button.stacks >> nth=0").click()
             out = row.locator("pre.stacks")
-            page.wait_for_function(
-                "el => el.textContent && el.textContent.indexOf('asking') !== 0", arg=out.element_handle()
-            )
-            text = out.text_content() or ""
+            text = _answered(out)
             if "in dash_stuck_here" in text:
                 break
             page.wait_for_timeout(500)

@@ -86,6 +86,11 @@ def uid() -> str:
     return uuid.uuid4().hex[:6]
 
 
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[-1].split()[0]
+
+
 def _showing(stacks, function: str) -> list:
     return [p for p in stacks if any(f.function == function for t in p.threads for f in t.frames)]
 
@@ -139,6 +144,7 @@ def test_a_stopped_task_process_is_reported_and_the_controller_stays_responsive(
     assert first.pid is not None
     os.kill(first.pid, signal.SIGSTOP)
     try:
+        wait_until(lambda: _state(first.pid) == "T", timeout=10, what="the process to stop")
         answers: list = []
         asking = threading.Thread(target=lambda: answers.append(job.stacks(timeout=3)))
         started = time.monotonic()
