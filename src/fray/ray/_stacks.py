@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from fray.stacks import ProcessStacks
@@ -58,11 +58,14 @@ def relay(targets: list[tuple[int, str, str | None]], locals: bool, timeout: flo
     return [answer.to_json() for answer in ask_all(targets, timeout=timeout, locals=locals)]
 
 
-def job_stacks(job_id: str, replica_keys: Sequence[bytes], timeout: float, locals: bool) -> tuple[ProcessStacks, ...]:
+def job_stacks(
+    job_id: str, replica_keys: Sequence[bytes], ended: Collection[int], timeout: float, locals: bool
+) -> tuple[ProcessStacks, ...]:
     """Every replica of a job's running attempt (by its started key, in order), then its running tasks.
 
-    A replica that has not said where it runs yet (it waits for resources, or started less than
-    ``fray.ray.inside._worker.STARTED_AFTER`` seconds ago) is reported with ``error`` set.
+    A replica that has ended (its index in ``ended``), or has not said where it runs yet (it waits
+    for resources, or started less than ``fray.ray.inside._worker.STARTED_AFTER`` seconds ago), is
+    reported with ``error`` set.
     """
     from ray.experimental import internal_kv
 
@@ -71,9 +74,13 @@ def job_stacks(job_id: str, replica_keys: Sequence[bytes], timeout: float, local
     slots: list[ProcessStacks | int] = []  # an answer already known, or the index of a target to ask
     targets: list[Target] = []
     for index, key in enumerate(replica_keys):
-        where = internal_kv._internal_kv_get(key, namespace=KV_NAMESPACE)
+        where = None if index in ended else internal_kv._internal_kv_get(key, namespace=KV_NAMESPACE)
         if not where:
-            why = "it has not started yet (it waits for resources, or has run for less than a moment)"
+            why = (
+                "it has ended"
+                if index in ended
+                else "it has not started yet (it waits for resources, or has run for less than a moment)"
+            )
             slots.append(ProcessStacks(f"replica {index}", "", None, error=f"replica {index}: {why}"))
             continue
         slots.append(len(targets))

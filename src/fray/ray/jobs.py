@@ -350,8 +350,10 @@ class CallableJob(RayJobHandle):
         if self._lifecycle.finished:
             return ()
         attempt, refs, _ = self._pending_refs()
+        with self._lock:
+            ended = set(self._outcomes)
         keys = [_worker.started_key(self._uid, attempt, index) for index in range(len(refs))]
-        return job_stacks(self._job_id, keys, timeout, locals)
+        return job_stacks(self._job_id, keys, ended, timeout, locals)
 
     # Fault injection ---------------------------------------------------------------------------
 
