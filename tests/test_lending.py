@@ -62,4 +62,3 @@ def test_several_blocked_threads_of_one_job_lend_once_the_last_to_resume_reclaim
         resume[2].set()
         threads[2].join(10)
     assert lender.calls == ["lend", "reclaim"]
-

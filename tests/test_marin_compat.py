@@ -262,7 +262,7 @@ def test_current_client_function_survives_submodule_import_in_a_fresh_process() 
 
 def test_marin_settings_fray_cannot_honour_are_refused_by_name() -> None:
     from fray.local_backend import LocalClient
-    from fray.types import ActorConfig, Entrypoint, JobRequest, ResourceConfig, create_environment
+    from fray.types import Entrypoint, JobRequest, ResourceConfig, create_environment
 
     with LocalClient() as client:
         with pytest.raises(ConfigError, match="secrets"):

@@ -15,7 +15,16 @@ from pathlib import Path
 import pytest
 
 from conformance.test_actor_groups import Idle, run_rl_pattern
-from fray import ActorConfig, ResourceConfig
+from fray import (
+    ActorConfig,
+    Entrypoint,
+    JobRequest,
+    JobStatus,
+    ResourceConfig,
+    current_client,
+    get_job_context,
+    wait_all,
+)
 from fray.cluster.client import ClusterClient
 from fray.cluster.server.launcher import LocalCluster
 
@@ -58,3 +67,52 @@ def test_an_actor_with_explicit_resources_reserves_them(small_client):
     free = small_client.create_actor(Idle, name="free", actor_config=ActorConfig(max_concurrency=2))
     assert isinstance(free.ping(), int)
     assert not third._fray_ready().done()
+
+
+# ----- lend while blocked (issue 34): a job waiting on its own work gives its CPU back ----------------------------
+
+ONE_CPU = ResourceConfig(cpu=1, ram="0b", disk="0b")
+
+
+def _square(x: int) -> int:
+    return x * x
+
+
+def _fan_out(count: int) -> int:
+    ctx = get_job_context()
+    return sum(ctx.get([ctx.create_task(_square, i, resources=ONE_CPU) for i in range(count)], timeout=120))
+
+
+def _job_that_fans_out_twice() -> int:
+    # The job holds one CPU, the outer task the other; the inner tasks start only if both lend theirs.
+    ctx = get_job_context()
+    return ctx.get(ctx.create_task(_fan_out, 5, resources=ONE_CPU), timeout=150)
+
+
+def _parent_of(count: int) -> None:
+    client = current_client()
+    children = [
+        client.submit(
+            JobRequest(name=f"child{i}", entrypoint=Entrypoint.from_callable(_square, args=(i,)), resources=ONE_CPU)
+        )
+        for i in range(count)
+    ]
+    assert wait_all(children, timeout=120) == [JobStatus.SUCCEEDED] * count
+
+
+def test_a_job_whose_task_fans_out_and_waits_lends_its_cpu_and_completes(small_client):
+    job = small_client.submit(
+        JobRequest(name="fan-out", entrypoint=Entrypoint.from_callable(_job_that_fans_out_twice), resources=ONE_CPU)
+    )
+    assert job.wait(timeout=180) == JobStatus.SUCCEEDED
+
+
+def test_parent_jobs_filling_the_cluster_lend_their_cpus_to_their_children(small_client):
+    # Two parents hold both CPUs; their children start only because the parents lend theirs while they wait.
+    parents = [
+        small_client.submit(
+            JobRequest(name=f"parent{i}", entrypoint=Entrypoint.from_callable(_parent_of, args=(2,)), resources=ONE_CPU)
+        )
+        for i in range(2)
+    ]
+    assert wait_all(parents, timeout=180) == [JobStatus.SUCCEEDED] * 2

@@ -31,7 +31,7 @@ import time
 from collections.abc import Iterator
 from typing import Protocol
 
-__all__ = ["LEND_AFTER", "Lender", "blocked", "lending_to"]
+__all__ = ["LEND_AFTER", "Lender", "blocked", "lend_for_this_process", "lending_to", "process_lender"]
 
 #: How long a wait lasts before the job's CPU is lent (shorter waits would cost a round trip for nothing).
 LEND_AFTER = 0.05
@@ -84,6 +84,18 @@ def lending_to(lender: Lender | None, *, process_wide: bool = False) -> Iterator
         yield
     finally:
         _loans.reset(token)
+
+
+def lend_for_this_process(lender: Lender | None) -> None:
+    """Lend through ``lender`` for every thread of this process (a process that runs one task of a job)."""
+    global _process_loan
+    _process_loan = None if lender is None else _Loan(lender)
+
+
+def process_lender() -> Lender | None:
+    """The lender :func:`lend_for_this_process` installed, if any."""
+    loan = _process_loan
+    return None if loan is None else loan.lender
 
 
 @contextlib.contextmanager

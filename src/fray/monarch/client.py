@@ -95,7 +95,9 @@ class MonarchClient(ClientCore["MonarchJobHandle", "MonarchActorHandle"]):
     """
 
     BACKEND = "Monarch"
-    ACTOR_CONFIG = frozenset({"max_concurrency", "priority"})  # Monarch restarts nothing; its processes end with the client's
+    ACTOR_CONFIG = frozenset(
+        {"max_concurrency", "priority"}
+    )  # Monarch restarts nothing; its processes end with the client's
     # A replica of several processes: fray.process._ranks; extras are checked installed, as on local.
     HONOURS = frozenset(
         {"JobRequest.processes_per_task", "JobRequest.priority", "JobRequest.timeout", "EnvironmentConfig.extras"}

@@ -24,6 +24,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from fray.client import ClientSpec
+from fray.cluster.client._lender import lend_through
 from fray.cluster.client._placement import placed, placed_request
 from fray.cluster.client._submit_batch import SubmitBatcher, batches
 from fray.cluster.client.actor_handle import ClusterActorHandle, live_clients
@@ -264,6 +265,8 @@ class ClusterClient(ClientCore["ClusterJobHandle", "ClusterActorHandle"]):
         self.user = user or os.environ.get("FRAY_USER") or getpass.getuser()
         inside = os.environ.get("FRAY_CLIENT_SPEC", "") == f"fray://{address}" and bool(os.environ.get("FRAY_JOB_ID"))
         self._parent = os.environ["FRAY_JOB_ID"] if inside else None
+        if inside:  # a task of this cluster: blocked on its own work, it lends its CPU (fray.core._lending)
+            lend_through(self._controller)
         # One namespace rule for jobs and actors (fray.cluster.rpc.namespace): refused here, not when an actor starts.
         self.namespace = resolve_namespace(
             namespace or (os.environ.get("FRAY_NAMESPACE") if inside else None) or f"{self.user}-{uuid.uuid4().hex[:8]}"

@@ -186,6 +186,10 @@ class ControllerProxy:
     def preempt(self, job_id: str, replica: int | None = None) -> JobView:
         return codec.view_from(self._call("preempt", job_id, replica))
 
+    def lend_cpu(self, key: TaskKey, lent: bool) -> bool:
+        """Task ``key`` is blocked on its own work and lends its CPU (``lent``), or takes it back."""
+        return bool(self._call("lend_cpu", codec.key_data(key), lent))
+
     def logs(self, job_id: str, last: int | None = None, after_id: int = 0) -> list[tuple[int, str]]:
         return [(int(i), str(line)) for i, line in self._call("logs", job_id, last, after_id)]
 

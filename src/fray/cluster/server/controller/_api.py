@@ -146,6 +146,7 @@ class ControllerAPI:
             "submit_many": self._submit_many,
             "terminate": self._terminate,
             "preempt": self._preempt,
+            "lend_cpu": self._lend_cpu,
             "register_endpoint": self._register_endpoint,
             "namespace_token": self._namespace_token,
             "logs": self._logs,
@@ -272,6 +273,14 @@ class ControllerAPI:
         if replica is not None and (isinstance(replica, bool) or not isinstance(replica, int)):
             raise ProtocolError(f"preempt: replica must be a whole number or nil, got {type(replica).__name__}")
         return codec.view_data(self._service.preempt(job.job_id, replica))
+
+    def _lend_cpu(self, caller: Caller, key: Any, lent: Any) -> bool:
+        # A task lends its own CPU: only its job's credential (or its user's, or the administrator) may.
+        task = codec.key_from(key)
+        job = self._service.job(task.job_id)
+        if caller.job_id != task.job_id and not caller.may_act_for(job.user):
+            raise PermissionDenied(f"only job {task.job_id!r} itself may lend its tasks' CPU")
+        return bool(self._service.lend_cpu(task, bool(lent)))
 
     def _logs(self, caller: Caller, job_id: Any, last: Any = None, after_id: Any = 0) -> list[list[Any]]:
         job = self._service.job(str(job_id))

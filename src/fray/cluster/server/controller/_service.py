@@ -81,6 +81,8 @@ _WAIT_LINGER = 0.05
 # client's next call another), so a wait_all over a deep queue would otherwise cost more per job the deeper it is.
 _WAIT_LINGER_PER_JOB = 0.0002
 _WAIT_LINGER_MAX = 0.5
+# Past this many lent tasks, those of finished jobs are forgotten.
+_LENT_PRUNE = 1024
 _FINISHED_STATES = frozenset(state.value for state in JobStatus if state.finished)
 
 
@@ -119,6 +121,10 @@ class ControllerService:
         self._sessions = WorkerSessions(store, self._lock, worker_timeout)
         self._specs = SpecCache(lambda job_id: codec.spec_from(unpack(store.job_request(job_id))), spec_cache_size)
         self._kick = threading.Event()
+        # Tasks blocked on their own work that lent their CPU (fray.core._lending): the scheduler
+        # counts no CPU for them. Kept in memory only: after a restart they count again until
+        # they lend anew, which can only make the controller more careful.
+        self._lent: set[TaskKey] = set()
         # Held by a pass from recording its placements until they are in the outboxes, and by a
         # registration from reading its worker's assigned tasks until it has emptied its outbox: a
         # placement is then either in what the registration reads (and its start, if queued
@@ -241,7 +247,9 @@ class ControllerService:
         pending = self._queue.view()
         if not pending.jobs:
             return []
-        snapshot = self._store.scheduler_input(pending=False)
+        with self._lock:
+            lent = frozenset(self._lent)
+        snapshot = self._store.scheduler_input(pending=False, lent=lent)
         workers = snapshot.workers
         fenced = self.fenced_workers
         if fenced:
@@ -602,6 +610,27 @@ class ControllerService:
         """Stop the job, its tasks and its descendants."""
         self._apply(self._store.terminate_job(job_id, self._clock(), reason))
         return self.job(job_id)
+
+    def lend_cpu(self, key: TaskKey, lent: bool) -> bool:
+        """Task ``key`` is blocked on its own work (``lent``) or resumed: its CPU is free for others, or not.
+
+        Lending kicks a pass (the work it waits for may start now); taking it back needs none:
+        the task may briefly use more than its worker has, which the next pass sees. False for a
+        task that is not running (nothing to lend).
+        """
+        if lent and self._store.get_task(key).state.value not in ("assigned", "running"):
+            return False
+        with self._lock:
+            if lent:
+                self._lent.add(key)
+                if len(self._lent) > _LENT_PRUNE:  # tasks killed while lent never took it back
+                    running = self._queue.unfinished_states({k.job_id for k in self._lent})
+                    self._lent = {k for k in self._lent if running.get(k.job_id) == JobStatus.RUNNING.value}
+            else:
+                self._lent.discard(key)
+        if lent:
+            self._kick.set()
+        return True
 
     def preempt(self, job_id: str, replica: int | None = None) -> JobView:
         """Lose the running ``replica`` of the job (all of it if None) as a preemption (``fray.testing.preempt``)."""

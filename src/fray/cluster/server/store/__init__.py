@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import TypeVar
 
@@ -275,13 +275,14 @@ class ClusterStore:
 
     # -- scheduling ------------------------------------------------------------------------
 
-    def scheduler_input(self, *, pending: bool = True) -> SchedulerInput:
+    def scheduler_input(self, *, pending: bool = True, lent: Collection[TaskKey] = ()) -> SchedulerInput:
         """Pending jobs, alive workers, capacity-holding tasks and balances, from one snapshot.
 
-        ``pending=False`` leaves the pending jobs out (a controller that keeps them in memory).
+        ``pending=False`` leaves the pending jobs out (a controller that keeps them in memory);
+        the tasks in ``lent`` hold no CPU (they lent it while blocked on their own work).
         """
         with self._db.read() as cur:
-            return read_scheduler_input(cur, pending=pending)
+            return read_scheduler_input(cur, pending=pending, lent=lent)
 
     def pending_jobs(self) -> list[tuple[PendingJob, str]]:
         """Every PENDING job as the scheduler sees it, with its stored pending reason, in submission order."""

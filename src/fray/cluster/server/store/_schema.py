@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from fray.cluster.protocol.capacity import Device, TaskResources, WorkerInfo
@@ -392,10 +392,13 @@ def read_pending(cur: sqlite3.Cursor, job_id: str | None = None) -> list[tuple[P
     ]
 
 
-def read_scheduler_input(cur: sqlite3.Cursor, *, pending: bool = True) -> SchedulerInput:
+def read_scheduler_input(
+    cur: sqlite3.Cursor, *, pending: bool = True, lent: Collection[TaskKey] = ()
+) -> SchedulerInput:
     """Pending jobs (unless ``pending=False``), alive workers, capacity-holding tasks and balances.
 
-    Call it inside one read transaction.
+    The tasks in ``lent`` hold no CPU: they are blocked on their own work and lent it
+    (:mod:`fray.core._lending`). Call it inside one read transaction.
     """
     jobs = tuple(job for job, _ in read_pending(cur)) if pending else ()
     workers = tuple(
@@ -404,16 +407,23 @@ def read_scheduler_input(cur: sqlite3.Cursor, *, pending: bool = True) -> Schedu
         for row in cur.execute(f"SELECT {WORKER_COLS} FROM workers WHERE state = 'alive' AND health = '' ORDER BY id")
     )
     cols = ", ".join(f"j.{c.strip()}" for c in RES_COLS.split(","))
+    rows = cur.execute(
+        f"SELECT t.worker_id, j.user_name, {cols}, t.job_id, t.task_index, t.attempt "
+        "FROM tasks t JOIN jobs j ON j.id = t.job_id WHERE t.state IN (?, ?)",
+        ACTIVE,
+    )
     running = tuple(
-        RunningTask(row[0], row[1], resources_from(row[2:10]))
-        for row in cur.execute(
-            f"SELECT t.worker_id, j.user_name, {cols} FROM tasks t JOIN jobs j ON j.id = t.job_id "
-            "WHERE t.state IN (?, ?)",
-            ACTIVE,
-        )
+        RunningTask(row[0], row[1], _without_cpu(resources_from(row[2:10])))
+        if lent and TaskKey(row[10], row[11], row[12]) in lent
+        else RunningTask(row[0], row[1], resources_from(row[2:10]))
+        for row in rows
     )
     credits = {name: balance for name, balance in cur.execute("SELECT name, balance FROM users")}
     return SchedulerInput(jobs, workers, running, credits)
+
+
+def _without_cpu(resources: TaskResources) -> TaskResources:
+    return dataclasses.replace(resources, cpu_millis=0)
 
 
 def write_worker(cur: sqlite3.Cursor, info: WorkerInfo, address: str, now: float) -> int:
