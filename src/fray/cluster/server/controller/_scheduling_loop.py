@@ -34,6 +34,10 @@ _DEBOUNCE_MAX = 0.05
 # speak of). Then the pass runs at once, so that a lone submit is not kept waiting; a burst's later
 # events gather while it runs.
 _IDLE_PASS_SECONDS = 0.001
+# Expiring silent workers and timing out jobs run at most this often (monotonic), not on every pass: each is a
+# query, and on a small busy cluster passes come one per freed slot, every few milliseconds. Both have
+# second-scale deadlines, so this delays neither noticeably.
+_HOUSEKEEPING_SECONDS = 0.1
 
 
 class SchedulingLoop:
@@ -86,6 +90,7 @@ class SchedulingLoop:
 
     def _run(self) -> None:
         last_accrual = 0.0
+        last_housekeeping = -_HOUSEKEEPING_SECONDS
         while not self._stopping.is_set():
             if self._kick.wait(timeout=min(1.0, self._worker_timeout / 4)) and not self._idle:
                 # Let the events of a burst (submits, exits) gather into one pass: the dearer
@@ -99,13 +104,9 @@ class SchedulingLoop:
                 if self._storage.reason:
                     self._try_writable(now)
                     continue
-                self._forgive_stall()  # after ``now``: a stall in between is seen here
-                expired = self._store.expire_workers(now, self._worker_timeout)
-                for worker_id in expired.lost_workers:
-                    logger.warning("worker %s is lost: no heartbeat for more than %gs", worker_id, self._worker_timeout)
-                self._apply(expired)
-                # Jobs past their timeout (one indexed query; nothing when none has one).
-                self._apply(self._store.time_out_jobs(now))
+                if time.monotonic() - last_housekeeping >= _HOUSEKEEPING_SECONDS:
+                    last_housekeeping = time.monotonic()
+                    self._housekeeping(now)
                 if now - last_accrual >= 5.0:
                     self._store.accrue_credits(now)
                     last_accrual = now
@@ -117,6 +118,16 @@ class SchedulingLoop:
                 self._storage_failed(exc)
             except Exception:  # the loop must survive anything one pass hits
                 logger.exception("scheduling pass failed")
+
+    def _housekeeping(self, now: float) -> None:
+        """Expire silent workers and time out jobs (see _HOUSEKEEPING_SECONDS)."""
+        self._forgive_stall()  # after ``now``: a stall in between is seen here
+        expired = self._store.expire_workers(now, self._worker_timeout)
+        for worker_id in expired.lost_workers:
+            logger.warning("worker %s is lost: no heartbeat for more than %gs", worker_id, self._worker_timeout)
+        self._apply(expired)
+        # Jobs past their timeout (one indexed query; nothing when none has one).
+        self._apply(self._store.time_out_jobs(now))
 
     def _forgive_stall(self) -> None:
         # The controller itself stood still (SIGSTOP, GC, swap, a VM pause) and heard nobody
