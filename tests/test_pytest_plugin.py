@@ -12,41 +12,28 @@ import pytest
 
 HUNG_TEST = textwrap.dedent(
     """
-    import threading
-
     import pytest
 
     import fray
     from fray import JobRequest
-
-
-    def hung_here(flag):
-        threading.Event().wait()  # never set: the job is stuck here
-
-
-    def actor_stuck_in_its_method():
-        threading.Event().wait()
-
-
-    class Stuck:
-        def block(self):
-            actor_stuck_in_its_method()
+    from _hung_work import Stuck, hung_here
 
 
     @pytest.mark.timeout({timeout})
     def test_waits_for_a_job_that_never_ends():
-        client = fray.client_from_spec("local")
+        client = fray.client_from_spec({spec!r})
         job = client.submit(JobRequest(name="hung", entrypoint=fray.Entrypoint.from_callable(hung_here, args=(1,))))
         actor = client.create_actor(Stuck, name="stuck")
         actor.block.remote()
         job.wait()
     """
 )
+TESTS = str(Path(__file__).resolve().parent)
 
 
-def _run(tmp_path: Path, *args: str, timeout: float = 3) -> str:
-    (tmp_path / "test_hung.py").write_text(HUNG_TEST.format(timeout=timeout))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FRAY_")}
+def _run(tmp_path: Path, *args: str, timeout: float = 3, spec: str = "local", env: dict[str, str] | None = None) -> str:
+    (tmp_path / "test_hung.py").write_text(HUNG_TEST.format(timeout=timeout, spec=spec))
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("FRAY_")}, "PYTHONPATH": TESTS, **(env or {})}
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-c", os.devnull, *args, "test_hung.py"],
         cwd=tmp_path,
@@ -67,10 +54,22 @@ def test_a_timed_out_test_prints_its_remote_work_s_stacks_first(tmp_path: Path, 
     ours = output.index("fray: live stacks")
     # Where the job and the actor are stuck, with the file and line, before pytest-timeout's own report.
     assert output.index("in hung_here", ours) < output.index("Timeout", ours), output
-    assert "in actor_stuck_in_its_method" in output[ours:], output
-    assert "threading.Event().wait()  # never set" in output[ours:], output
+    timeout_at = output.index("Timeout", ours)
+    assert output.index("in actor_stuck_in_its_method", ours) < timeout_at, output
+    assert output.index("threading.Event().wait()  # never set", ours) < timeout_at, output
 
 
 def test_without_the_plugin_nothing_is_printed(tmp_path: Path) -> None:
     output = _run(tmp_path, "-s")
     assert "fray: live stacks" not in output and "Timeout" in output
+
+
+def test_on_a_fray_cluster_the_stacks_are_the_remote_processes(tmp_path: Path, fray_cluster) -> None:
+    env = {"FRAY_TOKEN": fray_cluster.token}
+    output = _run(tmp_path, "-p", "fray.testing", "-s", timeout=10, spec=f"fray://{fray_cluster.address}", env=env)
+    ours = output.index("fray: live stacks of 2 running job(s) and actor(s)")
+    timeout_at = output.index("Timeout", ours)
+    assert output.index("in hung_here", ours) < timeout_at, output
+    assert output.index("in actor_stuck_in_its_method", ours) < timeout_at, output
+    # pytest-timeout's own dump shows this process's threads only: the job ran in a worker's process.
+    assert "in hung_here" not in output[timeout_at:], output

@@ -130,6 +130,7 @@ class LocalActor:
         self._incarnation: _Incarnation | None = None
         self._start: tuple[tuple[Any, ...], dict[str, Any], contextvars.Context] | None = None
         _ACTORS[(job.client_id, job.job_id)] = self
+        job.actor_stacks = self.stacks
         job.on_stop(lambda: self.stop("was terminated"))
 
     # ----- starting --------------------------------------------------------------------------

@@ -130,6 +130,8 @@ class LocalJob:
         self._lock = threading.Lock()
         self._attempt: Attempt | None = None
         self._on_stop: list[Callable[[], None]] = [wake]
+        #: The stacks of the actor this job hosts (set by the actor): what the job's own stacks() shows.
+        self.actor_stacks: Callable[[bool], ProcessStacks] | None = None
         _JOBS[(client_id, job_id)] = self
 
     def new_attempt(self, replicas: int = 1) -> Attempt:
@@ -352,6 +354,8 @@ class LocalJobHandle(JobHandleBase):
         """
         if isinstance(self._job, _FutureJob):
             return ()
+        if self._job.actor_stacks is not None:  # the job hosts an actor: its stacks are the actor's threads
+            return (self._job.actor_stacks(locals),)
         attempt = self._job.current_attempt()
         if attempt is None:
             return ()
