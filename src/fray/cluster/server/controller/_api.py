@@ -98,28 +98,7 @@ class ControllerAPI:
         self._ops = ops
         s = service
         self._methods: dict[str, _Method] = {
-            # workers
-            "register_worker": lambda info, address, running, exited=(): codec.commands_data(
-                s.register_worker(
-                    codec.worker_info_from(info),
-                    str(address),
-                    [codec.key_from(k) for k in running],
-                    [codec.exit_from(e) for e in exited],
-                )
-            ),
-            "poll": lambda worker_id, epoch, wait=1.0: codec.commands_data(
-                s.poll(str(worker_id), int(epoch), float(wait))
-            ),
-            "report": lambda worker_id, epoch, report: s.report(str(worker_id), int(epoch), codec.report_from(report)),
-            "leave": lambda worker_id, reason, exited=(): codec.worker_record_data(
-                s.stop_worker(str(worker_id), str(reason), [codec.exit_from(e) for e in exited])
-            ),
-            # jobs
-            "submit": lambda spec, user, parent_id=None, namespace=None: codec.view_data(
-                s.submit(
-                    codec.spec_from(spec), user=str(user), parent_id=_opt_str(parent_id), namespace=_opt_str(namespace)
-                )
-            ),
+            # jobs (submitting and driving tasks need the caller: see _personal)
             "job": lambda job_id: codec.view_data(s.job(str(job_id))),
             "wait": lambda job_ids, timeout=10.0, any_finished=True: [
                 codec.view_data(v)
