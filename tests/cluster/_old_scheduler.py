@@ -409,7 +409,8 @@ def schedule(
         user_rate[task.user] = user_rate.get(task.user, 0.0) + rate(task.resources)
 
     queues: dict[str, deque[PendingJob]] = {}
-    for job in sorted(pending, key=lambda j: (j.submitted_at, j.job_id)):
+    # Best priority band first, then submission order (issue 34: bands order the queue).
+    for job in sorted(pending, key=lambda j: (j.band, j.submitted_at, j.job_id)):
         queues.setdefault(job.user, deque()).append(job)
 
     def user_bid(user: str) -> float:
@@ -418,7 +419,7 @@ def schedule(
         )
 
     bids = {user: user_bid(user) for user in queues}
-    heap = [(-bids[u], q[0].submitted_at, q[0].job_id, u) for u, q in queues.items()]
+    heap = [(q[0].band, -bids[u], q[0].submitted_at, q[0].job_id, u) for u, q in queues.items()]
     heapq.heapify(heap)
 
     assignments: list[Assignment] = []
@@ -428,7 +429,7 @@ def schedule(
     failed: dict[tuple[TaskResources, int], str] = {}
     reserved_shapes: set[tuple[TaskResources, int]] = set()
     while heap:
-        _, _, _, user = heapq.heappop(heap)
+        *_, user = heapq.heappop(heap)
         job = queues[user].popleft()
         static = pool.static(job.resources)
         never = static.never
@@ -459,5 +460,5 @@ def schedule(
                     pool.reserve(job, static)
         if queues[user]:
             head = queues[user][0]
-            heapq.heappush(heap, (-user_bid(user), head.submitted_at, head.job_id, user))
+            heapq.heappush(heap, (head.band, -user_bid(user), head.submitted_at, head.job_id, user))
     return SchedulingDecision(tuple(assignments), reasons, bids)

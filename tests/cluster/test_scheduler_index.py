@@ -113,6 +113,7 @@ def _load(draw: st.DrawFn) -> tuple[list[PendingJob], list[WorkerInfo], list[Run
             draw(st.sampled_from([1, 1, 2, 3, 8])),
             draw(st.one_of(_cpu_resources, _cpu_resources, _gpu_resources, _tpu_resources)),
             float(draw(st.integers(0, 1000))),
+            band=draw(st.sampled_from([1, 2, 2, 3])),
         )
         for i in range(draw(st.integers(0, 40)))
     ]

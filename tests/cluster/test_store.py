@@ -536,8 +536,14 @@ def test_reopening_gives_back_exactly_the_committed_state(tmp_path: Path) -> Non
         assert again.schema_version == SCHEMA_VERSION
 
 
+def _drop_bands(conn: sqlite3.Connection) -> None:
+    """Make a current file look as it did before version 7: jobs without a priority band."""
+    conn.execute("ALTER TABLE jobs DROP COLUMN band")
+
+
 def _drop_timeouts(conn: sqlite3.Connection) -> None:
-    """Make a current file look as it did before version 6: jobs without a timeout or deadline."""
+    """Make a current file look as it did before version 6: jobs without a timeout or deadline (nor a band)."""
+    _drop_bands(conn)
     conn.execute("DROP INDEX jobs_by_deadline")
     conn.execute("ALTER TABLE jobs DROP COLUMN deadline")
     conn.execute("ALTER TABLE jobs DROP COLUMN timeout")
@@ -552,7 +558,7 @@ def test_a_version_5_file_gains_job_timeouts_and_keeps_its_jobs(tmp_path: Path) 
         _drop_timeouts(conn)
         conn.execute("UPDATE schema_version SET version = 5")
     with ClusterStore(path) as store:
-        assert store.schema_version == SCHEMA_VERSION == 6
+        assert store.schema_version == SCHEMA_VERSION == 7
         assert store.get_job(old.job_id).state == JobStatus.PENDING  # unchanged, and no timeout
         limited = submit(store, "limited", now=1.0, timeout=5.0, max_retries_failure=1)
         (first,) = start(store, store.get_job(limited.job_id), ["w-1"], now=2.0)
@@ -565,6 +571,25 @@ def test_a_version_5_file_gains_job_timeouts_and_keeps_its_jobs(tmp_path: Path) 
         failure = Failure.decode(store.job_failure(limited.job_id) or b"")
         assert failure.kind == FailureKind.TIMEOUT and isinstance(failure.error(limited.job_id), JobTimeout)
         assert store.get_job(old.job_id).state == JobStatus.PENDING
+        assert store.check_invariants() == []
+
+
+def test_a_version_6_file_gains_bands_and_its_jobs_are_interactive(tmp_path: Path) -> None:
+    path = tmp_path / "db"
+    with ClusterStore(path) as store:
+        store.register_worker(make_worker("w-1"), "10.0.0.1:1", 0.0)
+        old = submit(store, "old")
+    with sqlite3.connect(path) as conn:
+        _drop_bands(conn)
+        conn.execute("UPDATE schema_version SET version = 6")
+    with ClusterStore(path) as store:
+        assert store.schema_version == SCHEMA_VERSION == 7
+        assert store.get_job(old.job_id).band == 2
+        ((pending, _),) = store.pending_jobs()
+        assert pending.band == 2
+        batch = store.submit_job(name="b", user="u", request=b"", resources=TaskResources(), now=1.0, band=3)
+        assert store.get_job(batch.job_id).band == 3
+        assert sorted(job.band for job, _ in store.pending_jobs()) == [2, 3]
         assert store.check_invariants() == []
 
 
@@ -615,7 +640,7 @@ def test_version_2_and_3_files_gain_the_blobs_table(tmp_path: Path, version: int
             conn.execute("ALTER TABLE workers DROP COLUMN health")
         conn.execute("UPDATE schema_version SET version = ?", (version,))
     with ClusterStore(path) as store:
-        assert store.schema_version == SCHEMA_VERSION == 6
+        assert store.schema_version == SCHEMA_VERSION == 7
         assert store.issued() == []  # the credentials table is there
         assert store.get_job(done.job_id).state == JobStatus.SUCCEEDED  # finished jobs keep their history
         kept = store.write_with(lambda cur: _blobs.get_blob(cur, "sha256:kept", 5.0))

@@ -230,12 +230,13 @@ def job_list(address: str | None, states: tuple[str, ...], namespace: str | None
     if as_json:
         echo_json(rows)
         return
-    table = Table("job", "state", "submitted", "duration", "command", "why pending / error")
+    table = Table("job", "state", "band", "submitted", "duration", "command", "why pending / error")
     for row in rows:
         plain_row(
             table,
             row["job_id"],
             row["state"],
+            row["band_name"],
             format_time(row["submitted_at"]),
             format_duration(row["duration"]),
             row["command"],
@@ -260,11 +261,16 @@ def job_status(address: str | None, ref: str, as_json: bool) -> None:
     out = stdout_console()
     out.print(
         f"[bold]{escape(detail['job_id'])}[/bold]  {detail['state']}  attempt {detail['attempt']}  "
-        f"namespace {detail['namespace']}  user {detail['user']}"
+        f"band {detail['band_name']}  namespace {detail['namespace']}  user {detail['user']}"
     )
     out.print(f"  command: {detail['command']}")
     if detail["pending_reason"] or detail["error"]:
         out.print(f"  {escape(detail['pending_reason'] or detail['error'])}")
+    if detail["pending_reason"] and detail["error"] and detail["error"] not in detail["pending_reason"]:
+        # A job pending again after a lost or preempted attempt: say what ended that attempt.
+        out.print(f"  last attempt: {escape(detail['error'])}")
+    if detail["preemptions"]:
+        out.print(f"  preemptions: {detail['preemptions']} of {detail['max_retries_preemption']} allowed")
     tasks = Table("attempt", "task", "replica", "state", "worker", "exit", "started", "error")
     for t in detail["tasks"]:
         plain_row(

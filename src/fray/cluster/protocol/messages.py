@@ -244,3 +244,4 @@ class JobView:
     finished_at: float | None
     replicas: int
     label: str = ""
+    band: int = 2  #: the job's priority band (1 production, 2 interactive, 3 batch)

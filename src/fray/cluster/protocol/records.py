@@ -155,6 +155,7 @@ class JobRecord:
     submitted_at: float
     started_at: float | None
     finished_at: float | None
+    band: int = 2  #: the job's priority band (1 production, 2 interactive, 3 batch)
 
     @property
     def task_count(self) -> int:
@@ -277,3 +278,5 @@ class JobShape(Protocol):
     def timeout_seconds(self) -> float | None: ...
     @property
     def max_retries_preemption(self) -> int: ...
+    @property
+    def priority(self) -> int: ...

@@ -177,12 +177,15 @@ class OpsService:
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
             raise ConfigError(f"limit={limit!r} must be a whole number >= 0 (0: no limit)")
         now = self._clock()
-        rows = self._store.read_with(
-            lambda cur: _views.job_rows(cur, states=states, limit=limit, namespace=namespace, name=name, user=user)
+        rows, waiting = self._store.read_with(
+            lambda cur: (
+                _views.job_rows(cur, states=states, limit=limit, namespace=namespace, name=name, user=user),
+                _views.pending_by_band(cur),
+            )
         )
         out = []
         for job, label in rows:
-            data = _views.job_dict(job, label, now)
+            data = _views.job_dict(job, label, now, waiting)
             data["command"] = self._command(job.job_id)
             out.append(data)
         return out
@@ -195,13 +198,13 @@ class OpsService:
         """One job with every attempt's tasks and its state history; raises NotFound."""
         now = self._clock()
 
-        def read(cur: Any) -> tuple[JobRecord, str, list[TaskRecord]]:
+        def read(cur: Any) -> tuple[JobRecord, str, list[TaskRecord], dict[int, int]]:
             job = read_job(cur, job_id)
             label = cur.execute("SELECT label FROM jobs WHERE id = ?", (job_id,)).fetchone()[0]
-            return job, str(label), _views.task_rows(cur, job_id)
+            return job, str(label), _views.task_rows(cur, job_id), _views.pending_by_band(cur)
 
-        job, label, tasks = self._store.read_with(read)
-        data = _views.job_dict(job, label, now)
+        job, label, tasks, waiting = self._store.read_with(read)
+        data = _views.job_dict(job, label, now, waiting)
         data["command"] = self._command(job_id)
         data["tasks"] = [_views.task_dict(t) for t in tasks]
         data["history"] = job_history(job, tasks)

@@ -31,6 +31,7 @@ def job_view(job: JobRecord, failure: bytes | None, settled: bool) -> JobView:
         submitted_at=job.submitted_at,
         finished_at=job.finished_at,
         replicas=job.replicas,
+        band=job.band,
     )
 
 

@@ -24,16 +24,16 @@ from collections.abc import Callable, Iterable
 
 from fray.cluster.protocol.records import Effects, JobRecord, TaskRecord
 from fray.cluster.server.scheduler import PendingJob, PendingQueue, PendingReasons, SchedulingDecision, Shape
-from fray.cluster.server.scheduler._queue import shape_of
+from fray.cluster.server.scheduler._queue import queue_order, shape_of
 from fray.cluster.server.store import ClusterStore
 from fray.job import JobStatus
 
 __all__ = ["PendingSet"]
 
 
-def _order(job: PendingJob) -> tuple[float, str]:
-    """Where a job stands in its user's queue: submission order, ties by id (as the scheduler sorts)."""
-    return (job.submitted_at, job.job_id)
+def _order(job: PendingJob) -> tuple[int, float, str]:
+    """Where a job stands in its user's queue: as the scheduler sorts (best band, then submission order)."""
+    return queue_order(job)
 
 
 class PendingSet:
@@ -146,7 +146,7 @@ class PendingSet:
         """Newly submitted jobs."""
         with self._lock:
             for r in records:
-                self._insert(PendingJob(r.job_id, r.user, r.replicas, r.resources, r.submitted_at))
+                self._insert(PendingJob(r.job_id, r.user, r.replicas, r.resources, r.submitted_at, band=r.band))
                 self._live.add(r.job_id)
 
     def track(self, effects: Effects) -> None:

@@ -57,12 +57,19 @@ from fray.cluster.rpc.registry import EndpointRegistry
 from fray.cluster.server.controller._issuer import DEFAULT_JOIN_TTL, CredentialIssuer
 from fray.cluster.server.controller._job_view import job_view, tpu_device_env
 from fray.cluster.server.controller._pending import PendingSet
+from fray.cluster.server.controller._preemption import preemption_after
 from fray.cluster.server.controller._queues import QueueService
 from fray.cluster.server.controller._scheduling_loop import LEASE_FRACTION, SchedulingLoop
 from fray.cluster.server.controller._specs import DEFAULT_MAX_SPECS, SpecCache
 from fray.cluster.server.controller._stacks_relay import StacksRelay
 from fray.cluster.server.controller._worker_sessions import WorkerSessions
-from fray.cluster.server.scheduler import PendingJob, SchedulingDecision, schedule_queue
+from fray.cluster.server.scheduler import (
+    PendingJob,
+    PendingQueue,
+    RunningTask,
+    SchedulingDecision,
+    schedule_queue,
+)
 from fray.cluster.server.store import ClusterStore
 from fray.cluster.server.store._database import ReadOnlyMode
 from fray.errors import AuthenticationError, FrayError, JobAlreadyExists, NotFound, PermissionDenied, StorageError
@@ -264,7 +271,25 @@ class ControllerService:
                 with self._lock:
                     self._sessions.send_starts(assigned, assignments)
                     self._notify_changed()
+        self._preempt_for_better_band(pending, decision, workers, snapshot.running, now)
         return assigned
+
+    def _preempt_for_better_band(
+        self,
+        pending: PendingQueue,
+        decision: SchedulingDecision,
+        workers: tuple[WorkerInfo, ...],
+        running: tuple[RunningTask, ...],
+        now: float,
+    ) -> None:
+        """Preempt worse-band gangs so that an unplaced better-band job fits (see ``_preemption``)."""
+        chosen = preemption_after(pending, decision, workers, running, now)
+        if chosen is None:
+            return
+        logger.info("preempting %s for job %s (band %d)", ", ".join(chosen.victims), chosen.job_id, chosen.band)
+        # The victims are pending again in their worse band: the next pass (kicked by the retry)
+        # places the better job first, on the room they left.
+        self._apply(self._store.preempt_gangs(chosen.victims, chosen.reason, now))
 
     def job_spec(self, job_id: str) -> JobSpec:
         """The job's spec (decoded from plain data; cached)."""

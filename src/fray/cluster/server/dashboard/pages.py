@@ -150,13 +150,13 @@ def job_rows(jobs: list[dict[str, Any]]) -> str:
         note = f'<td class="why">{escape(why)}</td>' if why else f'<td class="muted">{escape(job["error"])}</td>'
         rows.append(
             "<tr>"
-            f"<td>{_job_link(job['job_id'])}</td><td>{_state(job['state'])}</td>"
+            f"<td>{_job_link(job['job_id'])}</td><td>{_state(job['state'])}</td><td>{escape(job['band_name'])}</td>"
             f"<td>{escape(job['command'])}</td><td>{escape(job['user'])}</td>"
             f"<td>{_when(job['submitted_at'])}</td><td class=num>{_duration(job['duration'])}</td>"
             f'<td><a href="/logs/{quote(job["job_id"])}">logs</a></td>'
             f"{note}</tr>"
         )
-    return "".join(rows) or '<tr><td colspan="8" class="muted">no jobs</td></tr>'
+    return "".join(rows) or '<tr><td colspan="9" class="muted">no jobs</td></tr>'
 
 
 def jobs_page(jobs: list[dict[str, Any]], counts: dict[str, int], state: str, csrf: str) -> str:
@@ -167,7 +167,8 @@ def jobs_page(jobs: list[dict[str, Any]], counts: dict[str, int], state: str, cs
     )
     stream = "/stream/jobs" + (f"?state={quote(state)}" if state else "")
     head = "".join(
-        f"<th>{h}</th>" for h in ("job", "state", "command", "user", "submitted", "ran", "output", "why / error")
+        f"<th>{h}</th>"
+        for h in ("job", "state", "band", "command", "user", "submitted", "ran", "output", "why / error")
     )
     body = (
         f'<h1>Jobs</h1><p><a href="/jobs">all</a> · {filters}</p>'
@@ -196,6 +197,7 @@ def job_page(job: dict[str, Any], csrf: str, timeline: str = "") -> str:
         ("resources", f"{job['cpu']:g} cpu, {format_size(job['ram_bytes'])} ram {escape(job['device'])}"),
         ("replicas / attempt", f"{job['replicas']} / {job['attempt']}"),
         ("failures", _retries(job["failures"], job["max_retries_failure"])),
+        ("band", escape(job["band_name"])),
         ("preemptions", _retries(job["preemptions"], job["max_retries_preemption"])),
         (
             "submitted / started / ended",

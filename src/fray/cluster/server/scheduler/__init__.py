@@ -12,9 +12,11 @@ situation. The rules, in brief (``docs/scheduler.md`` has the long form):
   false, the accelerator kind and type) and has enough *free* cpu, ram, disk and
   accelerators. Free = capacity minus what the worker's assigned and running tasks
   asked for.
-* Jobs are considered in order of their user's *bid* (see :mod:`fray.cluster.server.credit`),
+* Jobs are considered best priority band first (1 production, 2 interactive, 3 batch);
+  within a band, in order of their user's *bid* (see :mod:`fray.cluster.server.credit`),
   highest first, ties broken by submit time. Each placement lowers its user's bid
-  for the rest of the pass, so users' jobs interleave.
+  for the rest of the pass, so users' jobs interleave. (Which running work of a worse
+  band a job that does not fit may preempt is :mod:`fray.cluster.server.scheduler._preempt`.)
 * A job that does not fit is skipped and the jobs behind it are still tried
   (*backfill*). Backfill alone can starve a large job forever behind a stream of
   small ones, so once a job has waited ``reserve_after_seconds`` it *reserves* the
@@ -42,7 +44,7 @@ from fray.cluster.protocol.capacity import TaskResources, WorkerInfo, format_amo
 from fray.cluster.server.credit import CreditPolicy, bid, task_rate
 from fray.cluster.server.scheduler._fit import capacity_of, fits, gpu_matches, need_of, need_text, one_of, slots_for
 from fray.cluster.server.scheduler._freeindex import FreeIndex
-from fray.cluster.server.scheduler._queue import PendingQueue, PendingReasons, Shape
+from fray.cluster.server.scheduler._queue import PendingQueue, PendingReasons, Shape, queue_order
 from fray.errors import ConfigError
 from fray.resources import TPU_TOPOLOGIES
 
@@ -56,6 +58,7 @@ __all__ = [
     "SchedulerPolicy",
     "SchedulingDecision",
     "Shape",
+    "queue_order",
     "schedule",
     "schedule_queue",
 ]
@@ -70,10 +73,14 @@ class PendingJob:
     replicas: int
     resources: TaskResources
     submitted_at: float
+    #: Priority band: 1 production, 2 interactive, 3 batch. A pass places better (lower) bands first.
+    band: int = 2
 
     def __post_init__(self) -> None:
         if isinstance(self.replicas, bool) or not isinstance(self.replicas, int) or self.replicas < 1:
             raise ConfigError(f"PendingJob(replicas={self.replicas!r}) must be a whole number >= 1")
+        if self.band not in (1, 2, 3):
+            raise ConfigError(f"PendingJob(band={self.band!r}) must be 1, 2 or 3")
 
     @property
     def task_count(self) -> int:
@@ -83,11 +90,18 @@ class PendingJob:
 
 @dataclass(frozen=True)
 class RunningTask:
-    """A task that holds capacity on a worker (assigned or running) and is billed to ``user``."""
+    """A task that holds capacity on a worker (assigned or running) and is billed to ``user``.
+
+    ``job_id``, ``band`` and ``started_at`` (when its attempt was assigned) say which gang it
+    belongs to and how much it would cost to preempt (:mod:`fray.cluster.server.scheduler._preempt`).
+    """
 
     worker_id: str
     user: str
     resources: TaskResources
+    job_id: str = ""
+    band: int = 2
+    started_at: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -486,7 +500,7 @@ def schedule(
     replica on all hosts of one complete slice.
     """
     by_user: dict[str, list[PendingJob]] = {}
-    for job in sorted(pending, key=lambda j: (j.submitted_at, j.job_id)):
+    for job in sorted(pending, key=queue_order):
         by_user.setdefault(job.user, []).append(job)
     assignments, reasons, _, bids = _pass(by_user, None, workers, running, credits, now, policy or SchedulerPolicy())
     return SchedulingDecision(assignments, reasons, bids)
@@ -529,7 +543,10 @@ def _pass(
     now: float,
     policy: SchedulerPolicy,
 ) -> tuple[tuple[Assignment, ...], dict[str, PendingReason], dict[Shape, tuple[str, bool, bool]], dict[str, float]]:
-    """One pass over ``by_user`` (each user's jobs in submission order): assignments, reasons, settled shapes, bids.
+    """One pass over ``by_user`` (each user's jobs in :func:`queue_order`): assignments, reasons, settled shapes, bids.
+
+    The heap takes the user whose next job has the best band, then the highest bid: since each
+    user's jobs are sorted band first, every job of a band is looked at before any of a worse one.
 
     With ``shapes`` (each shape's job count and oldest submit time), the pass stops once every
     shape left is settled for all its remaining jobs; the jobs not looked at get their shape's
@@ -563,7 +580,7 @@ def _pass(
         return value
 
     bids = {user: user_bid(user) for user in queues}
-    heap = [(-bids[u], q[0].submitted_at, q[0].job_id, u) for u, q in queues.items()]
+    heap = [(q[0].band, -bids[u], q[0].submitted_at, q[0].job_id, u) for u, q in queues.items()]
     heapq.heapify(heap)
 
     assignments: list[Assignment] = []
@@ -605,12 +622,12 @@ def _pass(
             queue.popleft()
         if queue:
             head = queue[0]
-            heapq.heappush(heap, (-user_bid(user), head.submitted_at, head.job_id, user))
+            heapq.heappush(heap, (head.band, -user_bid(user), head.submitted_at, head.job_id, user))
 
     while heap:
         if shapes is not None and not open_shapes:
             break  # every job left would only be given its shape's settled reason
-        _, _, _, user = heapq.heappop(heap)
+        *_, user = heapq.heappop(heap)
         job = queues[user].popleft()
         if settle(job):
             requeue(user)

@@ -20,7 +20,7 @@ from fray.cluster.protocol.capacity import TaskResources
 if TYPE_CHECKING:
     from fray.cluster.server.scheduler import PendingJob, PendingReason
 
-__all__ = ["PendingQueue", "PendingReasons", "Shape", "shape_of"]
+__all__ = ["PendingQueue", "PendingReasons", "Shape", "queue_order", "shape_of"]
 
 #: What decides where a job fits, and so what its jobs share when they cannot: resources and replicas.
 Shape = tuple[TaskResources, int]
@@ -31,12 +31,17 @@ def shape_of(job: PendingJob) -> Shape:
     return (job.resources, job.replicas)
 
 
+def queue_order(job: PendingJob) -> tuple[int, float, str]:
+    """Where a job stands in its user's queue: best band first, then submission order, ties by id."""
+    return (job.band, job.submitted_at, job.job_id)
+
+
 @dataclass(frozen=True)
 class PendingQueue:
     """A consistent view of the pending jobs for one pass.
 
-    ``jobs``: every pending job by id; ``by_user``: each user's jobs in submission order
-    (``(submitted_at, job_id)``); ``shapes``: for each shape, how many of ``jobs`` have it and the
+    ``jobs``: every pending job by id; ``by_user``: each user's jobs best band first, then in
+    submission order (:func:`queue_order`); ``shapes``: for each shape, how many of ``jobs`` have it and the
     earliest ``submitted_at`` among them (which says whether any of them may reserve workers).
     """
 
@@ -49,7 +54,7 @@ class PendingQueue:
         """The view of ``pending`` built from scratch (what a controller keeps up to date instead)."""
         by_user: dict[str, list[PendingJob]] = {}
         shapes: dict[Shape, tuple[int, float]] = {}
-        for job in sorted(pending, key=lambda j: (j.submitted_at, j.job_id)):
+        for job in sorted(pending, key=queue_order):
             by_user.setdefault(job.user, []).append(job)
             count, oldest = shapes.get(shape_of(job), (0, job.submitted_at))
             shapes[shape_of(job)] = (count + 1, min(oldest, job.submitted_at))

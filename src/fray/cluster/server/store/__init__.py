@@ -147,6 +147,7 @@ class ClusterStore:
         namespace: str | None = None,
         label: str = "",
         timeout: float | None = None,
+        band: int = 2,
     ) -> JobRecord:
         """Record a new PENDING job with its first attempt's PENDING tasks; return it.
 
@@ -156,6 +157,7 @@ class ClusterStore:
         bytes (the pickled :class:`~fray.job.JobRequest`). ``label`` is a free tag (the
         controller puts an actor's name there, see :meth:`live_job_with_label`). ``timeout``
         (seconds) fails the job that long after it first started (:meth:`time_out_jobs`).
+        ``band`` is its priority band (1 production, 2 interactive, 3 batch).
         """
         with self._db.txn() as cur:
             return _job_rows.submit_job(
@@ -172,6 +174,7 @@ class ClusterStore:
                 label=label,
                 initial_credit=self.credit_policy.initial_credit,
                 timeout=timeout,
+                band=band,
             )
 
     def submit_request(
@@ -205,6 +208,8 @@ class ClusterStore:
             namespace=namespace,
             label=label,
             timeout=request.timeout_seconds,
+            # A request built past the client's submit may still say 0 (inherit): a top-level job, interactive.
+            band=request.priority or 2,
         )
 
     def get_job(self, job_id: str) -> JobRecord:
@@ -401,6 +406,21 @@ class ClusterStore:
         with self._db.txn() as cur:
             change = self._change(cur, now)
             change.preempt(job_id, replica)
+            return change.effects()
+
+    def preempt_gangs(self, job_ids: Sequence[str], reason: str, now: float) -> Effects:
+        """Preempt the whole current attempt of each of ``job_ids`` for ``reason``, in one transaction.
+
+        The scheduler's preemption of a worse band (:mod:`fray.cluster.server.scheduler._preempt`):
+        each gang is retried under its preemption budget, exactly as after a lost host. A job
+        that ended or was retried since the decision is skipped.
+        """
+        with self._db.txn() as cur:
+            change = self._change(cur, now)
+            for job_id in job_ids:
+                job = read_job(cur, job_id)
+                if job.state == JobStatus.RUNNING and any(t.state.active for t in read_tasks(cur, job_id, job.attempt)):
+                    change.preempt(job_id, None, reason)
             return change.effects()
 
     # -- workers ---------------------------------------------------------------------------

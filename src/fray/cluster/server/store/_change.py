@@ -200,12 +200,14 @@ class Change:
         """The task was preempted or vanished (``reason``): retry the gang under the preemption budget."""
         self.gang_fail(job, task, TaskState.LOST, Failure.lost(f"task {task.task_index} lost: {reason}"))
 
-    def preempt(self, job_id: str, replica: int | None) -> None:
-        """``fray.testing.preempt``: the host of ``replica``'s task (any task if None) is lost while its worker lives.
+    def preempt(self, job_id: str, replica: int | None, reason: str = "preempted (fray.testing.preempt)") -> None:
+        """The host of ``replica``'s task (any task if None) is lost while its worker lives, for ``reason``.
 
-        The gang is retried under the preemption budget (or the job fails), as for any lost
-        task; the worker is also told to kill the task's process, which still runs there.
-        Raises FrayError for a job with nothing running, ConfigError for a replica it lacks.
+        ``fray.testing.preempt``, and the scheduler's preemption of a worse band (whose ``reason``
+        names the better job). The gang is retried under the preemption budget (or the job
+        fails), as for any lost task; the worker is also told to kill the task's process, which
+        still runs there. Raises FrayError for a job with nothing running, ConfigError for a
+        replica it lacks.
         """
         job = read_job(self.cur, job_id)
         wanted = set(replicas_to_preempt(job_id, job.replicas, replica))
@@ -213,7 +215,7 @@ class Change:
         if job.state != JobStatus.RUNNING or not tasks:
             raise FrayError(f"job {job_id!r} is {job.state.value} with no attempt running: nothing to preempt")
         task = tasks[0]
-        self.lose_task(job, task, "preempted (fray.testing.preempt)")
+        self.lose_task(job, task, reason)
         if task.worker_id is not None:
             self._kill.append(KillOrder(task.key, task.worker_id))
 

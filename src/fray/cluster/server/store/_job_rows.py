@@ -47,6 +47,7 @@ def submit_job(
     label: str,
     initial_credit: float,
     timeout: float | None = None,
+    band: int = 2,
 ) -> JobRecord:
     """Check and record a new PENDING job under a fresh id, with its first attempt's tasks.
 
@@ -80,8 +81,8 @@ def submit_job(
     _tables.ensure_user(cur, user, now, initial_credit)
     cur.execute(
         f"INSERT INTO jobs (id, parent_id, name, user_name, namespace, request, state, replicas, {RES_COLS}, "
-        "max_retries_failure, max_retries_preemption, submitted_at, label, timeout) "
-        "VALUES (?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "max_retries_failure, max_retries_preemption, submitted_at, label, timeout, band) "
+        "VALUES (?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (
             job_id,
             parent_id,
@@ -96,6 +97,7 @@ def submit_job(
             now,
             label,
             timeout,
+            band,
         ),
     )
     job = read_job(cur, job_id)

@@ -50,7 +50,7 @@ __all__ = [
 ]
 
 #: The version of the layout below; :func:`create_or_migrate` brings older files up to it.
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 SCHEMA = """
 CREATE TABLE schema_version (version INTEGER NOT NULL);
@@ -90,7 +90,8 @@ CREATE TABLE jobs (
     started_at REAL,
     finished_at REAL,
     timeout REAL,
-    deadline REAL
+    deadline REAL,
+    band INTEGER NOT NULL DEFAULT 2
 );
 CREATE INDEX jobs_by_state ON jobs (state, seq);
 CREATE INDEX jobs_by_deadline ON jobs (deadline) WHERE deadline IS NOT NULL;
@@ -172,7 +173,7 @@ RES_COLS = "cpu_millis, ram_bytes, disk_bytes, device_kind, device_type, device_
 JOB_COLS = (
     "id, parent_id, name, user_name, namespace, state, replicas, " + RES_COLS + ", max_retries_failure, "
     "max_retries_preemption, failure_count, preemption_count, attempt, pending_reason, error, submitted_at, "
-    "started_at, finished_at"
+    "started_at, finished_at, band"
 )
 TASK_COLS = (
     "job_id, task_index, attempt, replica_index, host_index, state, worker_id, exit_code, error, created_at, "
@@ -194,7 +195,9 @@ WORKER_COLS = (
 # blobs table (job workspaces by content hash, :mod:`fray.cluster.server.store._blobs`); a file an
 # earlier operator build gave that table already keeps it. Version 5 adds the credentials
 # table: join tokens and the credentials the controller issued, so they can expire and be revoked.
-# Version 6 gives jobs their timeout (seconds) and deadline (first start + timeout), indexed.
+# Version 6 gives jobs their timeout (seconds) and deadline (first start + timeout), indexed. Version 7
+# gives jobs their priority band (1 production, 2 interactive, 3 batch): a pass orders and preempts by
+# it, and the pending set is read back from these columns alone at start; older jobs were all interactive.
 _MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: ("ALTER TABLE jobs ADD COLUMN failure BLOB", "UPDATE tasks SET failure = NULL"),
     2: (
@@ -222,6 +225,7 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
         "ALTER TABLE jobs ADD COLUMN deadline REAL",
         "CREATE INDEX IF NOT EXISTS jobs_by_deadline ON jobs (deadline) WHERE deadline IS NOT NULL",
     ),
+    6: ("ALTER TABLE jobs ADD COLUMN band INTEGER NOT NULL DEFAULT 2",),
 }
 
 
@@ -277,7 +281,7 @@ def resources_params(r: TaskResources) -> tuple[object, ...]:
 def job_from(row: Sequence[Any]) -> JobRecord:
     (job_id, parent_id, name, user, namespace, state, replicas) = row[:7]
     resources = resources_from(row[7:15])
-    (mrf, mrp, fc, pc, attempt, reason, error, submitted, started, finished) = row[15:]
+    (mrf, mrp, fc, pc, attempt, reason, error, submitted, started, finished, band) = row[15:]
     return JobRecord(
         job_id=str(job_id),
         parent_id=parent_id,
@@ -297,6 +301,7 @@ def job_from(row: Sequence[Any]) -> JobRecord:
         submitted_at=float(submitted),
         started_at=started,
         finished_at=finished,
+        band=int(band),
     )
 
 
@@ -383,9 +388,9 @@ def read_pending(cur: sqlite3.Cursor, job_id: str | None = None) -> list[tuple[P
     """PENDING jobs (only ``job_id`` if given) as the scheduler sees them, with their pending reasons, by seq."""
     where = "state = 'pending'" + (" AND id = ?" if job_id is not None else "")
     return [
-        (PendingJob(row[0], row[1], row[2], resources_from(row[3:11]), row[11]), str(row[12]))
+        (PendingJob(row[0], row[1], row[2], resources_from(row[3:11]), row[11], band=int(row[13])), str(row[12]))
         for row in cur.execute(
-            f"SELECT id, user_name, replicas, {RES_COLS}, submitted_at, pending_reason FROM jobs WHERE {where} "
+            f"SELECT id, user_name, replicas, {RES_COLS}, submitted_at, pending_reason, band FROM jobs WHERE {where} "
             "ORDER BY seq",
             () if job_id is None else (job_id,),
         )
@@ -408,14 +413,21 @@ def read_scheduler_input(
     )
     cols = ", ".join(f"j.{c.strip()}" for c in RES_COLS.split(","))
     rows = cur.execute(
-        f"SELECT t.worker_id, j.user_name, {cols}, t.job_id, t.task_index, t.attempt "
+        f"SELECT t.worker_id, j.user_name, {cols}, t.job_id, t.task_index, t.attempt, j.band, t.assigned_at "
         "FROM tasks t JOIN jobs j ON j.id = t.job_id WHERE t.state IN (?, ?)",
         ACTIVE,
     )
     running = tuple(
-        RunningTask(row[0], row[1], _without_cpu(resources_from(row[2:10])))
-        if lent and TaskKey(row[10], row[11], row[12]) in lent
-        else RunningTask(row[0], row[1], resources_from(row[2:10]))
+        RunningTask(
+            row[0],
+            row[1],
+            _without_cpu(resources_from(row[2:10]))
+            if lent and TaskKey(row[10], row[11], row[12]) in lent
+            else resources_from(row[2:10]),
+            job_id=row[10],
+            band=int(row[13]),
+            started_at=float(row[14] or 0.0),
+        )
         for row in rows
     )
     credits = {name: balance for name, balance in cur.execute("SELECT name, balance FROM users")}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fray.cluster.protocol.records import JobRecord, TaskRecord
@@ -20,16 +20,41 @@ __all__ = [
     "job_counts",
     "job_dict",
     "job_rows",
+    "pending_by_band",
     "task_dict",
     "task_rows",
     "worker_rows",
 ]
 
 
-def job_dict(job: JobRecord, label: str, now: float) -> dict[str, Any]:
+#: The priority bands' names (``fray.PriorityBand``), as listings show them.
+BAND_NAMES = {1: "production", 2: "interactive", 3: "batch"}
+# The scheduler's prefix of a reason that says the job would fit an idle cluster.
+_WAITING = "waiting for capacity: "
+
+
+def pending_by_band(cur: sqlite3.Cursor) -> dict[int, int]:
+    """How many jobs of each band are pending (one indexed count): what a worse band's jobs wait behind."""
+    rows = cur.execute("SELECT band, COUNT(*) FROM jobs WHERE state = 'pending' GROUP BY band").fetchall()
+    return {int(band): int(count) for band, count in rows}
+
+
+def _behind(job: JobRecord, waiting: Mapping[int, int]) -> str:
+    """``waits behind N job(s) of band production`` for a pending job of a worse band waiting for capacity."""
+    if job.state.value != "pending" or not job.pending_reason.startswith(_WAITING):
+        return ""
+    parts = [
+        f"{waiting[b]} job(s) of band {BAND_NAMES[b]}" for b in sorted(BAND_NAMES) if b < job.band and waiting.get(b)
+    ]
+    return f"; waits behind {' and '.join(parts)}" if parts else ""
+
+
+def job_dict(job: JobRecord, label: str, now: float, waiting: Mapping[int, int] | None = None) -> dict[str, Any]:
     """One job as plain data (``command`` is filled in by the caller, who can read the job's spec).
 
     ``duration`` is the seconds it ran: from its (last) start to its end, or to ``now`` while it runs.
+    ``waiting`` (:func:`pending_by_band`), when given, lets a pending job's reason name the better-band
+    jobs it waits behind: a pass places every job of a better band before it.
     """
     end = job.finished_at if job.finished_at is not None else now
     return {
@@ -47,7 +72,9 @@ def job_dict(job: JobRecord, label: str, now: float) -> dict[str, Any]:
         "device": f"{job.resources.device_kind}:{job.resources.device_type}:{job.resources.device_count}"
         if job.resources.device_kind != "cpu"
         else "",
-        "pending_reason": job.pending_reason,
+        "band": job.band,
+        "band_name": BAND_NAMES.get(job.band, str(job.band)),
+        "pending_reason": job.pending_reason + _behind(job, waiting or {}),
         "error": job.error,
         "failures": job.failure_count,
         "preemptions": job.preemption_count,
