@@ -160,13 +160,16 @@ class ControllerAPI:
         return codec.commands_data(commands)
 
     def _poll(self, caller: Caller, worker_id: Any, epoch: Any, wait: Any = 1.0) -> Any:
-        return self._methods["poll"](self._own_worker(caller, worker_id), epoch, wait)
+        return codec.commands_data(self._service.poll(self._own_worker(caller, worker_id), int(epoch), float(wait)))
 
     def _report(self, caller: Caller, worker_id: Any, epoch: Any, report: Any) -> Any:
-        return self._methods["report"](self._own_worker(caller, worker_id), epoch, report)
+        return self._service.report(self._own_worker(caller, worker_id), int(epoch), codec.report_from(report))
 
     def _leave(self, caller: Caller, worker_id: Any, reason: Any, exited: Any = ()) -> Any:
-        return self._methods["leave"](self._own_worker(caller, worker_id), reason, exited)
+        exits = [codec.exit_from(e) for e in exited]
+        return codec.worker_record_data(
+            self._service.stop_worker(self._own_worker(caller, worker_id), str(reason), exits)
+        )
 
     def _join(self, caller: Caller, worker_id: Any) -> str:
         if not caller.joining:
