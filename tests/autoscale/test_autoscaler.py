@@ -93,12 +93,13 @@ class _Sim:
                 del self.running[job_id]
                 self.pending[job_id] = self.jobs[job_id]
 
-    def submit(self, n: int = 1, *, replicas: int = 1, **resources: Any) -> list[str]:
+    def submit(self, n: int = 1, *, replicas: int = 1, band: int = 2, **resources: Any) -> list[str]:
         ids = []
         r = TaskResources(**resources)
         for _ in range(n):
             self._jobs += 1
-            job = PendingJob(f"job-{self._jobs:05d}", "alice", replicas, r, self.clock.now + self._jobs * 1e-6)
+            at = self.clock.now + self._jobs * 1e-6
+            job = PendingJob(f"job-{self._jobs:05d}", "alice", replicas, r, at, band=band)
             self.pending[job.job_id] = job
             self.jobs[job.job_id] = job
             ids.append(job.job_id)
@@ -357,6 +358,22 @@ def test_quota_exhaustion_blocks_the_group_and_its_demand_goes_to_the_next_group
     assert sim.live("cpu") == []  # still blocked: 60 s by default for the simulated provider
     sim.step(60.0)
     assert sim.group_status("cpu")["state"] == "ok"
+
+
+def test_demand_is_counted_by_band_production_first_and_its_vms_are_never_reclaimed() -> None:
+    sim = _Sim()
+    batch = sim.submit(20, band=3)  # twice what the groups' maxima hold (10 slots)
+    production = sim.submit(4, band=1)  # submitted last
+    for _ in range(8):
+        sim.step()
+    assert all(job in sim.running for job in production)  # served first although submitted last
+    unmet = {entry["job_id"] for entry in sim.autoscaler.status()["unmet"]}
+    assert unmet and unmet <= set(batch)
+    # The batch backlog never drains a VM that runs work (only idle VMs are reclaimed), production's included.
+    hosts = {w for job in production for w in sim.placed[job]}
+    for _ in range(30):
+        sim.step()
+        assert all(vm["state"] == "READY" for vm in sim.autoscaler.vms() if vm["id"] in hosts)
 
 
 def test_every_group_blocked_or_full_is_a_machine_readable_reason() -> None:

@@ -399,6 +399,9 @@ class Autoscaler:
     def _route(self, unplaced: Sequence[PendingJob], now: float) -> Routing:
         if not unplaced:
             return Routing()
+        # Demand by band, as the scheduler places: a production job's demand is served (takes a group's
+        # last slices under its ``max``) before a batch job's; within a band the order is kept (stable sort).
+        unplaced = sorted(unplaced, key=lambda job: job.band)
         units: dict[str, list[Unit]] = {name: [] for name in self._group_config}
         for state in (VmState.DRAINING, VmState.REQUESTED, VmState.BOOTING):
             for s in self._slices.values():

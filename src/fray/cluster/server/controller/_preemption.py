@@ -13,8 +13,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from fray.cluster.protocol.capacity import WorkerInfo
-from fray.cluster.server.scheduler import PendingJob, PendingQueue, RunningTask, SchedulingDecision, queue_order
+from fray.cluster.server.scheduler import PendingJob, PendingQueue, RunningTask, SchedulingDecision, Shape, queue_order
 from fray.cluster.server.scheduler._preempt import Preemption, choose_victims
+from fray.cluster.server.scheduler._queue import shape_of
 
 __all__ = ["MAX_CANDIDATES", "preemption_after"]
 
@@ -60,10 +61,14 @@ def preemption_after(
                 RunningTask(w, p.user, p.resources, job_id=p.job_id, band=p.band, started_at=now)
                 for w in assignment.worker_ids
             )
+    tried: set[tuple[Shape, int]] = set()
     for job in sorted(candidates, key=queue_order)[:MAX_CANDIDATES]:
         reason = decision.pending.get(job.job_id)
         if reason is not None and not reason.satisfiable:
             continue  # no registered worker set could run it: preempting would not help
+        if (shape_of(job), job.band) in tried:
+            continue  # the same shape and band gets the same answer: a sweep costs one try
+        tried.add((shape_of(job), job.band))
         chosen = choose_victims(job, workers, holding)
         if chosen is not None:
             return chosen
