@@ -332,7 +332,7 @@ class PriorityBand(IntEnum):
     """A job's priority band, with Iris's numbers (``JobRequest.priority``, ``ActorConfig.priority``).
 
     Better bands are placed first and, on a Fray cluster, may preempt running work of a worse
-    band (``docs/scheduling.md``). ``INHERIT`` (0, the default) takes the band of the job that
+    band (``docs/scheduler.md``, "Priority bands"). ``INHERIT`` (0, the default) takes the band of the job that
     submits: a top-level submit (from a script, not from inside a job) is ``INTERACTIVE``.
     """
 
