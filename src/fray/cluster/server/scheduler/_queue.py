@@ -13,12 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from fray.cluster.protocol.capacity import TaskResources
-
-if TYPE_CHECKING:
-    from fray.cluster.server.scheduler import PendingJob, PendingReason
+from fray.cluster.server.scheduler._values import PendingJob, PendingReason
 
 __all__ = ["PendingQueue", "PendingReasons", "Shape", "queue_order", "shape_of"]
 
