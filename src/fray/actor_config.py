@@ -13,7 +13,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, fields
 
 from fray.errors import ConfigError
-from fray.job import check_band
+from fray.priority import check_band
 
 __all__ = ["ACTOR_CONFIG_FIELDS", "LIFETIMES", "ActorConfig", "check_actor_config_supported"]
 

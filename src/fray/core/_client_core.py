@@ -53,7 +53,8 @@ from fray.core._owned import OwnedWork
 from fray.core._pending_notice import watch as watch_pending
 from fray.core._runtime import check_terminated
 from fray.errors import ConfigError, FrayError
-from fray.job import JobHandle, JobRequest, current_job, effective_band
+from fray.job import JobHandle, JobRequest, current_job
+from fray.job_info import effective_band
 from fray.queue import Queue, check_queue_name
 from fray.resources import ResourceConfig
 

@@ -21,7 +21,8 @@ from fray.iris import _task
 from fray.iris.entrypoints import check_processes_per_task, wrap_multiprocess, wrap_nsys
 from fray.iris.job import forget_terminated
 from fray.iris.mapping import environment_spec, group_coscheduling, iris_timeout, placement
-from fray.job import EnvironmentConfig, JobInfo, JobRequest, replica_env
+from fray.job import EnvironmentConfig, JobInfo, JobRequest
+from fray.job_info import replica_env
 from fray.resources import GpuConfig
 
 if TYPE_CHECKING:

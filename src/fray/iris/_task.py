@@ -38,7 +38,9 @@ import cloudpickle
 
 from fray.core._lifecycle import exit_status
 from fray.core._remote import RemoteFailure
-from fray.job import TOP_LEVEL_BAND, JobInfo, job_env
+from fray.job import JobInfo
+from fray.job_info import job_env
+from fray.priority import TOP_LEVEL_BAND
 
 __all__ = [
     "ARG_PREFIX",

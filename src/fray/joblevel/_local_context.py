@@ -37,7 +37,7 @@ from fray.context import (
 from fray.core._remote import RemoteFailure, remote_error
 from fray.core._stacks import thread_task
 from fray.errors import ConfigError, TaskLostError
-from fray.job import _current_job
+from fray.job_info import _current_job
 
 __all__ = ["LocalJobContext", "LocalObjectRef"]
 

@@ -50,7 +50,7 @@ from fray.context import (
 )
 from fray.core._serialization import call_parts, check_picklable
 from fray.errors import ConfigError, ObjectLostError
-from fray.job import _current_job
+from fray.job_info import _current_job
 from fray.joblevel import _objects
 from fray.joblevel._owner_messages import reply_message, run_message
 from fray.joblevel._task_records import (

@@ -26,13 +26,8 @@ from fray.core._driver_exit import ExitNotice
 from fray.core._owned import OwnedWork
 from fray.core._serialization import call_parts, check_picklable
 from fray.errors import ConfigError, JobAlreadyExists
-from fray.job import (
-    CallableEntrypoint,
-    EnvironmentConfig,
-    JobInfo,
-    JobRequest,
-    _current_job,
-)
+from fray.job import CallableEntrypoint, EnvironmentConfig, JobInfo, JobRequest
+from fray.job_info import _current_job
 from fray.joblevel._local_context import LocalJobContext
 from fray.local._local_actor import LocalActor, LocalActorHandle
 from fray.local._local_job import LocalJob, LocalJobHandle, stop_deadline, wait_for_stop

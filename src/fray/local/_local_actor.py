@@ -40,7 +40,8 @@ from fray.core._remote import RemoteFailure, actor_died, copy_died, remote_error
 from fray.core._runtime import StoppableRun, terminating_on
 from fray.core._serialization import check_call_picklable, check_result_picklable
 from fray.errors import ActorDiedError, ActorUnavailableError, SerializationError
-from fray.job import JobInfo, _current_job
+from fray.job import JobInfo
+from fray.job_info import _current_job
 from fray.local._local_job import LocalJob
 from fray.local._local_stacks import thread_stacks
 from fray.stacks import ProcessStacks

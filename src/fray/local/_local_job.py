@@ -19,7 +19,8 @@ from fray.core._logcapture import LogBuffer
 from fray.core._remote import RemoteFailure, job_failed
 from fray.core._runtime import StoppableRun, check_terminated
 from fray.errors import ActorUnavailableError, FrayError, JobFailed
-from fray.job import JobHandleBase, JobStatus, JobSummary, _current_job, replicas_to_preempt, timeout_error
+from fray.job import JobHandleBase, JobStatus, JobSummary, replicas_to_preempt, timeout_error
+from fray.job_info import _current_job
 from fray.local._local_stacks import job_stacks
 from fray.process._procjob import ReplicaProcess
 from fray.stacks import ProcessStacks

@@ -40,14 +40,8 @@ from fray.core._private_files import write_private
 from fray.core._runtime import terminating_on
 from fray.core._serialization import call_parts, check_picklable
 from fray.errors import ConfigError
-from fray.job import (
-    BinaryEntrypoint,
-    CallableEntrypoint,
-    EnvironmentConfig,
-    JobInfo,
-    JobRequest,
-    _current_job,
-)
+from fray.job import BinaryEntrypoint, CallableEntrypoint, EnvironmentConfig, JobInfo, JobRequest
+from fray.job_info import _current_job
 from fray.local._local_job import Attempt, LocalJob
 from fray.process._procjob import ReplicaProcess, callable_argv
 from fray.process._ranks import check_processes

@@ -48,7 +48,8 @@ from fray.core._remote import RemoteFailure
 from fray.core._serialization import check_result_picklable
 from fray.core._stacks import serve
 from fray.errors import ActorContextError, ActorDiedError, SerializationError
-from fray.job import JobInfo, replica_env
+from fray.job import JobInfo
+from fray.job_info import replica_env
 from fray.monarch import supervision
 
 __all__ = ["DEAD", "ENDED", "ERROR", "OK", "PICKLED", "UNPICKLABLE", "FrayHost", "MemberSpec", "travels_as_is"]

@@ -34,7 +34,8 @@ from pathlib import Path
 from fray.core._death import LAST_LINES
 from fray.core._lifecycle import Failure
 from fray.core._logcapture import LogBuffer
-from fray.job import JobInfo, replica_env
+from fray.job import JobInfo
+from fray.job_info import replica_env
 from fray.process._process import die_with_parent, kill_process_group
 from fray.process._ranks import RANK_VARS, ranked_argv
 

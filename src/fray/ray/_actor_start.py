@@ -6,7 +6,8 @@ from typing import Any
 
 from fray.core._client_core import ActorStart
 from fray.errors import ConfigError, JobAlreadyExists
-from fray.job import JobInfo, replica_env
+from fray.job import JobInfo
+from fray.job_info import replica_env
 from fray.ray._launch import Launcher
 from fray.ray._shipping import Shipping
 from fray.ray._values import shield_call

@@ -16,7 +16,8 @@ import time
 from typing import Any
 
 from fray.core._lifecycle import Failure
-from fray.job import BinaryEntrypoint, JobInfo, JobRequest, JobStatus, replica_env
+from fray.job import BinaryEntrypoint, JobInfo, JobRequest, JobStatus
+from fray.job_info import replica_env
 from fray.ray._launch import Launcher, runtime_env, user_env
 from fray.ray.jobs import RayJobHandle
 from fray.ray.resources import bundle, ray_options

@@ -24,7 +24,8 @@ from fray.core._death import out_of_memory
 from fray.core._lifecycle import ActorRestartBudget, Failure
 from fray.core._remote import RemoteFailure
 from fray.errors import FrayError
-from fray.job import JobInfo, JobRequest, JobStatus, replica_env, replicas_to_preempt, timeout_error
+from fray.job import JobInfo, JobRequest, JobStatus, replicas_to_preempt, timeout_error
+from fray.job_info import replica_env
 from fray.ray._board import BOARD
 from fray.ray._errors import first_line, is_preemption
 from fray.ray._job_handle import LIVE, RayJobHandle

@@ -9,7 +9,8 @@ from __future__ import annotations
 import os
 
 from fray.cluster.protocol.messages import TaskAssignment
-from fray.job import JobInfo, replica_env
+from fray.job import JobInfo
+from fray.job_info import replica_env
 from fray.process._ranks import RANK_VARS
 
 __all__ = ["nul_problem", "task_env"]
