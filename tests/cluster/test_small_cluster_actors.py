@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -116,3 +117,32 @@ def test_parent_jobs_filling_the_cluster_lend_their_cpus_to_their_children(small
         for i in range(2)
     ]
     assert wait_all(parents, timeout=180) == [JobStatus.SUCCEEDED] * 2
+
+
+def _gated(gate: str) -> str:
+    deadline = time.monotonic() + 120
+    while not os.path.exists(gate) and time.monotonic() < deadline:
+        time.sleep(0.02)  # the task's own pacing while it waits for its gate
+    return "slow"
+
+
+def _first_of_a_slow_and_a_fast(gate: str) -> None:
+    # The job holds one CPU and the slow task the other: the fast task starts only once the job lends its CPU.
+    ctx = get_job_context()
+    slow = ctx.create_task(_gated, gate, resources=ONE_CPU)
+    fast = ctx.create_task(_square, 7, resources=ONE_CPU)
+    ready, not_ready = ctx.wait([slow, fast], num_returns=1, timeout=60)
+    assert ready == [fast] and not_ready == [slow] and ctx.get(fast) == 49
+    Path(gate).write_text("go")
+    assert ctx.get(slow, timeout=60) == "slow"
+
+
+def test_wait_for_one_returns_the_fast_task_first_on_a_full_cluster(small_client, tmp_path):
+    job = small_client.submit(
+        JobRequest(
+            name="first-of",
+            entrypoint=Entrypoint.from_callable(_first_of_a_slow_and_a_fast, args=(str(tmp_path / "gate"),)),
+            resources=ONE_CPU,
+        )
+    )
+    assert job.wait(timeout=120) == JobStatus.SUCCEEDED
