@@ -147,6 +147,8 @@ def test_the_same_band_and_interactive_behind_production_never_preempt(
         assert third.view().state == interactive.view().state == JobStatus.PENDING
         detail = _cli(cluster, tmp_path, "job", "status", interactive.job_id)
         assert "waits behind 1 job(s) of band production" in detail, detail
+        assert interactive.view().pending_reason.endswith("; waits behind 1 job(s) of band production")
+        assert "waits behind" not in third.view().pending_reason  # nothing better than production
         assert "interactive" in listing
     finally:
         for job in jobs:

@@ -6,23 +6,30 @@ gives each TPU task's assignment the environment of :func:`tpu_device_env`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from fray.cluster.protocol.messages import JobView
 from fray.cluster.protocol.records import JobRecord, TaskRecord
 from fray.cluster.server.store import ClusterStore
+from fray.cluster.server.store._views import behind_note
 from fray.core._tpu_env import tpu_host_env
 
 __all__ = ["job_view", "tpu_device_env"]
 
 
-def job_view(job: JobRecord, failure: bytes | None, settled: bool) -> JobView:
-    """What clients see of ``job``: its record, ``failure`` (of a FAILED job) and whether it is ``settled``."""
+def job_view(job: JobRecord, failure: bytes | None, settled: bool, waiting: Mapping[int, int] | None = None) -> JobView:
+    """What clients see of ``job``: its record, ``failure`` (of a FAILED job) and whether it is ``settled``.
+
+    ``waiting`` (pending jobs per band), when given, lets a pending job's reason name the
+    better-band jobs it waits behind (see ``docs/scheduler.md``, "Priority bands").
+    """
     return JobView(
         job_id=job.job_id,
         name=job.name,
         namespace=job.namespace,
         state=job.state,
         attempt=job.attempt,
-        pending_reason=job.pending_reason,
+        pending_reason=job.pending_reason + behind_note(job, waiting or {}),
         error=job.error,
         failure=failure,
         settled=settled,

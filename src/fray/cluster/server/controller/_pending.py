@@ -47,6 +47,7 @@ class PendingSet:
         self._live: set[str] = set()
         self._by_user: dict[str, list[PendingJob]] = {}  # each sorted by _order
         self._shape_count: dict[Shape, int] = {}
+        self._band_count: dict[int, int] = {}  # pending jobs per priority band (what a worse band waits behind)
         # Per shape, (submitted_at, job id) of its jobs; entries of jobs that left are dropped when on top.
         self._shape_oldest: dict[Shape, list[tuple[float, str]]] = {}
         # Per shape, the jobs by the reason last written for them (None: none yet).
@@ -61,6 +62,7 @@ class PendingSet:
         bisect.insort(self._by_user.setdefault(job.user, []), job, key=_order)
         shape = shape_of(job)
         self._shape_count[shape] = self._shape_count.get(shape, 0) + 1
+        self._band_count[job.band] = self._band_count.get(job.band, 0) + 1
         heapq.heappush(self._shape_oldest.setdefault(shape, []), (job.submitted_at, job.job_id))
         self._groups.setdefault(shape, {}).setdefault(None, set()).add(job.job_id)
 
@@ -77,6 +79,7 @@ class PendingSet:
             del self._by_user[job.user]
         shape = shape_of(job)
         self._shape_count[shape] -= 1
+        self._band_count[job.band] -= 1
         group = self._groups[shape].get(reason)
         if group is not None:
             group.discard(job_id)
@@ -127,6 +130,11 @@ class PendingSet:
     def reason(self, job_id: str) -> str | None:
         with self._lock:
             return self._reasons.get(job_id)
+
+    def waiting_by_band(self) -> dict[int, int]:
+        """How many jobs of each priority band are pending."""
+        with self._lock:
+            return {band: count for band, count in self._band_count.items() if count}
 
     def snapshot(self) -> tuple[PendingJob, ...]:
         """The pending jobs, in submission order, for one scheduling pass."""

@@ -572,7 +572,8 @@ class ControllerService:
         failure = self._store.job_failure(job.job_id) if job.state == JobStatus.FAILED else None
         with self._lock:
             settled = self._sessions.settled(job.job_id)
-        return job_view(job, failure, settled)
+        waiting = self._queue.waiting_by_band() if job.state == JobStatus.PENDING and job.band > 1 else None
+        return job_view(job, failure, settled, waiting)
 
     def job(self, job_id: str) -> JobView:
         """The job's current state; raises NotFound."""

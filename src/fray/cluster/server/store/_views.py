@@ -16,6 +16,7 @@ from fray.cluster.server.store._schema import JOB_COLS, TASK_COLS, job_from, tas
 
 __all__ = [
     "actor_rows",
+    "behind_note",
     "find_job_ids",
     "job_counts",
     "job_dict",
@@ -39,7 +40,7 @@ def pending_by_band(cur: sqlite3.Cursor) -> dict[int, int]:
     return {int(band): int(count) for band, count in rows}
 
 
-def _behind(job: JobRecord, waiting: Mapping[int, int]) -> str:
+def behind_note(job: JobRecord, waiting: Mapping[int, int]) -> str:
     """``waits behind N job(s) of band production`` for a pending job of a worse band waiting for capacity."""
     if job.state.value != "pending" or not job.pending_reason.startswith(_WAITING):
         return ""
@@ -74,7 +75,7 @@ def job_dict(job: JobRecord, label: str, now: float, waiting: Mapping[int, int] 
         else "",
         "band": job.band,
         "band_name": BAND_NAMES.get(job.band, str(job.band)),
-        "pending_reason": job.pending_reason + _behind(job, waiting or {}),
+        "pending_reason": job.pending_reason + behind_note(job, waiting or {}),
         "error": job.error,
         "failures": job.failure_count,
         "preemptions": job.preemption_count,
