@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fray.cluster.protocol.capacity import TaskResources, WorkerInfo
+from fray.cluster.server.controller._preemption import preemption_after
 from fray.cluster.server.scheduler import PendingJob, PendingQueue, RunningTask, schedule, schedule_queue
 from fray.cluster.server.scheduler._preempt import Preemption, choose_victims
 
@@ -122,3 +123,26 @@ def test_a_job_that_needs_one_worker_whole_preempts_only_work_on_one_worker() ->
         running("z", "w-2", 1, 5.0, ONE),  # production on w-2: w-2 can never be freed for it
     ]
     assert choose_victims(pending("big", 1, resources=TWO), workers, busy) == Preemption("big", 1, ("x",))
+
+
+# -- after a pass: which job gets room ---------------------------------------------------------------
+
+
+def test_after_a_pass_the_best_band_oldest_job_gets_room_and_the_pass_placements_hold_capacity() -> None:
+    workers = [*TWO_WORKERS, worker("w-3")]
+    busy = [running("b1", "w-1", 3, 1.0), running("b2", "w-2", 3, 2.0)]
+    jobs = [pending("inter", 2, at=1.0), pending("prod", 1, at=5.0), pending("fresh-batch", 3, at=0.5)]
+    queue = PendingQueue.of(jobs)
+    decision = schedule_queue(queue, workers, busy, {}, now=10.0)
+    assert [a.job_id for a in decision.assignments] == ["prod"]  # w-3: the best band first, not the oldest
+    # "inter" is left; the pass's own placement holds w-3, so a batch gang must go: the most recent one.
+    chosen = preemption_after(queue, decision, workers, busy, now=10.0)
+    assert chosen == Preemption("inter", 2, ("b2",))
+
+
+def test_after_a_pass_nothing_is_preempted_for_batch_or_for_a_job_that_can_never_fit() -> None:
+    busy = [running("b1", "w-1", 3, 1.0), running("b2", "w-2", 3, 2.0)]
+    for job in (pending("batch", 3), pending("huge", 1, resources=TWO)):
+        queue = PendingQueue.of([job])
+        decision = schedule_queue(queue, TWO_WORKERS, busy, {}, now=10.0)
+        assert preemption_after(queue, decision, TWO_WORKERS, busy, now=10.0) is None
