@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import fray
+from backends.ray import RAY_TEST_CPUS
 from fray import (
     ActorDiedError,
     ActorUnavailableError,
@@ -18,6 +19,7 @@ from fray import (
     JobRequest,
     JobStatus,
     RemoteError,
+    ResourceConfig,
     current_job,
 )
 from fray.core._lifecycle import Failure, RetryBudget
@@ -243,3 +245,34 @@ def _answers_from_another_process(actor, before: int) -> bool:
         return actor.pid.remote().result(timeout=60) != before
     except (ActorDiedError, ActorUnavailableError):
         return False
+
+
+HALF_THE_CLUSTER = ResourceConfig(cpu=RAY_TEST_CPUS // 2, ram="0b", disk="0b")
+
+
+def _one(i: int) -> int:
+    return i
+
+
+def _parent_waiting_on_a_child(uid: str) -> None:
+    client = fray.current_client()
+    child = client.submit(
+        JobRequest(f"child-{uid}", Entrypoint.from_callable(_one, args=(1,)), resources=HALF_THE_CLUSTER)
+    )
+    assert fray.wait_all([child], timeout=120) == [JobStatus.SUCCEEDED]
+
+
+def test_parents_filling_the_ray_cluster_lend_their_cpus_to_the_children_they_wait_all_on(ray_client, uid) -> None:
+    # Two parents take every CPU; Ray lends a task's CPUs only while its main thread blocks in ray.get/ray.wait,
+    # so fray.wait_all inside a Ray job waits there (not on a Python condition) and the children can start.
+    parents = [
+        ray_client.submit(
+            JobRequest(
+                f"parent{i}-{uid}",
+                Entrypoint.from_callable(_parent_waiting_on_a_child, args=(f"{i}-{uid}",)),
+                resources=HALF_THE_CLUSTER,
+            )
+        )
+        for i in range(2)
+    ]
+    assert fray.wait_all(parents, timeout=180) == [JobStatus.SUCCEEDED] * 2

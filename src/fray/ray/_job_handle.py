@@ -12,6 +12,7 @@ import threading
 import time
 import weakref
 from collections.abc import Sequence
+from typing import Any
 
 from fray.core._lifecycle import JobLifecycle
 from fray.core._logcapture import LogBuffer, log_tail
@@ -133,6 +134,14 @@ class RayJobHandle(JobHandleBase):
         """Act on whatever Ray reported since the job last looked (cheap when nothing did)."""
         return self._lifecycle.status
 
+    def _running_refs(self) -> list[Any] | None:
+        """The refs of the current attempt's unfinished replicas (None: the job has none to wait on in Ray)."""
+        return None
+
+    def _ref_completed(self, _data: Any) -> None:
+        """One of its replicas completed: the job may have moved on."""
+        self._notify()
+
     @classmethod
     def _fray_wait_some(cls, jobs: Sequence[RayJobHandle], timeout: float | None) -> list[JobStatus]:
         """Block until one of ``jobs`` finished or ``timeout`` passed; their statuses (for ``fray.wait_all``).
@@ -173,9 +182,57 @@ class RayJobHandle(JobHandleBase):
             remaining = None if until is None else until - time.monotonic()
             if remaining is not None and remaining <= 0:
                 break
-            BOARD.wait(generation, remaining)
+            _block(jobs, generation, remaining)
             seen = generation
         return [job._lifecycle.status for job in jobs]
+
+
+#: How long one lending ray.wait blocks before the board is looked at again (a new attempt's refs).
+_LEND_SLICE = 1.0
+
+
+def _block(jobs: Sequence[RayJobHandle], generation: int, remaining: float | None) -> None:
+    """Wait for the board to move past ``generation`` (or ``remaining`` seconds).
+
+    Inside a Ray task, Ray lends the task's CPU only while its main thread blocks in
+    ``ray.get``/``ray.wait`` (a background thread's lends nothing): a job waiting there on its
+    own child jobs would otherwise hold its CPU, and on a full cluster they would never start.
+    So there, when every job waited on has replicas running in Ray, the wait is a ``ray.wait``
+    on their refs, in slices (a retry's new refs are picked up at the next).
+    """
+    refs = _lendable_refs(jobs)
+    if not refs:
+        BOARD.wait(generation, remaining)
+        return
+    import ray
+
+    budget = _LEND_SLICE if remaining is None else max(0.0, min(_LEND_SLICE, remaining))
+    ready, _ = ray.wait(list(refs), num_returns=1, timeout=budget, fetch_local=False)
+    for ref in ready:
+        refs[ref]._ref_completed(None)  # the completion callback may come later: this job moved now
+
+
+def _lendable_refs(jobs: Sequence[RayJobHandle]) -> dict[Any, RayJobHandle]:
+    if threading.current_thread() is not threading.main_thread() or not _in_ray_task():
+        return {}
+    out: dict[Any, RayJobHandle] = {}
+    for job in jobs:
+        if job._lifecycle.finished:
+            continue
+        refs = job._running_refs()
+        if not refs:
+            return {}  # a job Ray cannot wake us for (an actor, a binary job, between attempts): the board waits
+        out.update((ref, job) for ref in refs)
+    return out
+
+
+def _in_ray_task() -> bool:
+    import ray
+
+    try:
+        return ray.is_initialized() and ray.get_runtime_context().worker.mode == ray.WORKER_MODE
+    except Exception:
+        return False
 
 
 def _restore_job_handle(job_id: str) -> RayJobHandle:

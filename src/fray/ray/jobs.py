@@ -280,6 +280,10 @@ class CallableJob(RayJobHandle):
         self._completed = True
         self._notify()
 
+    def _running_refs(self) -> list[Any] | None:
+        _, refs, pending = self._pending_refs()
+        return pending if refs and not self._stopping else None
+
     def _settle(self) -> JobStatus:
         if self._completed:
             self._completed = False
