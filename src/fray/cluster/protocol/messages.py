@@ -3,6 +3,21 @@
 On the wire (and in the controller's store) they travel as plain data -- see
 :mod:`fray.cluster.protocol._codec` -- and the controller never unpickles anything: a callable
 job's entrypoint is an opaque ``payload`` (cloudpickled) that only the task process opens.
+
+The forms of one ``fray://`` submit, from the user's call to the task's process::
+
+    client   JobRequest ──JobSpec.from_request──▶ JobSpec            (the callable cloudpickled once: payload)
+             JobSpec ──_codec.spec_data──▶ dict ──msgpack──▶ RPC      (ControllerProxy.submit)
+    server   RPC ──msgpack──▶ dict ──_codec.spec_from──▶ JobSpec      (ControllerAPI._submit: checked here)
+             JobSpec ──spec_data + msgpack──▶ jobs.request (bytes)    (ControllerService.submit_many → store)
+             jobs.request ──unpack + spec_from──▶ JobSpec             (SpecCache: once per job, while cached)
+             JobSpec ──TaskAssignment──▶ WorkerCommands ──msgpack──▶  (a poll's answer: once per task)
+    worker   msgpack ──▶ TaskAssignment(JobSpec) ──▶ fork request     (Worker._launch: argv, env, payload)
+    task     payload ──cloudpickle.loads──▶ the callable              (the only unpickling: in the task)
+
+The payload's bytes are never decoded on the way; the spec around it is encoded on
+submit, again to store it, and again in each task's assignment (issue 33 would have the
+client's bytes stored and forwarded as they are).
 """
 
 from __future__ import annotations
