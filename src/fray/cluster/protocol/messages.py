@@ -16,8 +16,8 @@ The forms of one ``fray://`` submit, from the user's call to the task's process:
     task     payload ──cloudpickle.loads──▶ the callable              (the only unpickling: in the task)
 
 The payload's bytes are never decoded on the way; the spec around it is encoded on
-submit, again to store it, and again in each task's assignment (issue 33 would have the
-client's bytes stored and forwarded as they are).
+submit, again to store it, and again in each task's assignment (not yet the one form it
+could be: the client's bytes, stored and forwarded as they are).
 """
 
 from __future__ import annotations
