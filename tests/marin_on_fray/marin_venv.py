@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "iris_backend"))
-from iris_venv import CACHE, ROOT, SUITE_TIMEOUT, VenvBuildError, ensure_venv, find_python312
+from iris_venv import CACHE, ROOT, SUITE_TIMEOUT, VenvBuildError, ensure_venv, find_python312, installer
 
 __all__ = [
     "MARIN_DEPENDENCIES",
@@ -104,7 +104,7 @@ def ensure_marin_venv(python: str) -> tuple[Path, str]:
         if ready.exists() and ready.read_text().split()[0] == key:
             return venv, f"{built}; marin's packages were there"
         started = time.monotonic()
-        pip = [str(venv / "bin/python"), "-m", "pip", "install", "-q"]
+        pip = [*installer(venv), "-q"]
         commands = [pip + args for args in _requirements()]
         target = marin_fray_dir(venv)
         commands.append([*pip, "--no-deps", "--upgrade", "--target", str(target), f"marin-fray=={MARIN_VERSION}"])
