@@ -33,6 +33,7 @@ the script.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import importlib.metadata
 import os
@@ -478,4 +479,10 @@ def _in_its_band(request: JobRequest) -> JobRequest:
     act on (1..3) and the job's own submits inherit it (``JobInfo.priority_band``).
     """
     band = effective_band(request.priority)
-    return request if request.priority == band else dataclasses.replace(request, priority=int(band))
+    if request.priority == band:
+        return request
+    # A copy with the band set, not dataclasses.replace: the request was checked when it was built,
+    # and checking it again cost every submit as much as the rest of the core's work.
+    resolved = copy.copy(request)
+    object.__setattr__(resolved, "priority", int(band))
+    return resolved
