@@ -70,16 +70,15 @@ def lending_to(lender: Lender | None, *, process_wide: bool = False) -> Iterator
     otherwise for this context only (the local backend's job threads and what they start with
     a copy of their context).
     """
-    global _process_loan
-    loan = None if lender is None else _Loan(lender)
     if process_wide:
-        previous, _process_loan = _process_loan, loan
+        previous = process_lender()
+        lend_for_this_process(lender)
         try:
             yield
         finally:
-            _process_loan = previous
+            lend_for_this_process(previous)
         return
-    token = _loans.set(loan)
+    token = _loans.set(None if lender is None else _Loan(lender))
     try:
         yield
     finally:

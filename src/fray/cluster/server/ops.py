@@ -223,20 +223,13 @@ class OpsService:
         now = self._clock()
 
         def read(cur: Any) -> list[TraceJob]:
-            clauses: list[str] = []
-            params: list[Any] = []
-            if job_id is not None:
-                clauses.append("id = ?")
-                params.append(job_id)
-            if since is not None:
-                clauses.append("(finished_at IS NULL OR finished_at >= ?)")
-                params.append(since)
-            if user is not None:
-                clauses.append("user_name = ?")
-                params.append(user)
-            where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+            clause, params = _views.where(
+                ("id = ?", (job_id,)) if job_id is not None else None,
+                ("(finished_at IS NULL OR finished_at >= ?)", (since,)) if since is not None else None,
+                ("user_name = ?", (user,)) if user is not None else None,
+            )
             rows = cur.execute(
-                f"SELECT {JOB_COLS}, label FROM jobs {where} ORDER BY seq DESC LIMIT ?", (*params, TIMELINE_JOBS)
+                f"SELECT {JOB_COLS}, label FROM jobs {clause} ORDER BY seq DESC LIMIT ?", (*params, TIMELINE_JOBS)
             ).fetchall()
             tasks: dict[str, list[TaskRecord]] = {}
             ids = [row[0] for row in rows]

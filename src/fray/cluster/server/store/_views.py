@@ -24,6 +24,7 @@ __all__ = [
     "pending_by_band",
     "task_dict",
     "task_rows",
+    "where",
     "worker_rows",
 ]
 
@@ -32,6 +33,13 @@ __all__ = [
 BAND_NAMES = {1: "production", 2: "interactive", 3: "batch"}
 # The scheduler's prefix of a reason that says the job would fit an idle cluster.
 _WAITING = "waiting for capacity: "
+
+
+def where(*filters: tuple[str, Sequence[Any]] | None) -> tuple[str, list[Any]]:
+    """``WHERE a AND b`` (or "") and its parameters, from ``(clause, parameters)`` pairs; None pairs are left out."""
+    kept = [f for f in filters if f is not None]
+    clause = f"WHERE {' AND '.join(c for c, _ in kept)}" if kept else ""
+    return clause, [p for _, params in kept for p in params]
 
 
 def pending_by_band(cur: sqlite3.Cursor) -> dict[int, int]:
@@ -99,25 +107,16 @@ def job_rows(
     user: str | None = None,
 ) -> list[tuple[JobRecord, str]]:
     """Jobs newest first (at most ``limit``; 0 for all), optionally filtered; each with its actor label."""
-    clauses: list[str] = []
-    params: list[Any] = []
-    if states:
-        clauses.append(f"state IN ({', '.join('?' * len(states))})")
-        params.extend(states)
-    if namespace is not None:
-        clauses.append("namespace = ?")
-        params.append(namespace)
-    if name is not None:
-        clauses.append("name = ?")
-        params.append(name)
-    if user is not None:
-        clauses.append("user_name = ?")
-        params.append(user)
-    where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+    clause, params = where(
+        (f"state IN ({', '.join('?' * len(states))})", states) if states else None,
+        ("namespace = ?", (namespace,)) if namespace is not None else None,
+        ("name = ?", (name,)) if name is not None else None,
+        ("user_name = ?", (user,)) if user is not None else None,
+    )
     tail = " LIMIT ?" if limit > 0 else ""
     if limit > 0:
         params.append(limit)
-    rows = cur.execute(f"SELECT {JOB_COLS}, label FROM jobs {where} ORDER BY seq DESC{tail}", params).fetchall()
+    rows = cur.execute(f"SELECT {JOB_COLS}, label FROM jobs {clause} ORDER BY seq DESC{tail}", params).fetchall()
     return [(job_from(row[:-1]), str(row[-1])) for row in rows]
 
 
