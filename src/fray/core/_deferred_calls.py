@@ -87,7 +87,16 @@ class DeferredCalls:
         self._state = CallState.WAITING
         self._queue: list[PendingCall] = []
         self._death: BaseException | None = None
+        self._watching = False
         self.ready: concurrent.futures.Future[None] = concurrent.futures.Future()
+
+    def watch(self, start: Callable[[], None]) -> concurrent.futures.Future[None]:
+        """``ready``; the first call also runs ``start``, the engine's way of finding out when the actor serves."""
+        with self._lock:
+            first, self._watching = not self._watching, True
+        if first:
+            start()
+        return self.ready
 
     @property
     def state(self) -> CallState:

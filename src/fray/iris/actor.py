@@ -129,7 +129,6 @@ class IrisActorHandle(ActorHandleBase):
         self._instance = ""  # the id of the instance the handle last saw serving (see fray.iris._actor_host)
         # Calls wait here until the actor serves (the shared deferred part of every handle) ...
         self._calls = DeferredCalls(self._send)
-        self._watching = False
         # ... then go to the sender threads, which make the blocking Iris calls.
         self._outbox: queue.SimpleQueue[PendingCall] = queue.SimpleQueue()
         self._senders = 0
@@ -180,14 +179,9 @@ class IrisActorHandle(ActorHandleBase):
     # ----- becoming ready ---------------------------------------------------------------------------
 
     def _fray_ready(self) -> Future[None]:
-        self._watch()
-        return self._calls.ready
+        return self._calls.watch(self._start_watching)
 
-    def _watch(self) -> None:
-        with self._lock:
-            if self._watching:
-                return
-            self._watching = True
+    def _start_watching(self) -> None:
         if self._group is not None:
             self._group._watch()  # one lookup of every member's endpoint at a time, for the whole group
         elif self.job is not None:
@@ -281,7 +275,7 @@ class IrisActorHandle(ActorHandleBase):
             future.set_exception(self._death(JobStatus.STOPPED))
             return future
         if self._calls.submit(PendingCall(future, method, payload)):
-            self._watch()
+            self._fray_ready()
         return future
 
     def _fray_submit(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ActorFuture:

@@ -75,7 +75,6 @@ class ClusterActorHandle(ActorHandleBase):
         self._rpc: ActorClient[Any] | None = None
         # Calls wait here until the actor serves (the shared deferred part of every handle).
         self._calls = DeferredCalls(self._send)
-        self._watching = False
 
     def __reduce__(self) -> tuple[object, ...]:
         return (
@@ -91,14 +90,9 @@ class ClusterActorHandle(ActorHandleBase):
         return RemoteMethod(self, method_name)
 
     def _fray_ready(self) -> concurrent.futures.Future[None]:
-        self._watch()
-        return self._calls.ready
+        return self._calls.watch(self._start_watching)
 
-    def _watch(self) -> None:
-        with self._lock:
-            if self._watching:
-                return
-            self._watching = True
+    def _start_watching(self) -> None:
         threading.Thread(target=self._wait_until_served, name=f"fray-actor-wait-{self._name}", daemon=True).start()
 
     def _wait_until_served(self, stale_url: str = "") -> None:
@@ -183,7 +177,7 @@ class ClusterActorHandle(ActorHandleBase):
             # (direct calls find out while pickling, without a second pass).
             check_call_picklable(self._name, method, args, kwargs)
         if self._calls.submit(PendingCall(future, method, (args, kwargs))):
-            self._watch()
+            self._fray_ready()
         return future
 
     def _send(self, call: PendingCall) -> None:

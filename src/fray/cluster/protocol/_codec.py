@@ -27,6 +27,7 @@ from fray.cluster.protocol.messages import (
     WorkerReport,
 )
 from fray.cluster.protocol.records import Endpoint, TaskKey, TaskRecord, TaskState, WorkerRecord, WorkerState
+from fray.cluster.rpc.datarpc import pack, unpack
 from fray.errors import FrayError, ProtocolError
 from fray.job import EnvironmentConfig, JobStatus
 
@@ -35,6 +36,8 @@ __all__ = [
     "assignment_from",
     "commands_data",
     "commands_from",
+    "decode_spec",
+    "encode_spec",
     "endpoint_data",
     "endpoint_from",
     "exit_data",
@@ -193,6 +196,22 @@ def spec_from(data: Any) -> JobSpec:
     return checked("job spec", build)
 
 
+def encode_spec(spec: JobSpec) -> bytes:
+    """The one form a job's spec travels and is stored in: msgpack, made once, by the client that submits it.
+
+    The controller stores these bytes as they came and forwards them in each task's
+    assignment; it decodes them (:func:`decode_spec`) to check and schedule, never to encode again.
+    """
+    return pack(spec_data(spec))
+
+
+def decode_spec(data: Any) -> JobSpec:
+    """The spec :func:`encode_spec` made; ProtocolError for anything else."""
+    if not isinstance(data, bytes):
+        raise ProtocolError(f"malformed job spec: expected its encoded bytes, got {type(data).__name__}")
+    return spec_from(unpack(data))
+
+
 def view_data(view: JobView) -> dict[str, Any]:
     data = _fields_data(view)
     data["state"] = view.state.value
@@ -244,21 +263,33 @@ def worker_record_from(data: Any) -> WorkerRecord:
 
 
 def assignment_data(assignment: TaskAssignment) -> dict[str, Any]:
-    data = _fields_data(assignment)
+    data = {f.name: _plain(getattr(assignment, f.name)) for f in _ASSIGNMENT_FIELDS}
     data["key"] = key_data(assignment.key)
-    data["spec"] = spec_data(assignment.spec)
+    # The client's bytes, as stored: an assignment never encodes the spec again.
+    data["spec"] = assignment.encoded_spec or encode_spec(assignment.spec)
     return data
 
 
-def assignment_from(data: Any) -> TaskAssignment:
+def assignment_from(data: Any, decoded: dict[bytes, JobSpec] | None = None) -> TaskAssignment:
+    """The assignment in ``data``; ``decoded`` remembers specs already decoded (the replicas of one job)."""
+
     def build() -> TaskAssignment:
         values = dict(data)
         values["key"] = key_from(values["key"])
-        values["spec"] = spec_from(values["spec"])
+        encoded = values["encoded_spec"] = values["spec"]
+        spec = decoded.get(encoded) if decoded is not None and isinstance(encoded, bytes) else None
+        if spec is None:
+            spec = decode_spec(encoded)
+            if decoded is not None:
+                decoded[encoded] = spec
+        values["spec"] = spec
         values["device_env"] = {_str(k): _str(v) for k, v in dict(values.get("device_env", {})).items()}
         return TaskAssignment(**values)
 
     return checked("task assignment", build)
+
+
+_ASSIGNMENT_FIELDS = tuple(f for f in dataclasses.fields(TaskAssignment) if f.name not in ("spec", "encoded_spec"))
 
 
 def commands_data(commands: WorkerCommands) -> dict[str, Any]:
@@ -289,10 +320,11 @@ def stacks_ask_from(data: Any) -> StacksAsk:
 
 
 def commands_from(data: Any) -> WorkerCommands:
+    decoded: dict[bytes, JobSpec] = {}  # the replicas of one job placed together share one decoding
     return checked(
         "worker commands",
         lambda: WorkerCommands(
-            start=tuple(assignment_from(a) for a in data["start"]),
+            start=tuple(assignment_from(a, decoded) for a in data["start"]),
             kill=tuple(key_from(k) for k in data["kill"]),
             reregister=bool(data["reregister"]),
             epoch=_int(data["epoch"]),

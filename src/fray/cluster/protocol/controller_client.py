@@ -159,14 +159,14 @@ class ControllerProxy:
     def submit(
         self, spec: JobSpec, *, user: str, parent_id: str | None = None, namespace: str | None = None
     ) -> JobView:
-        data = self._call("submit", codec.spec_data(spec), user, parent_id=parent_id, namespace=namespace)
+        data = self._call("submit", codec.encode_spec(spec), user, parent_id=parent_id, namespace=namespace)
         return codec.view_from(data)
 
     def submit_many(
         self, specs: list[JobSpec], *, user: str, parent_id: str | None = None, namespace: str | None = None
     ) -> list[JobView]:
         data = self._call(
-            "submit_many", [codec.spec_data(s) for s in specs], user, parent_id=parent_id, namespace=namespace
+            "submit_many", [codec.encode_spec(s) for s in specs], user, parent_id=parent_id, namespace=namespace
         )
         return [codec.view_from(v) for v in data]
 

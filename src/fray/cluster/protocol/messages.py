@@ -4,20 +4,22 @@ On the wire (and in the controller's store) they travel as plain data -- see
 :mod:`fray.cluster.protocol._codec` -- and the controller never unpickles anything: a callable
 job's entrypoint is an opaque ``payload`` (cloudpickled) that only the task process opens.
 
-The forms of one ``fray://`` submit, from the user's call to the task's process::
+The forms of one ``fray://`` submit, from the user's call to the task's process. The spec is
+encoded once, by the client, and those bytes are what the controller stores and every
+worker receives::
 
     client   JobRequest ──JobSpec.from_request──▶ JobSpec            (the callable cloudpickled once: payload)
-             JobSpec ──_codec.spec_data──▶ dict ──msgpack──▶ RPC      (ControllerProxy.submit)
-    server   RPC ──msgpack──▶ dict ──_codec.spec_from──▶ JobSpec      (ControllerAPI._submit: checked here)
-             JobSpec ──spec_data + msgpack──▶ jobs.request (bytes)    (ControllerService.submit_many → store)
-             jobs.request ──unpack + spec_from──▶ JobSpec             (SpecCache: once per job, while cached)
-             JobSpec ──TaskAssignment──▶ WorkerCommands ──msgpack──▶  (a poll's answer: once per task)
-    worker   msgpack ──▶ TaskAssignment(JobSpec) ──▶ fork request     (Worker._launch: argv, env, payload)
+             JobSpec ──_codec.encode_spec──▶ spec bytes ──▶ RPC       (ControllerProxy.submit: the one encoding)
+    server   spec bytes ──_codec.decode_spec──▶ JobSpec               (ControllerAPI._submit: checked, scheduled by)
+             spec bytes, as they came ──▶ jobs.request                (ControllerService.submit_many → store)
+             (JobSpec, spec bytes) in the SpecCache                   (a miss: read jobs.request, decode once)
+             TaskAssignment(spec bytes) ──▶ WorkerCommands ──▶ RPC    (a poll's answer: the bytes forwarded)
+    worker   spec bytes ──_codec.decode_spec──▶ JobSpec               (once per job in a poll's answer)
+             TaskAssignment(JobSpec) ──▶ fork request                 (Worker._launch: argv, env, payload)
     task     payload ──cloudpickle.loads──▶ the callable              (the only unpickling: in the task)
 
-The payload's bytes are never decoded on the way; the spec around it is encoded on
-submit, again to store it, and again in each task's assignment (not yet the one form it
-could be: the client's bytes, stored and forwarded as they are).
+The payload's bytes are never decoded on the way, and the spec around them is encoded
+once; ``tests/cluster/test_one_form.py`` counts both.
 """
 
 from __future__ import annotations
@@ -174,6 +176,10 @@ class TaskAssignment:
     #: host's index in it and, for a multislice job, the ``MEGASCALE_*`` coordinator
     #: (see :mod:`fray.core._tpu_env`); empty otherwise.
     device_env: Mapping[str, str] = field(default_factory=dict)
+    #: ``spec`` in the one form it travels in: the bytes its client encoded, as the controller
+    #: stores them (see :func:`fray.cluster.protocol._codec.encode_spec`); an assignment carries
+    #: them instead of encoding ``spec`` again. Empty: encode ``spec`` (a test's hand-made assignment).
+    encoded_spec: bytes = b""
 
 
 @dataclass(frozen=True)

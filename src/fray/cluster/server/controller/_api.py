@@ -203,7 +203,9 @@ class ControllerAPI:
         self, caller: Caller, spec: Any, user: Any, parent_id: Any = None, namespace: Any = None
     ) -> dict[str, Any]:
         owner, parent, ns = self._may_submit(caller, user, parent_id, namespace)
-        view = self._service.submit(codec.spec_from(spec), user=owner, parent_id=parent, namespace=ns)
+        (view,) = self._service.submit_many(
+            [codec.decode_spec(spec)], user=owner, parent_id=parent, namespace=ns, encoded=[spec]
+        )
         return codec.view_data(view)
 
     def _may_submit(
@@ -231,8 +233,9 @@ class ControllerAPI:
         self, caller: Caller, specs: Any, user: Any, parent_id: Any = None, namespace: Any = None
     ) -> list[dict[str, Any]]:
         owner, parent, ns = self._may_submit(caller, user, parent_id, namespace)
+        specs = list(specs)
         views = self._service.submit_many(
-            [codec.spec_from(s) for s in specs], user=owner, parent_id=parent, namespace=ns
+            [codec.decode_spec(s) for s in specs], user=owner, parent_id=parent, namespace=ns, encoded=specs
         )
         return [codec.view_data(v) for v in views]
 

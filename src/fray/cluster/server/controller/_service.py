@@ -52,7 +52,6 @@ from fray.cluster.protocol.records import (
     WorkerRecord,
     WorkerState,
 )
-from fray.cluster.rpc.datarpc import pack, unpack
 from fray.cluster.rpc.registry import EndpointRegistry
 from fray.cluster.server.controller._issuer import DEFAULT_JOIN_TTL, CredentialIssuer
 from fray.cluster.server.controller._job_view import job_view, tpu_device_env
@@ -126,7 +125,7 @@ class ControllerService:
         self._generation = 0  # counts notifications of _changed, so waiters miss none
         # Each worker's epoch, outbox and unconfirmed kills, guarded by _lock too.
         self._sessions = WorkerSessions(store, self._lock, worker_timeout)
-        self._specs = SpecCache(lambda job_id: codec.spec_from(unpack(store.job_request(job_id))), spec_cache_size)
+        self._specs = SpecCache(store.job_request, spec_cache_size)
         self._kick = threading.Event()
         # Tasks blocked on their own work that lent their CPU (fray.core._lending): the scheduler
         # counts no CPU for them. Kept in memory only: after a restart they count again until
@@ -293,10 +292,11 @@ class ControllerService:
 
     def job_spec(self, job_id: str) -> JobSpec:
         """The job's spec (decoded from plain data; cached)."""
-        return self._specs.get(job_id)
+        return self._specs.get(job_id)[0]
 
     def _assignment(self, task: TaskRecord) -> TaskAssignment:
         job = self._store.get_job(task.job_id)
+        spec, encoded = self._specs.get(task.job_id)
         return TaskAssignment(
             key=task.key,
             job_name=job.name,
@@ -304,7 +304,8 @@ class ControllerService:
             replica_index=task.replica_index,
             replica_count=job.replicas,
             host_index=task.host_index,
-            spec=self._specs.get(task.job_id),
+            spec=spec,
+            encoded_spec=encoded,
             credential=self._keys.job_credential(job.job_id, self.pin),
             actor_token=self.namespace_token(job.namespace),
             device_env=tpu_device_env(self._store, job, task),
@@ -531,12 +532,25 @@ class ControllerService:
         return self.submit_many([spec], user=user, parent_id=parent_id, namespace=namespace)[0]
 
     def submit_many(
-        self, specs: list[JobSpec], *, user: str, parent_id: str | None = None, namespace: str | None = None
+        self,
+        specs: list[JobSpec],
+        *,
+        user: str,
+        parent_id: str | None = None,
+        namespace: str | None = None,
+        encoded: list[bytes] | None = None,
     ) -> list[JobView]:
-        """Record new jobs in one transaction (all or none); they are scheduled at once if they fit."""
+        """Record new jobs in one transaction (all or none); they are scheduled at once if they fit.
+
+        ``encoded`` are the specs as their client encoded them (:func:`~fray.cluster.protocol._codec.encode_spec`):
+        stored and forwarded to workers as they are. Without them (a caller in this process) they are made here.
+        """
         for spec in specs:
             if not isinstance(spec, JobSpec):
                 raise FrayError(f"submit() takes a JobSpec, got {type(spec).__name__}")
+        forms = encoded if encoded is not None else [codec.encode_spec(spec) for spec in specs]
+        if len(forms) != len(specs):
+            raise FrayError(f"{len(specs)} specs but {len(forms)} encoded forms")
         now = self._clock()
         if parent_id is not None:
             try:
@@ -555,15 +569,15 @@ class ControllerService:
                         f"(job {holder or 'in this same batch'!r}); terminate it first or pick another name",
                     )
             records = self._store.submit_many(
-                [(spec, pack(codec.spec_data(spec))) for spec in specs],
+                list(zip(specs, forms, strict=True)),
                 user=user,
                 now=now,
                 parent_id=parent_id,
                 namespace=namespace,
                 labels=[spec.actor_name for spec in specs],
             )
-        for record, spec in zip(records, specs, strict=True):
-            self._specs.remember(record.job_id, spec)
+        for record, spec, form in zip(records, specs, forms, strict=True):
+            self._specs.remember(record.job_id, spec, form)
         self._queue.add(records)
         self._kick.set()
         return [self._view(record) for record in records]
