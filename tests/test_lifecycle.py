@@ -141,7 +141,7 @@ def test_unpicklable_exception_arrives_as_remote_error_naming_it():
 
 
 def test_user_traceback_drops_fray_frames_above_user_code():
-    from fray.core._eventloop import ActorLoop
+    from fray.core.inside._eventloop import ActorLoop
 
     class Thing:
         async def method(self) -> None:

@@ -29,7 +29,7 @@ from fray import (
     JobTerminated,
     SerializationError,
 )
-from fray.core._runtime import StoppableRun, ThreadStopped
+from fray.core.inside._runtime import StoppableRun, ThreadStopped
 from fray.local import LocalClient, LocalJobHandle, MarinLocalClient
 from support import alive, wait_until
 

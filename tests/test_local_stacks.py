@@ -1,4 +1,4 @@
-"""Live stacks on the local backend's process engine, and the stack server itself (fray.core._stacks).
+"""Live stacks on the local backend's process engine, and the stack server itself (fray.core.inside._stacks).
 
 The conformance suite (tests/conformance/test_stacks.py) covers what every backend does; this
 covers what only processes on this machine do: replicas run as processes (``processes_per_task``),
@@ -21,7 +21,7 @@ import pytest
 
 from fray import Entrypoint, FrameInfo, JobRequest, ProcessJobContext, ProcessStacks
 from fray.context import set_job_context
-from fray.core import _stacks
+from fray.core.inside import _stacks
 from fray.local import LocalClient
 from support import wait_until
 

@@ -12,7 +12,7 @@ import cloudpickle
 
 from fray import Entrypoint
 from fray.core._lifecycle import FailureKind
-from fray.core._logcapture import LogBuffer
+from fray.core.inside._logcapture import LogBuffer
 from fray.job import JobInfo
 from fray.process._procjob import TAIL_LINES, ReplicaProcess, callable_argv
 from support import alive, wait_until
@@ -92,7 +92,7 @@ def test_a_replica_killed_before_it_starts_never_runs(tmp_path: Path):
 _EXITING_CLIENT = """
 import os, sys, threading, time
 from pathlib import Path
-from fray.core._logcapture import LogBuffer
+from fray.core.inside._logcapture import LogBuffer
 from fray.process._procjob import ReplicaProcess
 pidfile = Path(sys.argv[1])
 from fray.job import JobInfo

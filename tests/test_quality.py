@@ -139,3 +139,15 @@ def test_no_production_module_imports_the_users_test_helpers():
             if any(name == "fray.testing" for name in names):
                 found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert not found, found
+
+
+def test_no_folder_of_the_package_holds_over_20_modules():
+    """A folder a newcomer can read: past 20 modules a package is split by what its parts are for."""
+    crowded = {
+        str(folder.relative_to(ROOT)): count
+        for folder in [ROOT / "src" / "fray", *(ROOT / "src" / "fray").rglob("*")]
+        if folder.is_dir() and folder.name != "__pycache__"
+        for count in [len(list(folder.glob("*.py")))]
+        if count > 20
+    }
+    assert not crowded, crowded

@@ -28,8 +28,8 @@ from fray.actor_context import _set_current_actor as _set_current_actor
 from fray.core._lending import blocked
 from fray.core._progress import watch_ready
 from fray.core._remote import actor_died
-from fray.core._runtime import check_terminated
 from fray.core._serialization import call_parts, check_picklable
+from fray.core.inside._runtime import check_terminated
 from fray.errors import ActorDiedError, ActorUnavailableError, ConfigError, JobFailed, RemoteError
 from fray.job import JobHandle, JobStatus, validate_name
 from fray.resources import ResourceConfig

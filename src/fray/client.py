@@ -17,7 +17,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 from fray.actor import ActorGroup, ActorHandle, HostedActor
 from fray.actor_config import ActorConfig
-from fray.core._runtime import check_terminated
+from fray.core.inside._runtime import check_terminated
 from fray.errors import ConfigError, JobAlreadyExists, JobFailed
 from fray.job import EnvironmentConfig as EnvironmentConfig  # marin's fray.client offers it too
 from fray.job import JobHandle, JobRequest, JobStatus, wait_all

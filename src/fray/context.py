@@ -43,7 +43,7 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar, runtime_checkable
 
 from fray.client import current_client
 from fray.core._lending import blocked
-from fray.core._runtime import check_terminated
+from fray.core.inside._runtime import check_terminated
 from fray.errors import ConfigError
 from fray.resources import ResourceConfig
 

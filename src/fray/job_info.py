@@ -62,7 +62,7 @@ def current_job() -> JobInfo | None:
     (``JobRequest.processes_per_task``) its rank through ``FRAY_PROCESS_INDEX``,
     ``FRAY_PROCESS_COUNT``, ``FRAY_LOCAL_PROCESS_INDEX`` and ``FRAY_LOCAL_PROCESS_COUNT``.
     """
-    from fray.core._runtime import check_terminated
+    from fray.core.inside._runtime import check_terminated
 
     check_terminated()
     info = _current_job.get()

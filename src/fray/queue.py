@@ -41,7 +41,7 @@ from fray.core._queue_checks import (
     queue_exists,
     sequence,
 )
-from fray.core._runtime import check_terminated
+from fray.core.inside._runtime import check_terminated
 from fray.errors import ConfigError, JobAlreadyExists, LeaseError
 
 __all__ = [

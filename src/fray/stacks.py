@@ -3,7 +3,7 @@
 ``JobHandle.stacks()`` and ``ActorHandle.stacks()`` answer "what is it doing": one
 :class:`ProcessStacks` per process that runs the work (each replica of a job, each task of
 its job context, the actor's process), holding the Python stack of every thread, taken
-inside that process by Fray's own runtime (:mod:`fray.core._stacks`: no ptrace, no py-spy).
+inside that process by Fray's own runtime (:mod:`fray.core.inside._stacks`: no ptrace, no py-spy).
 
 These values cross process and host boundaries as JSON (:meth:`ProcessStacks.to_json` /
 :meth:`ProcessStacks.from_json`), never pickle: a stack answer must never be able to run code

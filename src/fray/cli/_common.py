@@ -14,11 +14,11 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from fray._timefmt import format_time as _format_time
 from fray.cli._errors import CliError, set_target
 from fray.client import parse_client_spec
 from fray.cluster.protocol.controller_client import ControllerHandle, OpsProxy, connect_controller, ops_client
 from fray.cluster.protocol.credentials import load_credential
+from fray.core._timefmt import format_time as _format_time
 from fray.errors import ConfigError
 
 __all__ = [

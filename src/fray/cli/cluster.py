@@ -27,7 +27,6 @@ from typing import Any
 import click
 from rich.markup import escape
 
-from fray._timefmt import format_time
 from fray.cli._common import STATE_FILE, TOKEN_FILE, console, count_of, echo_json, read_state
 from fray.cli._errors import CliError
 from fray.cli.daemons import check_port_free
@@ -37,6 +36,7 @@ from fray.cluster.server.autoscale.config import ClusterConfig
 from fray.cluster.server.autoscale.provider import Provider
 from fray.cluster.server.launcher import LocalCluster
 from fray.core._private_files import write_private
+from fray.core._timefmt import format_time
 from fray.errors import ConfigError, FrayError
 from fray.process._procident import ProcessIdentity, identify
 from fray.resources import format_size

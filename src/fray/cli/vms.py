@@ -73,7 +73,7 @@ def _cell(value: object) -> str:
     if value is None:
         return ""
     text = str(value)
-    # ISO 8601 times in the CLI's one format for people (fray._timefmt); --json has them whole.
+    # ISO 8601 times in the CLI's one format for people (fray.core._timefmt); --json has them whole.
     if len(text) > 19 and text[4:5] == "-" and text[10:11] == "T":
         with contextlib.suppress(ValueError):
             return format_time(datetime.fromisoformat(text).timestamp())

@@ -52,7 +52,7 @@ from fray.core._adopt import adopt_or_check, is_named
 from fray.core._driver_exit import ExitNotice, Leftovers, report, watch
 from fray.core._owned import OwnedWork
 from fray.core._pending_notice import watch as watch_pending
-from fray.core._runtime import check_terminated
+from fray.core.inside._runtime import check_terminated
 from fray.errors import ConfigError, FrayError
 from fray.job import JobHandle, JobRequest, current_job
 from fray.job_info import effective_band

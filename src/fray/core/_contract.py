@@ -50,8 +50,8 @@ Iris       IrisJobHandle,       IrisActorHandle       (refused: use      LocalJo
 =========  ===================  ====================  =================  ===========================  ======================
 
 Who answers ``stacks()`` (live stacks, :mod:`fray.stacks`): every process Fray runs user code in
-serves its own stacks on a private Unix socket (:func:`fray.core._stacks.serve`), and a relay
-on the same host asks it (:func:`fray.core._stacks.ask`):
+serves its own stacks on a private Unix socket (:func:`fray.core.inside._stacks.serve`), and a relay
+on the same host asks it (:func:`fray.core.inside._stacks.ask`):
 
 =========  =====================================================================================
 backend    relay

@@ -53,11 +53,11 @@ from connectrpc.errors import ConnectError
 from fray.actor import public_methods
 from fray.actor_context import ActorCalls, ActorContext, set_process_actor
 from fray.core._death import describe_exit
-from fray.core._eventloop import ActorLoop, invoke
 from fray.core._lifecycle import ActorRestartBudget
 from fray.core._remote import RemoteFailure
 from fray.core._serialization import check_result_picklable
-from fray.core._stacks import capture
+from fray.core.inside._eventloop import ActorLoop, invoke
+from fray.core.inside._stacks import capture
 from fray.errors import ActorDiedError, SerializationError
 from fray.iris import _connect, _task
 from fray.iris._seams import seam

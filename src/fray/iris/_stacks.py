@@ -1,6 +1,6 @@
 """Live stacks on Iris (``JobHandle.stacks()``, ``ActorHandle.stacks()``): asked where the task runs, through Iris.
 
-Every Iris task that runs Fray's code serves its stacks on a Unix socket (:mod:`fray.core._stacks`),
+Every Iris task that runs Fray's code serves its stacks on a Unix socket (:mod:`fray.core.inside._stacks`),
 which answers only on its own host, inside its own container. So:
 
 * **a job's tasks** are asked through Iris's own ``ExecInContainer`` RPC (what ``iris task exec``
@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import quote
 
-from fray.core._stacks import serve, socket_dir, socket_path
+from fray.core.inside._stacks import serve, socket_dir, socket_path
 from fray.stacks import ProcessStacks, ThreadStack
 
 __all__ = ["announce", "ask_actor", "ask_tasks", "record_name", "task_target"]
@@ -53,7 +53,7 @@ _RELAY = (
     'exec "$py" -c "$2" "$3" "$4" "$d/$1" "$d/$1"@*'
 )
 
-# What asks the sockets, side by side: the request and answer of fray.core._stacks (one JSON line each
+# What asks the sockets, side by side: the request and answer of fray.core.inside._stacks (one JSON line each
 # way), in standard-library Python only, so that it runs with the task's interpreter whatever its paths.
 _ASK = """
 import json, socket, sys, threading

@@ -41,8 +41,8 @@ from iris.cluster.types import JobName
 from fray.actor import ActorFuture, ActorHandleBase, RemoteMethod, check_actor_method
 from fray.core._deferred_calls import DeferredCalls, PendingCall, copy_death
 from fray.core._remote import actor_died
-from fray.core._runtime import check_terminated
 from fray.core._serialization import actor_call_label, check_call_picklable
+from fray.core.inside._runtime import check_terminated
 from fray.errors import ActorDiedError, ActorUnavailableError, SerializationError
 from fray.iris._seams import seam
 from fray.iris._stacks import ask_actor

@@ -29,7 +29,7 @@ from iris.resources.state import JobState, TaskState
 
 from fray.core._death import LAST_LINES as _LAST_LINES
 from fray.core._lifecycle import Failure, FailureKind, RetryBudget
-from fray.core._logcapture import log_tail
+from fray.core.inside._logcapture import log_tail
 from fray.errors import FrayError, NotFound
 from fray.iris import _connect
 from fray.iris._stacks import ask_tasks, task_target

@@ -35,7 +35,7 @@ from fray.context import (
     task_name,
 )
 from fray.core._remote import RemoteFailure, remote_error
-from fray.core._stacks import thread_task
+from fray.core.inside._stacks import thread_task
 from fray.errors import ConfigError, TaskLostError
 from fray.job_info import _current_job
 

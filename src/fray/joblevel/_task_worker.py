@@ -48,7 +48,7 @@ from fray.context import (
 )
 from fray.core._remote import RemoteFailure, remote_error
 from fray.core._serialization import call_parts, check_picklable, refused
-from fray.core._stacks import running_task, serve
+from fray.core.inside._stacks import running_task, serve
 from fray.errors import ObjectLostError, TaskLostError
 from fray.joblevel import _objects
 from fray.joblevel._taskwire import ONCE, Dep, ProcessObjectRef, dumps, function_blob, no_delay, receive, send
@@ -305,7 +305,7 @@ def serve_owner(request: dict[str, Any], authkey: bytes) -> None:
     ``request`` holds ``wid``, ``context``, ``address`` and ``family`` (how to reach the
     owner), and optionally ``path`` (``sys.path``) and ``cwd`` to take from the owner.
     """
-    serve()  # the worker answers stacks() (fray.core._stacks), naming the task it runs
+    serve()  # the worker answers stacks() (fray.core.inside._stacks), naming the task it runs
     if "path" in request:
         sys.path[:] = request["path"]
     if "cwd" in request:

@@ -33,12 +33,12 @@ from fray.actor import ActorFuture, ActorHandleBase, RemoteMethod, check_actor_m
 from fray.actor_config import ActorConfig
 from fray.actor_context import SHUTDOWN_GRACE, ActorContext, ActorEnd, bind_actor
 from fray.client import Client, _bind_client
-from fray.core._eventloop import ActorLoop, invoke
 from fray.core._lifecycle import ActorRestartBudget, Failure
-from fray.core._logcapture import capture_to
 from fray.core._remote import RemoteFailure, actor_died, copy_died, remote_error, self_ended
-from fray.core._runtime import StoppableRun, terminating_on
 from fray.core._serialization import check_call_picklable, check_result_picklable
+from fray.core.inside._eventloop import ActorLoop, invoke
+from fray.core.inside._logcapture import capture_to
+from fray.core.inside._runtime import StoppableRun, terminating_on
 from fray.errors import ActorDiedError, ActorUnavailableError, SerializationError
 from fray.job import JobInfo
 from fray.job_info import _current_job

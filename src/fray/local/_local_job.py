@@ -1,7 +1,7 @@
 """The local backend's jobs: the state of one job and its attempts, and the handle users hold.
 
 A job's status lives in a shared :class:`~fray.core._lifecycle.JobLifecycle`. Each attempt
-knows what runs for it -- the :class:`~fray.core._runtime.StoppableRun` of every replica
+knows what runs for it -- the :class:`~fray.core.inside._runtime.StoppableRun` of every replica
 thread, the subprocess of every binary replica -- so that stopping an attempt (a
 gang member failed) or the whole job (``terminate()``) reaches all of it.
 """
@@ -15,9 +15,9 @@ import weakref
 from collections.abc import Callable, Sequence
 
 from fray.core._lifecycle import JobLifecycle
-from fray.core._logcapture import LogBuffer
 from fray.core._remote import RemoteFailure, job_failed
-from fray.core._runtime import StoppableRun, check_terminated
+from fray.core.inside._logcapture import LogBuffer
+from fray.core.inside._runtime import StoppableRun, check_terminated
 from fray.errors import ActorUnavailableError, FrayError, JobFailed
 from fray.job import JobHandleBase, JobStatus, JobSummary, replicas_to_preempt, timeout_error
 from fray.job_info import _current_job
@@ -350,7 +350,7 @@ class LocalJobHandle(JobHandleBase):
         """The live stacks of each replica (its thread, or its processes) and of the job's running tasks.
 
         A replica on a thread of this process shows that thread; a replica run as processes
-        is asked over its stack socket (:mod:`fray.core._stacks`). Empty once the job finished,
+        is asked over its stack socket (:mod:`fray.core.inside._stacks`). Empty once the job finished,
         and for a job wrapping a plain future (its thread is unknown).
         """
         if isinstance(self._job, _FutureJob):

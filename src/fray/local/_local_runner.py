@@ -35,10 +35,10 @@ from fray.cluster.server.envs._project import check_extras
 from fray.core._codepickle import dumps
 from fray.core._lending import lending_to
 from fray.core._lifecycle import Failure, exit_status
-from fray.core._logcapture import capture_to
 from fray.core._private_files import write_private
-from fray.core._runtime import terminating_on
 from fray.core._serialization import call_parts, check_picklable
+from fray.core.inside._logcapture import capture_to
+from fray.core.inside._runtime import terminating_on
 from fray.errors import ConfigError
 from fray.job import BinaryEntrypoint, CallableEntrypoint, EnvironmentConfig, JobInfo, JobRequest
 from fray.job_info import _current_job

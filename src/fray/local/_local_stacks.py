@@ -1,11 +1,11 @@
 """``stacks()`` of the local backend's jobs and actors: threads of this process, or processes asked over their socket.
 
 A callable replica runs on a thread of the caller's process, so its stack is taken here
-(:func:`fray.core._stacks.capture` of that thread); a replica run as processes (a binary, a
+(:func:`fray.core.inside._stacks.capture` of that thread); a replica run as processes (a binary, a
 ``processes_per_task`` replica, a callable that must be pickled) is asked over its stack
 socket, every rank of a supervised replica separately. The job's job-context tasks come
 with it: those on threads (``LocalJobContext``, registered per task by
-:func:`fray.core._stacks.thread_task`) and those on worker processes of a
+:func:`fray.core.inside._stacks.thread_task`) and those on worker processes of a
 ``ProcessJobContext`` the job created.
 """
 
@@ -15,7 +15,7 @@ import os
 import socket
 import time
 
-from fray.core._stacks import ask_all, capture, child_pids, thread_tasks
+from fray.core.inside._stacks import ask_all, capture, child_pids, thread_tasks
 from fray.joblevel._task_owner import live_owners
 from fray.process._procjob import ReplicaProcess
 from fray.stacks import ProcessStacks, ThreadStack

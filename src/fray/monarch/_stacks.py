@@ -4,7 +4,7 @@ The Monarch backend runs on one host (``docs/monarch.md``): job replicas are chi
 of the client (``fray.process._jobmain``), actors are :class:`~fray.monarch.host.FrayHost`
 processes of Monarch meshes, and the tasks of a job's context run in a pool of such
 processes that the job's own client spawned. Each of them serves its stacks on a Unix socket
-(:mod:`fray.core._stacks`), so the asker needs only their pids:
+(:mod:`fray.core.inside._stacks`), so the asker needs only their pids:
 
 * an actor's pid comes with its first ``ready`` answer (its record keeps it; a handle from
   another process asks the actor's ``ready`` endpoint, which Monarch answers on the actor's
@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from fray.core._stacks import ask, ask_all, child_pids, socket_path
+from fray.core.inside._stacks import ask, ask_all, child_pids, socket_path
 from fray.stacks import ProcessStacks
 
 __all__ = ["actor_stacks", "job_stacks"]

@@ -37,9 +37,9 @@ from monarch.actor import ActorError
 from fray.actor import ActorFuture, ActorHandleBase, RemoteMethod, check_actor_method
 from fray.actor_context import SHUTDOWN_GRACE
 from fray.core._lifecycle import Failure, JobLifecycle
-from fray.core._logcapture import log_tail
 from fray.core._remote import RemoteFailure, actor_died, remote_error
 from fray.core._serialization import check_call_picklable
+from fray.core.inside._logcapture import log_tail
 from fray.errors import ActorDiedError, ActorUnavailableError, ConfigError, FrayError, SerializationError
 from fray.monarch import supervision
 from fray.monarch._stacks import actor_stacks

@@ -46,7 +46,7 @@ from fray.context import (
     task_name,
 )
 from fray.core._serialization import call_parts, check_picklable
-from fray.core._stacks import running_task
+from fray.core.inside._stacks import running_task
 from fray.errors import ActorDiedError, ConfigError, TaskLostError
 
 __all__ = ["MonarchJobContext", "MonarchObjectRef", "TaskRunner"]

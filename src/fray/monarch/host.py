@@ -3,7 +3,7 @@
 Every Fray actor is a :class:`FrayHost` spawned on a process mesh: its constructor
 builds the user's object from a cloudpickled ``(class, args, kwargs)``, and its one
 endpoint, :meth:`FrayHost.invoke`, dispatches ``(method, args, kwargs)`` to that
-object with :func:`fray.core._eventloop.invoke` -- so user classes need no Monarch
+object with :func:`fray.core.inside._eventloop.invoke` -- so user classes need no Monarch
 decorators, and ``async def`` methods run on the actor's own event loop as on every
 backend. A group's members are the ranks of one host mesh; each rank picks its own
 :class:`MemberSpec` by its rank.
@@ -42,11 +42,11 @@ import cloudpickle
 from monarch.actor import Actor, Port, current_rank, endpoint
 
 from fray.actor_context import ActorCalls, ActorContext, ActorEnd, set_process_actor
-from fray.core._eventloop import ActorLoop, invoke
 from fray.core._lifecycle import Failure
 from fray.core._remote import RemoteFailure
 from fray.core._serialization import check_result_picklable
-from fray.core._stacks import serve
+from fray.core.inside._eventloop import ActorLoop, invoke
+from fray.core.inside._stacks import serve
 from fray.errors import ActorContextError, ActorDiedError, SerializationError
 from fray.job import JobInfo
 from fray.job_info import replica_env

@@ -23,7 +23,7 @@ from typing import Protocol
 
 from fray.core._codepickle import dumps
 from fray.core._lifecycle import Failure, JobLifecycle
-from fray.core._logcapture import LogBuffer
+from fray.core.inside._logcapture import LogBuffer
 from fray.errors import ActorUnavailableError, ConfigError
 from fray.job import (
     BinaryEntrypoint,

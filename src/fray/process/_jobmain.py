@@ -48,9 +48,9 @@ def main(argv: list[str], payload: bytes | None = None) -> int:
     global _failure_path
     payload_path, failure_path = argv[1], argv[2]
     _failure_path = failure_path
-    from fray.core._stacks import serve
+    from fray.core.inside._stacks import serve
 
-    serve()  # the replica answers stacks() (fray.core._stacks): one idle thread until somebody asks
+    serve()  # the replica answers stacks() (fray.core.inside._stacks): one idle thread until somebody asks
     try:
         import cloudpickle
 

@@ -2,7 +2,7 @@
 
 :class:`ReplicaProcess` starts the replica in its own session (so terminating it
 reaches every process it started), streams its output into the job's
-:class:`~fray.core._logcapture.LogBuffer`, and turns how it ended into ``None`` (success)
+:class:`~fray.core.inside._logcapture.LogBuffer`, and turns how it ended into ``None`` (success)
 or a :class:`~fray.core._lifecycle.Failure`: the user's exception when a callable wrote
 one to its failure file (see :mod:`fray.process._jobmain`), else the exit code and the
 last lines the replica printed. :func:`callable_argv` builds the command line that
@@ -33,7 +33,7 @@ from pathlib import Path
 
 from fray.core._death import LAST_LINES
 from fray.core._lifecycle import Failure
-from fray.core._logcapture import LogBuffer
+from fray.core.inside._logcapture import LogBuffer
 from fray.job import JobInfo
 from fray.job_info import replica_env
 from fray.process._process import die_with_parent, kill_process_group

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from fray.core._lifecycle import JobLifecycle
-from fray.core._logcapture import LogBuffer, log_tail
+from fray.core.inside._logcapture import LogBuffer, log_tail
 from fray.errors import FrayError
 from fray.job import JobHandleBase, JobStatus, JobSummary, timeout_error
 from fray.ray._board import BOARD

@@ -1,7 +1,7 @@
 """Live stacks on Ray (``JobHandle.stacks()``, ``ActorHandle.stacks()``): who asks whom, on which node.
 
 Every Ray worker process that runs Fray's code for a job replica, a job-context task or an
-actor starts the per-process stack server of :mod:`fray.core._stacks` (a Unix socket: it
+actor starts the per-process stack server of :mod:`fray.core.inside._stacks` (a Unix socket: it
 answers only on its own host). The caller may be on another node, so:
 
 * **job replicas and job-context tasks** leave their pid and Ray node id in Ray's key-value
@@ -53,7 +53,7 @@ def relay(targets: list[tuple[int, str, str | None]], locals: bool, timeout: flo
     Returns JSON (:meth:`ProcessStacks.to_json`), never pickled objects of its own making: what
     comes back is data.
     """
-    from fray.core._stacks import ask_all
+    from fray.core.inside._stacks import ask_all
 
     return [answer.to_json() for answer in ask_all(targets, timeout=timeout, locals=locals)]
 

@@ -42,7 +42,7 @@ from fray.context import (
 from fray.core._codepickle import dumps
 from fray.core._remote import RemoteFailure, remote_error
 from fray.core._serialization import call_parts, check_picklable, refused
-from fray.core._stacks import running_task, serve
+from fray.core.inside._stacks import running_task, serve
 from fray.errors import ObjectLostError, TaskLostError
 from fray.ray._errors import translate
 from fray.ray._stacks import task_key, task_prefix

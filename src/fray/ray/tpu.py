@@ -28,7 +28,7 @@ import threading
 from typing import Any
 
 from fray.core._lifecycle import Failure
-from fray.core._tpu_env import MEGASCALE_PORT, megascale_env, tpu_host_env
+from fray.core.inside._tpu_env import MEGASCALE_PORT, megascale_env, tpu_host_env
 from fray.job import JobRequest
 from fray.ray._launch import Launcher
 from fray.ray.jobs import CallableJob

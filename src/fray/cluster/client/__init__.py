@@ -40,8 +40,8 @@ from fray.cluster.server.taskproc._actor_host import host_actor
 from fray.core._client_core import ActorStart, ClientCore
 from fray.core._driver_exit import ExitNotice, Leftovers
 from fray.core._lifecycle import Failure
-from fray.core._logcapture import log_tail
 from fray.core._remote import job_failed
+from fray.core.inside._logcapture import log_tail
 from fray.errors import ConfigError, FrayError, NotFound
 from fray.job import (
     Entrypoint,
@@ -374,7 +374,7 @@ class ClusterClient(ClientCore["ClusterJobHandle", "ClusterActorHandle"]):
         spec = JobSpec.from_request(request, actor_name=name, command=f"actor {start.actor_class.__qualname__}")
         job = self._submit(spec, is_actor=True, detached=config.detached)
         handle = make_handle(job_id=job.job_id, token=self._token)
-        handle._watch()
+        handle._fray_ready()
         return handle, job
 
     def timeline(self, job: str | JobHandle | None = None, since: float | None = None) -> dict[str, Any]:

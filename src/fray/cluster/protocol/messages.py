@@ -174,7 +174,7 @@ class TaskAssignment:
     actor_token: str = ""
     #: What the placement tells the task about its device: for a TPU job the slice, the
     #: host's index in it and, for a multislice job, the ``MEGASCALE_*`` coordinator
-    #: (see :mod:`fray.core._tpu_env`); empty otherwise.
+    #: (see :mod:`fray.core.inside._tpu_env`); empty otherwise.
     device_env: Mapping[str, str] = field(default_factory=dict)
     #: ``spec`` in the one form it travels in: the bytes its client encoded, as the controller
     #: stores them (see :func:`fray.cluster.protocol._codec.encode_spec`); an assignment carries

@@ -5,7 +5,7 @@
   to pipelined calls (with :class:`_Flusher` making sure none waits long).
 * :class:`ActorRunner` -- runs one actor's calls, at most ``max_concurrency`` at
   a time, in arrival order; ``async def`` methods run on the actor's one
-  :class:`~fray.core._eventloop.ActorLoop` (through :func:`~fray.core._eventloop.invoke`,
+  :class:`~fray.core.inside._eventloop.ActorLoop` (through :func:`~fray.core.inside._eventloop.invoke`,
   as on every backend).
 * :class:`Call` -- one accepted call: what to run and where its answer goes.
 """
@@ -25,8 +25,8 @@ from typing import Any, Protocol
 from fray.actor import check_actor_method
 from fray.cluster.rpc import wire
 from fray.cluster.rpc.protocol import ActorInfo, ErrorCode, encode_error
-from fray.core._eventloop import ActorLoop, invoke
 from fray.core._serialization import check_result_picklable
+from fray.core.inside._eventloop import ActorLoop, invoke
 from fray.errors import SerializationError
 
 __all__ = ["Actor", "ActorRunner", "Call", "CallHooks", "ServerConnection"]

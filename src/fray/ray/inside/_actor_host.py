@@ -5,7 +5,7 @@ gives the process its Fray identity (``current_job()``, ``current_client()``,
 ``current_actor()``) and whose public methods pass through a thin wrapper that:
 
 * runs ``async def`` methods to completion on the actor's own
-  :class:`~fray.core._eventloop.ActorLoop`, as on every backend (Ray would run them
+  :class:`~fray.core.inside._eventloop.ActorLoop`, as on every backend (Ray would run them
   concurrently and out of order; Fray runs up to ``max_concurrency`` of them);
 * counts the calls running, so that a terminating actor can wait for them;
 * acts on ``current_actor().exit()`` / ``fail()`` once the call that asked returns:
@@ -29,8 +29,8 @@ from collections.abc import Callable
 from typing import Any
 
 from fray.actor_context import ActorCalls, ActorContext, ActorEnd, set_process_actor
-from fray.core._eventloop import ActorLoop
-from fray.core._stacks import capture, serve
+from fray.core.inside._eventloop import ActorLoop
+from fray.core.inside._stacks import capture, serve
 from fray.ray._values import shield
 from fray.ray.actors import RayActorHandle
 from fray.ray.inside._actor_end import record_end
@@ -79,7 +79,7 @@ def _wrap(fn: Callable[..., Any], is_coroutine: bool) -> Callable[..., Any]:
         host.enter()
         try:
             if is_coroutine:
-                # Not fray.core._eventloop.invoke: it looks the method up by name, which would find this stand-in.
+                # Not fray.core.inside._eventloop.invoke: it looks the method up by name, which would find this stand-in.
                 return shield(self._fray_actor_loop.run(fn(self, *args, **kwargs)))
             return shield(fn(self, *args, **kwargs))
         finally:
@@ -129,7 +129,7 @@ def actor_class_for(cls: type) -> type:
 
     def __init__(self: Any, fray_env: dict[str, str], /, *args: Any, **kwargs: Any) -> None:
         os.environ.update(fray_env)
-        serve()  # the actor's process answers stacks() on its host too (fray.core._stacks), as every Fray process
+        serve()  # the actor's process answers stacks() on its host too (fray.core.inside._stacks), as every Fray process
         host = self._fray_host = _Host(fray_env, cls)
         set_process_actor(host.context)
         if has_coroutines:

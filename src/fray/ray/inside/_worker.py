@@ -23,9 +23,9 @@ from typing import Any
 import cloudpickle
 
 from fray.core._lifecycle import exit_status
-from fray.core._logcapture import TaskOutput, capture_to
 from fray.core._remote import RemoteFailure
-from fray.core._stacks import serve
+from fray.core.inside._logcapture import TaskOutput, capture_to
+from fray.core.inside._stacks import serve
 
 __all__ = [
     "REPORTER",

@@ -11,11 +11,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fray._timefmt import format_time
 from fray.cluster.server.autoscale._createrate import CreateRate
 from fray.cluster.server.autoscale._demand import Routing
 from fray.cluster.server.autoscale._vmstate import SliceRecord, VmState
 from fray.cluster.server.autoscale.config import ScaleGroup
+from fray.core._timefmt import format_time
 
 __all__ = ["BOOTING", "GroupState", "autoscaler_status", "job_notes"]
 

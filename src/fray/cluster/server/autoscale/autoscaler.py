@@ -41,7 +41,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from fray._timefmt import format_time
 from fray.cluster.protocol.capacity import WorkerInfo
 from fray.cluster.server.autoscale._createrate import CreateRate
 from fray.cluster.server.autoscale._demand import Routing, Unit, group_vector, route
@@ -50,6 +49,7 @@ from fray.cluster.server.autoscale._vmstate import SliceRecord, VmRecord, VmStat
 from fray.cluster.server.autoscale.config import ClusterConfig, ScaleGroup
 from fray.cluster.server.autoscale.provider import CloudState, Provider, ProviderVm, SliceRequest, slice_vms
 from fray.cluster.server.scheduler import PendingJob, RunningTask, schedule
+from fray.core._timefmt import format_time
 from fray.errors import CapacityUnavailable, ProviderError, QuotaExceeded
 
 __all__ = ["Autoscaler", "AutoscalerPolicy", "ClusterView", "TickResult", "vm_worker_info"]

@@ -12,7 +12,7 @@ from fray.cluster.protocol.messages import JobView
 from fray.cluster.protocol.records import JobRecord, TaskRecord
 from fray.cluster.server.store import ClusterStore
 from fray.cluster.server.store._views import behind_note
-from fray.core._tpu_env import tpu_host_env
+from fray.core.inside._tpu_env import tpu_host_env
 
 __all__ = ["job_view", "tpu_device_env"]
 

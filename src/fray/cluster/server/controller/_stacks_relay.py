@@ -7,7 +7,7 @@ its outbox (workers pull: the ask wakes the worker's long poll), and waits -- ho
 the service's locks -- until every worker answered (``stacks_answer``) or the timeout passed.
 A worker that did not answer in time, or is no longer alive, becomes one
 :class:`~fray.stacks.ProcessStacks` per task it holds, with ``error`` saying so. Each worker
-asks its task processes itself (:func:`fray.core._stacks.ask`): the controller never connects
+asks its task processes itself (:func:`fray.core.inside._stacks.ask`): the controller never connects
 to a task, and never sees anything but JSON-shaped data.
 """
 

@@ -2,7 +2,7 @@
 
 The controller's :class:`~fray.cluster.protocol.messages.StacksAsk` names tasks running on
 this worker; the worker asks each task's process over its stack socket
-(:func:`fray.core._stacks.ask`, on this host), side by side, within the ask's timeout, and
+(:func:`fray.core.inside._stacks.ask`, on this host), side by side, within the ask's timeout, and
 sends the answers back with ``stacks_answer``. A replica of several processes
 (``processes_per_task``) is supervised by a process that runs no user code: its ranks (its
 children with a stack socket) are asked instead. This runs on a thread of its own, so the
@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from fray.cluster.protocol.messages import StacksAsk
 from fray.cluster.protocol.records import TaskKey
-from fray.core._stacks import ask_all, child_pids, socket_path
+from fray.core.inside._stacks import ask_all, child_pids, socket_path
 from fray.stacks import ProcessStacks
 
 __all__ = ["answer_stacks_soon"]
