@@ -226,3 +226,31 @@ def test_sockets_of_ended_processes_are_swept():
     _stacks._sweep()
     assert not os.path.exists(stale)
     assert os.path.exists(_stacks.socket_path(os.getpid()))  # a live one stays
+
+
+def test_starting_processes_sweep_at_most_once_a_minute(tmp_path, monkeypatch):
+    # A sweep reads every socket in the directory: thousands of short tasks must not each pay for one.
+    monkeypatch.setenv("FRAY_STACKS_DIR", str(tmp_path / "stacks"))
+    directory = _stacks._private_dir()
+    assert _stacks._sweep_due(directory), "the first process sweeps"
+    assert not _stacks._sweep_due(directory), "the next ones, within the minute, do not"
+    long_ago = time.time() - _stacks.SWEEP_EVERY_SECONDS - 1
+    os.utime(os.path.join(directory, _stacks._STAMP), (long_ago, long_ago))
+    assert _stacks._sweep_due(directory), "a minute later one sweeps again"
+
+
+def _record_pid(path: str) -> None:
+    Path(path).write_text(str(os.getpid()))
+
+
+def test_a_cluster_task_removes_its_socket_when_it_ends(cluster_client, tmp_path):
+    # Forked tasks end with os._exit (no atexit hook): the task removes its socket itself.
+    directory = _stacks._private_dir()
+    _stacks._sweep_due(directory)  # no sweep in the next minute can remove it instead
+    where = tmp_path / "pid"
+    job = cluster_client.submit(
+        JobRequest(name="pid", entrypoint=Entrypoint.from_callable(_record_pid, args=(str(where),)))
+    )
+    job.wait(timeout=60, raise_on_failure=True)
+    pid = int(where.read_text())
+    assert not os.path.exists(_stacks.socket_path(pid))

@@ -195,8 +195,8 @@ class _Server:
         self.pid = os.getpid()
         self.path = socket_path(self.pid)
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        _private_dir()
-        if sweep:
+        directory = _private_dir()
+        if sweep and _sweep_due(directory):
             _sweep()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)  # a stale socket of an earlier process with our pid
@@ -288,6 +288,37 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+#: How often at most a starting process sweeps the directory (a stamp file's age says when one last did).
+SWEEP_EVERY_SECONDS = 60.0
+_STAMP = ".swept"
+
+
+def _sweep_due(directory: str) -> bool:
+    """True (and the stamp renewed) if no process swept ``directory`` in the last :data:`SWEEP_EVERY_SECONDS`.
+
+    A sweep reads every socket of the directory: about a millisecond of CPU per process once
+    hundreds are left by killed processes, which short tasks started by the thousand must not pay.
+    """
+    stamp = os.path.join(directory, _STAMP)
+    try:
+        if time.time() - os.stat(stamp).st_mtime < SWEEP_EVERY_SECONDS:
+            return False
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return False
+    with contextlib.suppress(OSError):
+        with open(stamp, "a"):
+            pass
+        os.utime(stamp)
+    return True
+
+
+def stop() -> None:
+    """Stop this process's stack server and remove its socket: for a process about to end with ``os._exit``."""
+    _remove_at_exit()
 
 
 def _sweep() -> None:
