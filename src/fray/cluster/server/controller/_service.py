@@ -59,7 +59,7 @@ from fray.cluster.server.controller._pending import PendingSet
 from fray.cluster.server.controller._preemption import preemption_after
 from fray.cluster.server.controller._queues import QueueService
 from fray.cluster.server.controller._scheduling_loop import LEASE_FRACTION, SchedulingLoop
-from fray.cluster.server.controller._specs import DEFAULT_MAX_SPECS, SpecCache
+from fray.cluster.server.controller._specs import DEFAULT_MAX_SPECS, CachedSpec, SpecCache
 from fray.cluster.server.controller._stacks_relay import StacksRelay
 from fray.cluster.server.controller._worker_sessions import WorkerSessions
 from fray.cluster.server.scheduler import (
@@ -125,7 +125,9 @@ class ControllerService:
         self._generation = 0  # counts notifications of _changed, so waiters miss none
         # Each worker's epoch, outbox and unconfirmed kills, guarded by _lock too.
         self._sessions = WorkerSessions(store, self._lock, worker_timeout)
-        self._specs = SpecCache(store.job_request, spec_cache_size)
+        self._specs = SpecCache(
+            lambda job_id: (store.job_request(job_id), store.get_job(job_id).namespace), spec_cache_size
+        )
         self._kick = threading.Event()
         # Tasks blocked on their own work that lent their CPU (fray.core._lending): the scheduler
         # counts no CPU for them. Kept in memory only: after a restart they count again until
@@ -292,23 +294,25 @@ class ControllerService:
 
     def job_spec(self, job_id: str) -> JobSpec:
         """The job's spec (decoded from plain data; cached)."""
-        return self._specs.get(job_id)[0]
+        return self._specs.get(job_id).spec
 
     def _assignment(self, task: TaskRecord) -> TaskAssignment:
-        job = self._store.get_job(task.job_id)
-        spec, encoded = self._specs.get(task.job_id)
+        cached = self._specs.get(task.job_id)
+        spec = cached.spec
+        # Only a TPU task reads its job back (for its slice's coordinator): the rest is in the cache.
+        device_env = tpu_device_env(self._store, self._store.get_job(task.job_id), task) if spec.resources.tpu else {}
         return TaskAssignment(
             key=task.key,
-            job_name=job.name,
-            namespace=job.namespace,
+            job_name=spec.name,
+            namespace=cached.namespace,
             replica_index=task.replica_index,
-            replica_count=job.replicas,
+            replica_count=spec.replicas,
             host_index=task.host_index,
             spec=spec,
-            encoded_spec=encoded,
-            credential=self._keys.job_credential(job.job_id, self.pin),
-            actor_token=self.namespace_token(job.namespace),
-            device_env=tpu_device_env(self._store, job, task),
+            encoded_spec=cached.encoded,
+            credential=self._keys.job_credential(task.job_id, self.pin),
+            actor_token=self.namespace_token(cached.namespace),
+            device_env=device_env,
         )
 
     # ----- credentials --------------------------------------------------------------------------
@@ -577,7 +581,7 @@ class ControllerService:
                 labels=[spec.actor_name for spec in specs],
             )
         for record, spec, form in zip(records, specs, forms, strict=True):
-            self._specs.remember(record.job_id, spec, form)
+            self._specs.remember(record.job_id, CachedSpec(spec, form, record.namespace))
         self._queue.add(records)
         self._kick.set()
         return [self._view(record) for record in records]
