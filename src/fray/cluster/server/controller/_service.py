@@ -293,7 +293,7 @@ class ControllerService:
         self._apply(self._store.preempt_gangs(chosen.victims, chosen.reason, now))
 
     def job_spec(self, job_id: str) -> JobSpec:
-        """The job's spec (decoded from plain data; cached)."""
+        """The job's spec (decoded from plain data; cached), without its payload: the controller never opens one."""
         return self._specs.get(job_id).spec
 
     def _assignment(self, task: TaskRecord) -> TaskAssignment:
@@ -581,7 +581,7 @@ class ControllerService:
                 labels=[spec.actor_name for spec in specs],
             )
         for record, spec, form in zip(records, specs, forms, strict=True):
-            self._specs.remember(record.job_id, CachedSpec(spec, form, record.namespace))
+            self._specs.remember(record.job_id, CachedSpec.of(spec, form, record.namespace))
         self._queue.add(records)
         self._kick.set()
         return [self._view(record) for record in records]

@@ -13,32 +13,38 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from fray.cluster.protocol._codec import decode_spec
 from fray.cluster.protocol.messages import JobSpec
 
 __all__ = ["DEFAULT_MAX_BYTES", "DEFAULT_MAX_SPECS", "CachedSpec", "SpecCache"]
 
-#: Specs kept by default: 8,192 (a small job's spec is about a kilobyte in memory).
-DEFAULT_MAX_SPECS = 8192
+#: Specs kept by default: 4,096: a burst of thousands of jobs is placed without reading each back, and
+#: deeper backlogs read back only their oldest.
+DEFAULT_MAX_SPECS = 4096
 #: Bytes kept by default: 64 MiB; a spec whose bytes alone are over a tenth of it is never kept.
 DEFAULT_MAX_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
 class CachedSpec:
-    """What every task assignment of one job needs from the store."""
+    """What every task assignment of one job needs from the store. Make it with :meth:`of`."""
 
+    #: The decoded spec without its payload: the controller never opens one, and the payload
+    #: travels to workers inside ``encoded`` (so it is held once, not twice).
     spec: JobSpec
     #: The spec as its client encoded it (see :func:`fray.cluster.protocol._codec.encode_spec`).
     encoded: bytes
     namespace: str
 
+    @classmethod
+    def of(cls, spec: JobSpec, encoded: bytes, namespace: str) -> CachedSpec:
+        return cls(spec if spec.payload is None else replace(spec, payload=None), encoded, namespace)
+
     @property
     def size(self) -> int:
-        # The payload is held twice: once decoded, once inside the encoded form.
-        return len(self.spec.payload or b"") + len(self.encoded)
+        return len(self.encoded)
 
 
 class SpecCache:
@@ -72,7 +78,7 @@ class SpecCache:
                 self._specs.move_to_end(job_id)
                 return entry
         encoded, namespace = self._load(job_id)
-        entry = CachedSpec(decode_spec(encoded), encoded, namespace)
+        entry = CachedSpec.of(decode_spec(encoded), encoded, namespace)
         self.remember(job_id, entry)
         return entry
 
