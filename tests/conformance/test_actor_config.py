@@ -142,7 +142,7 @@ class Phoenix:
         return self.born
 
     def block(self, marker: str) -> str:
-        Path(marker).write_text(self.born)
+        _write_at_once(Path(marker), self.born)
         while True:  # ends only with the process (short sleeps: the local backend's stand-in stops between them)
             time.sleep(0.02)
 
@@ -151,9 +151,16 @@ class Phoenix:
         path = Path(marker)
         if path.exists():
             return f"retried after {path.read_text()}"
-        path.write_text(self.born)
+        _write_at_once(path, self.born)
         while True:
             time.sleep(0.02)
+
+
+def _write_at_once(path: Path, text: str) -> None:
+    # The test waits for the file to exist: it must never see it empty, half written (a rename is atomic).
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text)
+    partial.replace(path)
 
 
 def _next_incarnation(actor, before: str) -> str:
