@@ -12,7 +12,7 @@ worker receives::
              JobSpec ──_codec.encode_spec──▶ spec bytes ──▶ RPC       (ControllerProxy.submit: the one encoding)
     server   spec bytes ──_codec.decode_spec──▶ JobSpec               (ControllerAPI._submit: checked, scheduled by)
              spec bytes, as they came ──▶ jobs.request                (ControllerService.submit_many → store)
-             (JobSpec, spec bytes) in the SpecCache                   (a miss: read jobs.request, decode once)
+             (spec bytes, JobSpec without payload, namespace)         (SpecCache; a miss: read the store, decode once)
              TaskAssignment(spec bytes) ──▶ WorkerCommands ──▶ RPC    (a poll's answer: the bytes forwarded)
     worker   spec bytes ──_codec.decode_spec──▶ JobSpec               (once per job in a poll's answer)
              TaskAssignment(JobSpec) ──▶ fork request                 (Worker._launch: argv, env, payload)

@@ -268,7 +268,8 @@ def serving() -> bool:
 
 
 @atexit.register
-def _remove_at_exit() -> None:
+def stop() -> None:
+    """Stop this process's stack server and remove its socket (at exit; by hand before ``os._exit``)."""
     server = _server
     if server is not None and server.pid == os.getpid():
         server.close(unlink=True)
@@ -314,11 +315,6 @@ def _sweep_due(directory: str) -> bool:
             pass
         os.utime(stamp)
     return True
-
-
-def stop() -> None:
-    """Stop this process's stack server and remove its socket: for a process about to end with ``os._exit``."""
-    _remove_at_exit()
 
 
 def _sweep() -> None:

@@ -202,11 +202,7 @@ class ControllerAPI:
     def _submit(
         self, caller: Caller, spec: Any, user: Any, parent_id: Any = None, namespace: Any = None
     ) -> dict[str, Any]:
-        owner, parent, ns = self._may_submit(caller, user, parent_id, namespace)
-        (view,) = self._service.submit_many(
-            [codec.decode_spec(spec)], user=owner, parent_id=parent, namespace=ns, encoded=[spec]
-        )
-        return codec.view_data(view)
+        return self._submit_many(caller, [spec], user, parent_id, namespace)[0]
 
     def _may_submit(
         self, caller: Caller, user: Any, parent_id: Any, namespace: Any
