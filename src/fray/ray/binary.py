@@ -26,7 +26,9 @@ from fray.resources import device_name
 __all__ = ["BinaryJob"]
 
 # Lines Ray's job manager writes to the top of every job log.
-_RAY_JOB_PREAMBLE = ("Runtime env is setting up.", "Running entrypoint for job ")
+# What Ray's job manager and supervisor write into a job's log besides the program's output.
+_RAY_SETUP_LINE = " -- Runtime env is setting up."
+_RAY_ENTRYPOINT_LINE = "Running entrypoint for job "
 _TAIL = 5  # lines of output quoted in a failure
 
 
@@ -206,7 +208,11 @@ class BinaryJob(RayJobHandle):
     def _submission_logs(self, submission: str) -> list[str]:
         with contextlib.suppress(Exception):
             text = self._launcher.job_submission().get_job_logs(submission)
-            return [line for line in text.splitlines() if not any(m in line for m in _RAY_JOB_PREAMBLE)]
+            # Ray's supervisor writes its "Running entrypoint" line through a buffered file that may
+            # reach the log after a fast program's output, glued to a last line without a newline:
+            # remove exactly that text, never the line it landed on.
+            text = text.replace(f"{_RAY_ENTRYPOINT_LINE}{submission}: {shlex.join(self._entry.argv)}\n", "", 1)
+            return [line for line in text.splitlines() if not line.endswith(_RAY_SETUP_LINE)]
         return []
 
     def _live_logs(self) -> list[str]:
