@@ -189,9 +189,10 @@ class MonarchClient(ClientCore["MonarchJobHandle", "MonarchActorHandle"]):
             mesh, records = spawn_mesh(starts, ids, self._namespace(), self.spec, self._workdir, group)
             for record in records:
                 self._actors[record.name] = record
-                record.lifecycle.add_done_callback(functools.partial(self._forget, record))
             self._all_actors.extend(records)
             self._meshes.append(mesh)
+        for record in records:  # outside the lock: an actor already ended calls _forget at once
+            record.lifecycle.add_done_callback(functools.partial(self._forget, record))
         mesh.watch()
         members = [(MonarchActorHandle(r.name, r.cls, r.ref, r.job_id), MonarchJobHandle(r, r.job_id)) for r in records]
         for record, (handle, _) in zip(records, members, strict=True):

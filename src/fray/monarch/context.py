@@ -134,13 +134,18 @@ class _Pool:
     def submit(self, job: _Job, context: Any) -> None:
         with self.lock:
             self.queue.append(job)
-            self._pump(context)
+            started = self._pump(context)
+        self._watch(started)
 
-    def _pump(self, context: Any) -> None:
-        # With the lock held: one call per free rank.
+    def _pump(self, context: Any) -> list[Callable[[], object]]:
+        # With the lock held: one call per free rank. What may run callbacks (watching a
+        # call, failing a ref's future) is returned and done by the caller after it releases
+        # the lock: a call that already finished runs its callback at once, a failed ref
+        # starts the tasks waiting on it, and both take the lock again.
+        after: list[Callable[[], object]] = []
         for rank in range(len(self.runners)):
             if not self.queue:
-                return
+                break
             if self.busy[rank] or rank == self.exclude or self.runners[rank] is None:
                 continue
             fn, args, kwargs, future, name, task_id = self.queue.popleft()
@@ -151,9 +156,17 @@ class _Pool:
                 call = self.runners[rank].run.remote(fn, args, kwargs, context, rank, task_id)
             except BaseException as exc:
                 self.busy[rank] = False
-                future.set_exception(exc)
+                after.append(functools.partial(future.set_exception, exc))
                 continue
-            call.add_done_callback(functools.partial(self._done, rank, future, name, context))
+            after.append(
+                functools.partial(call.add_done_callback, functools.partial(self._done, rank, future, name, context))
+            )
+        return after
+
+    @staticmethod
+    def _watch(after: list[Callable[[], object]]) -> None:
+        for action in after:
+            action()
 
     def _done(self, rank: int, future: concurrent.futures.Future[Any], name: str, context: Any, call: Any) -> None:
         error = call.exception()
@@ -175,14 +188,16 @@ class _Pool:
                     self.deferred.submit(self._replace, rank, context)
             else:
                 self.busy[rank] = False
-            self._pump(context)
+            started = self._pump(context)
+        self._watch(started)
 
     def _replace(self, rank: int, context: Any) -> None:
         runner = self.client.create_actor(TaskRunner, name=f"{self.name}-r{next(self.replacements)}")
         with self.lock:
             self.runners[rank] = runner
             self.busy[rank] = False
-            self._pump(context)
+            started = self._pump(context)
+        self._watch(started)
 
 
 class MonarchJobContext(JobContextBase[MonarchObjectRef]):
