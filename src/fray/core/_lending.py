@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import heapq
-import itertools
+import functools
 import os
 import threading
 import time
 from collections.abc import Iterator
 from typing import Protocol
+
+from fray.core._deadlines import Deadlines
 
 __all__ = ["LEND_AFTER", "Lender", "blocked", "lend_for_this_process", "lending_to", "process_lender"]
 
@@ -111,7 +112,7 @@ def blocked() -> Iterator[None]:
             loan.generation += 1
             generation = loan.generation
     if first:
-        _timer.schedule(loan, generation)
+        _timer.schedule(time.monotonic() + LEND_AFTER, functools.partial(_lend_if_still_blocked, loan, generation))
     try:
         yield
     finally:
@@ -138,40 +139,13 @@ def _lend_if_still_blocked(loan: _Loan, generation: int) -> None:
             loan.lent = False  # nothing was lent: nothing to take back
 
 
-class _Timer:
-    """One daemon thread that lends for the waits still blocked when their :data:`LEND_AFTER` is up."""
-
-    def __init__(self) -> None:
-        self._due: list[tuple[float, int, _Loan, int]] = []
-        self._order = itertools.count()
-        self._wake = threading.Condition()
-        self._thread: threading.Thread | None = None
-
-    def schedule(self, loan: _Loan, generation: int) -> None:
-        with self._wake:
-            heapq.heappush(self._due, (time.monotonic() + LEND_AFTER, next(self._order), loan, generation))
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="fray-lending", daemon=True)
-                self._thread.start()
-            self._wake.notify()
-
-    def _run(self) -> None:
-        while True:
-            with self._wake:
-                while not self._due or self._due[0][0] > time.monotonic():
-                    self._wake.wait(None if not self._due else self._due[0][0] - time.monotonic())
-                _, _, loan, generation = heapq.heappop(self._due)
-            _lend_if_still_blocked(loan, generation)
-
-
-_timer = _Timer()
+_timer = Deadlines("fray-lending")
 
 
 def _after_fork_in_child() -> None:
-    # Another thread may have held the lock, or been the timer, at the fork: the child starts afresh.
-    global _lock, _timer, _process_loan
+    # Another thread may have held the lock at the fork: the child starts afresh (the timer resets itself).
+    global _lock, _process_loan
     _lock = threading.Lock()
-    _timer = _Timer()
     _process_loan = None
 
 

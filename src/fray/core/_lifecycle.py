@@ -27,15 +27,14 @@ budget allows another; every replica of a gang goes back together.
 
 from __future__ import annotations
 
-import heapq
 import json
-import logging
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
+from fray.core._deadlines import Deadlines
 from fray.core._death import describe_exit, last_lines
 from fray.core._lending import blocked
 from fray.core._remote import RemoteFailure, job_failed
@@ -395,7 +394,7 @@ class JobLifecycle:
                 self._pending_reason = ""
             first = ok and self._attempt == 0
         if first and self.timeout is not None:
-            _DEADLINES.add(time.monotonic() + self.timeout, self._time_out)
+            _DEADLINES.schedule(time.monotonic() + self.timeout, self._time_out)
         return ok
 
     def succeed(self) -> bool:
@@ -531,34 +530,4 @@ class JobLifecycle:
         return status
 
 
-class _Deadlines:
-    """One daemon thread that calls each ``action`` at its ``time.monotonic()`` deadline (job timeouts)."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._heap: list[tuple[float, int, Callable[[], None]]] = []
-        self._count = 0
-        self._thread: threading.Thread | None = None
-
-    def add(self, deadline: float, action: Callable[[], None]) -> None:
-        with self._cond:
-            self._count += 1
-            heapq.heappush(self._heap, (deadline, self._count, action))
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="fray-job-timeouts", daemon=True)
-                self._thread.start()
-            self._cond.notify()
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._heap or self._heap[0][0] > time.monotonic():
-                    self._cond.wait(self._heap[0][0] - time.monotonic() if self._heap else None)
-                _, _, action = heapq.heappop(self._heap)
-            try:
-                action()
-            except Exception:  # one job's stop must not end the timeouts of the others
-                logging.getLogger(__name__).exception("stopping a job at its timeout failed")
-
-
-_DEADLINES = _Deadlines()
+_DEADLINES = Deadlines("fray-job-timeouts")

@@ -11,21 +11,18 @@
 from __future__ import annotations
 
 import concurrent.futures
-import heapq
-import itertools
-import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 from fray.actor import ActorFuture
 from fray.cluster.rpc import wire
 from fray.cluster.rpc._connection import Connection
 from fray.cluster.rpc.protocol import ErrorCode, decode_error
+from fray.core._deadlines import Deadlines
 from fray.core._remote import remote_error
 from fray.errors import SerializationError
 
-__all__ = ["CallFuture", "Timer", "rebuild_error", "settle", "timer"]
+__all__ = ["CallFuture", "rebuild_error", "settle", "timer"]
 
 
 class CallFuture(ActorFuture):
@@ -90,31 +87,5 @@ def rebuild_error(frame: wire.Frame, what: str) -> tuple[ErrorCode, BaseExceptio
     return code, original if original is not None else remote_error(failure)
 
 
-class Timer:
-    """One daemon thread expiring the requests of ``.remote()`` calls that have a timeout."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._heap: list[tuple[float, int, Callable[[], None]]] = []
-        self._seq = itertools.count()
-        self._thread: threading.Thread | None = None
-
-    def schedule(self, deadline: float, action: Callable[[], None]) -> None:
-        """Run ``action`` (in the timer's thread) once ``deadline`` (``time.monotonic()``) passed."""
-        with self._cond:
-            heapq.heappush(self._heap, (deadline, next(self._seq), action))
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="fray-rpc-timer", daemon=True)
-                self._thread.start()
-            self._cond.notify()
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._heap or self._heap[0][0] > time.monotonic():
-                    self._cond.wait(None if not self._heap else self._heap[0][0] - time.monotonic())
-                _, _, action = heapq.heappop(self._heap)
-            action()
-
-
-timer = Timer()
+#: Expires the requests of ``.remote()`` calls that have a timeout.
+timer = Deadlines("fray-rpc-timer")
