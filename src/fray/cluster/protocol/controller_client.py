@@ -6,7 +6,7 @@ Clients, workers, the launcher and the CLI all talk to the controller through
 and retry budget, which retries); the CLI, the launcher and workers reach its operator
 API (:mod:`fray.cluster.server.ops`) through :func:`ops_client`. Calls travel over the
 data-only RPC (:mod:`fray.cluster.rpc.datarpc`): the typed values are turned into plain data
-here (:mod:`fray.cluster.protocol._codec`) and back.
+and back by the codecs the API's table declares (:mod:`fray.cluster.protocol.controller_api`).
 Nothing here imports the controller's store or the worker daemon.
 """
 
@@ -16,9 +16,10 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from fray.cluster.protocol import _codec as codec
+from fray.cluster.protocol import controller_api as api
 from fray.cluster.protocol.capacity import WorkerInfo
 from fray.cluster.protocol.credentials import Credential, load_credential
 from fray.cluster.protocol.messages import JobSpec, JobView, TaskExit, WorkerCommands, WorkerReport
@@ -41,6 +42,8 @@ __all__ = [
     "resolve_credential",
 ]
 
+T = TypeVar("T")
+
 _TOKEN_FILE = Path.home() / ".config" / "fray" / "token"
 
 #: How long calls keep retrying while the controller is unreachable (e.g. restarting).
@@ -49,9 +52,6 @@ CONTROLLER_RETRY_SECONDS = 60.0
 #: How long a client that has never reached its controller keeps trying: a wrong address or a
 #: cluster that is not up should fail at once, not after a restart's budget.
 FIRST_CONTACT_SECONDS = 3.0
-
-# submit() creates something and preempt() ends an attempt; every other controller call can safely be repeated.
-_NOT_IDEMPOTENT = frozenset({"submit", "submit_many", "preempt", "create_token", "join"})
 
 
 def load_token(token: str | bytes | None = None) -> bytes | None:
@@ -88,7 +88,11 @@ def _data_client(
 
 
 class ControllerProxy:
-    """The controller's API as typed methods over one :class:`DataClient` (no retries of its own)."""
+    """The controller's API (:mod:`fray.cluster.protocol.controller_api`) as typed methods over one
+    :class:`DataClient` (no retries of its own).
+
+    Each method is one :meth:`_invoke` of its table entry, which encodes the arguments, calls and decodes the answer.
+    """
 
     def __init__(self, rpc: DataClient, timeout: float | None = None) -> None:
         self._rpc = rpc
@@ -106,140 +110,159 @@ class ControllerProxy:
         """Close idle connections."""
         self._rpc.close()
 
-    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        return self._rpc.call(method, list(args), kwargs, self._timeout)
+    def _invoke(self, method: api.Method[T], *args: Any, **kwargs: Any) -> T:
+        """Call ``method`` of the controller's API with typed arguments; its typed result.
+
+        A method not in :data:`~fray.cluster.protocol.controller_api.CONTROLLER_API` (ProtocolError) or
+        arguments that do not fit it (TypeError) are refused before anything is sent.
+        """
+        if api.CONTROLLER_API.get(method.name) != method:
+            raise ProtocolError(f"{method.name!r} is not a method of the controller's API (controller_api.py)")
+        data_args, data_kwargs = method.encode(args, kwargs)
+        data = self._send(method.name, data_args, data_kwargs, method.idempotent)
+        return codec.checked(f"answer to {method.name} from {self.address}", lambda: method.result.from_data(data))
+
+    def _send(self, name: str, args: list[Any], kwargs: dict[str, Any], idempotent: bool) -> Any:
+        """One call of plain data; ``idempotent``: repeating it after it may have run is harmless."""
+        return self._rpc.call(name, args, kwargs, self._timeout)
 
     # -- workers --------------------------------------------------------------------------------
 
     def register_worker(
         self, info: WorkerInfo, address: str, running: list[TaskKey], exited: list[TaskExit]
     ) -> WorkerCommands:
-        data = self._call(
-            "register_worker",
-            codec.worker_info_data(info),
-            address,
-            [codec.key_data(k) for k in running],
-            [codec.exit_data(e) for e in exited],
-        )
-        return codec.commands_from(data)
+        return self._invoke(api.REGISTER_WORKER, info, address, running, exited)
 
     def poll(self, worker_id: str, epoch: int, wait: float) -> WorkerCommands:
-        return codec.commands_from(self._call("poll", worker_id, epoch, wait))
+        return self._invoke(api.POLL, worker_id, epoch, wait)
 
     def report(self, worker_id: str, epoch: int, report: WorkerReport) -> bool:
-        return bool(self._call("report", worker_id, epoch, codec.report_data(report)))
+        return self._invoke(api.REPORT_, worker_id, epoch, report)
 
     def leave(self, worker_id: str, reason: str, exited: list[TaskExit]) -> WorkerRecord:
         """Tell the controller ``worker_id`` leaves (drained): it is STOPPED, ``exited`` recorded first."""
-        return codec.worker_record_from(self._call("leave", worker_id, reason, [codec.exit_data(e) for e in exited]))
+        return self._invoke(api.LEAVE, worker_id, reason, exited)
 
     def join(self, worker_id: str) -> Credential:
         """Exchange the join token this proxy authenticates with for ``worker_id``'s own credential."""
-        return Credential.decode(str(self._call("join", worker_id)))
+        return self._invoke(api.JOIN, worker_id)
+
+    def stacks_answer(self, worker_id: str, epoch: int, request_id: int, stacks: list[ProcessStacks]) -> bool:
+        return self._invoke(api.STACKS_ANSWER, worker_id, epoch, request_id, stacks)
 
     # -- credentials (the administrator's) --------------------------------------------------------
 
     def create_token(self, role: str, ttl: float | None = None) -> dict[str, Any]:
         """Issue a join token (``"worker"``) or a user credential (``"user:NAME"``): its record, and ``line``."""
-        return dict(self._call("create_token", role, ttl))
+        return self._invoke(api.CREATE_TOKEN, role, ttl)
 
     def list_credentials(self) -> list[dict[str, Any]]:
         """Every issued credential and join token: id, subject, times, state (never a key)."""
-        return [dict(r) for r in self._call("list_credentials")]
+        return self._invoke(api.LIST_CREDENTIALS)
 
     def revoke_credential(self, credential_id: str) -> bool:
-        return bool(self._call("revoke_credential", credential_id))
+        return self._invoke(api.REVOKE_CREDENTIAL, credential_id)
 
     def revoke_worker(self, worker_id: str) -> WorkerRecord:
         """Revoke the worker's credentials: it is lost at once (its tasks rescheduled) and must join again."""
-        return codec.worker_record_from(self._call("revoke_worker", worker_id))
+        return self._invoke(api.REVOKE_WORKER, worker_id)
 
     # -- jobs -----------------------------------------------------------------------------------
 
     def submit(
         self, spec: JobSpec, *, user: str, parent_id: str | None = None, namespace: str | None = None
     ) -> JobView:
-        data = self._call("submit", codec.encode_spec(spec), user, parent_id=parent_id, namespace=namespace)
-        return codec.view_from(data)
+        return self._invoke(api.SUBMIT, spec, user=user, parent_id=parent_id, namespace=namespace)
 
     def submit_many(
         self, specs: list[JobSpec], *, user: str, parent_id: str | None = None, namespace: str | None = None
     ) -> list[JobView]:
-        data = self._call(
-            "submit_many", [codec.encode_spec(s) for s in specs], user, parent_id=parent_id, namespace=namespace
-        )
-        return [codec.view_from(v) for v in data]
+        return self._invoke(api.SUBMIT_MANY, specs, user=user, parent_id=parent_id, namespace=namespace)
 
     def job(self, job_id: str) -> JobView:
-        return codec.view_from(self._call("job", job_id))
+        return self._invoke(api.JOB, job_id)
 
     def wait(self, job_ids: list[str], timeout: float = 10.0, *, any_finished: bool = True) -> list[JobView]:
-        return [codec.view_from(v) for v in self._call("wait", job_ids, timeout, any_finished=any_finished)]
+        return self._invoke(api.WAIT, job_ids, timeout, any_finished=any_finished)
 
     def wait_status(self, job_ids: list[str], timeout: float = 10.0) -> list[tuple[str, bool]]:
         """``(state, settled)`` per job once any is finished (see ``ControllerService.wait_status``)."""
-        return [(str(state), bool(settled)) for state, settled in self._call("wait_status", job_ids, timeout)]
+        return self._invoke(api.WAIT_STATUS, job_ids, timeout)
 
     def terminate(self, job_id: str, reason: str = "terminated") -> JobView:
-        return codec.view_from(self._call("terminate", job_id, reason))
+        return self._invoke(api.TERMINATE, job_id, reason)
 
     def preempt(self, job_id: str, replica: int | None = None) -> JobView:
-        return codec.view_from(self._call("preempt", job_id, replica))
+        return self._invoke(api.PREEMPT, job_id, replica)
 
     def lend_cpu(self, key: TaskKey, lent: bool) -> bool:
         """Task ``key`` is blocked on its own work and lends its CPU (``lent``), or takes it back."""
-        return bool(self._call("lend_cpu", codec.key_data(key), lent))
+        return self._invoke(api.LEND_CPU, key, lent)
 
     def logs(self, job_id: str, last: int | None = None, after_id: int = 0) -> list[tuple[int, str]]:
-        return [(int(i), str(line)) for i, line in self._call("logs", job_id, last, after_id)]
+        return self._invoke(api.LOGS, job_id, last, after_id)
 
     def job_stacks(self, job_id: str, timeout: float = 10.0, locals: bool = False) -> list[ProcessStacks]:
         """The live stacks of the job's running tasks (and its descendants'): see ``JobHandle.stacks``."""
         # The controller answers within the timeout plus its relay's slack: the call may take that long.
         proxy = self if self._timeout is not None else self.with_timeout(timeout + 30.0)
-        return [ProcessStacks.from_json(p) for p in proxy._call("job_stacks", job_id, timeout, locals)]
-
-    def stacks_answer(self, worker_id: str, epoch: int, request_id: int, stacks: list[ProcessStacks]) -> bool:
-        return bool(self._call("stacks_answer", worker_id, epoch, request_id, [p.to_json() for p in stacks]))
+        return proxy._invoke(api.JOB_STACKS, job_id, timeout, locals)
 
     def list_jobs(self, states: list[str] | None = None) -> list[JobView]:
-        return [codec.view_from(v) for v in self._call("list_jobs", states)]
+        return self._invoke(api.LIST_JOBS, states)
 
     def tasks(self, job_id: str) -> list[TaskRecord]:
-        return [codec.task_from(t) for t in self._call("tasks", job_id)]
+        return self._invoke(api.TASKS, job_id)
 
     def list_workers(self) -> list[WorkerRecord]:
-        return [codec.worker_record_from(w) for w in self._call("list_workers")]
+        return self._invoke(api.LIST_WORKERS)
 
     def health(self) -> dict[str, Any]:
         """Whether the controller is read-only (and why), its state file and the free space there."""
-        return dict(self._call("health"))
+        return self._invoke(api.HEALTH)
 
     # -- endpoints ------------------------------------------------------------------------------
 
     def register_endpoint(self, namespace: str, name: str, url: str, task: TaskKey) -> bool:
-        return bool(self._call("register_endpoint", namespace, name, url, codec.key_data(task)))
+        return self._invoke(api.REGISTER_ENDPOINT, namespace, name, url, task)
 
     def list_endpoints(self, namespace: str | None = None) -> list[Endpoint]:
-        return [codec.endpoint_from(e) for e in self._call("list_endpoints", namespace)]
+        return self._invoke(api.LIST_ENDPOINTS, namespace)
 
     def wait_actor(self, namespace: str, name: str, job_id: str, timeout: float = 10.0) -> tuple[str, str, JobView]:
-        state, detail, view = self._call("wait_actor", namespace, name, job_id, timeout)
-        return str(state), str(detail), codec.view_from(view)
+        return self._invoke(api.WAIT_ACTOR, namespace, name, job_id, timeout)
 
     def resolve(self, namespace: str, name: str) -> list[str]:
-        return [str(url) for url in self._call("resolve", namespace, name)]
-
-    def queue(self, method: str, *args: Any) -> Any:
-        """Call ``queue.METHOD`` (durable queues, :mod:`fray.cluster.client.queue`): plain data in and out."""
-        return self._call(f"queue.{method}", *args)
+        return self._invoke(api.RESOLVE, namespace, name)
 
     def namespace_token(self, namespace: str) -> bytes:
         """The token of ``namespace``'s actor servers, as their tasks have it in ``FRAY_TOKEN``.
 
         Refused unless the namespace is the caller's user's (or the caller is the administrator).
         """
-        return str(self._call("namespace_token", namespace)).encode()
+        return self._invoke(api.NAMESPACE_TOKEN, namespace)
+
+    def register(self, namespace: str, name: str, url: str) -> None:
+        """Register a server that is not a Fray task under ``name`` (forgotten when the controller restarts)."""
+        self._invoke(api.REGISTER, namespace, name, url)
+
+    def unregister(self, namespace: str, name: str, url: str) -> None:
+        """Forget a server :meth:`register` registered."""
+        self._invoke(api.UNREGISTER, namespace, name, url)
+
+    def list_registered(self, namespace: str) -> dict[str, str]:
+        """``name -> url`` of every endpoint in ``namespace``, tasks' and registered servers' (the RPC ``list``)."""
+        return self._invoke(api.LIST, namespace)
+
+    # -- durable queues: a prefixed family outside the table ------------------------------------
+
+    def queue(self, method: str, *args: Any) -> Any:
+        """Call ``queue.METHOD`` (durable queues, :mod:`fray.cluster.client.queue`): plain data in and out.
+
+        Outside :mod:`~fray.cluster.protocol.controller_api`; a retrying handle repeats these calls as it
+        repeats idempotent methods.
+        """
+        return self._send(f"queue.{method}", list(args), {}, True)
 
 
 def controller_client(
@@ -362,7 +385,8 @@ class ControllerHandle(ControllerProxy):
 
     A call that provably was not sent is retried until ``retry_seconds`` (default
     :data:`CONTROLLER_RETRY_SECONDS`) pass; one that may have run is retried only if
-    repeating it is harmless. Jobs and scripts keep the patient default, so a
+    repeating it is harmless (its method is declared ``idempotent`` in
+    :mod:`~fray.cluster.protocol.controller_api`). Jobs and scripts keep the patient default, so a
     controller restart does not fail them; the CLI passes a short budget, so a
     controller that is not there is reported at once.
     """
@@ -379,12 +403,12 @@ class ControllerHandle(ControllerProxy):
         """The controller with a call timeout and no retries (for shutdown paths)."""
         return self.with_timeout(timeout)
 
-    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+    def _send(self, name: str, args: list[Any], kwargs: dict[str, Any], idempotent: bool) -> Any:
         started = time.monotonic()
         delay = 0.02
         while True:
             try:
-                result = super()._call(method, *args, **kwargs)
+                result = super()._send(name, args, kwargs, idempotent)
                 self._reached = True
                 return result
             except CallNotSentError as exc:
@@ -395,7 +419,7 @@ class ControllerHandle(ControllerProxy):
                     raise _unreachable(self.address, time.monotonic() - started, exc) from None
             except ActorUnavailableError:
                 self._reached = True  # it was sent: something answered there once
-                if method in _NOT_IDEMPOTENT or time.monotonic() - started > self.retry_seconds:
+                if not idempotent or time.monotonic() - started > self.retry_seconds:
                     raise
             except Exception:
                 self._reached = True  # the controller answered (with an error)

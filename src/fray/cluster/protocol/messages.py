@@ -9,8 +9,10 @@ encoded once, by the client, and those bytes are what the controller stores and 
 worker receives::
 
     client   JobRequest ──JobSpec.from_request──▶ JobSpec            (the callable cloudpickled once: payload)
-             JobSpec ──_codec.encode_spec──▶ spec bytes ──▶ RPC       (ControllerProxy.submit: the one encoding)
-    server   spec bytes ──_codec.decode_spec──▶ JobSpec               (ControllerAPI._submit: checked, scheduled by)
+             JobSpec ──_codec.encode_spec──▶ spec bytes ──▶ RPC       (ControllerProxy.submit: the one encoding,
+                                                                       by the codec controller_api.SPEC)
+    server   spec bytes ──_codec.decode_spec──▶ JobSpec               (controller_api.SPEC: EncodedSpec of both;
+                                                                       checked, scheduled by)
              spec bytes, as they came ──▶ jobs.request                (ControllerService.submit_many → store)
              (spec bytes, JobSpec without payload, namespace)         (SpecCache; a miss: read the store, decode once)
              TaskAssignment(spec bytes) ──▶ WorkerCommands ──▶ RPC    (a poll's answer: the bytes forwarded)
