@@ -20,6 +20,7 @@ the child's own server at the child's pid (from a thread, a moment later).
 
 from __future__ import annotations
 
+import _thread
 import atexit
 import contextlib
 import json
@@ -42,6 +43,7 @@ __all__ = [
     "ask_all",
     "capture",
     "child_pids",
+    "remove_socket",
     "running_task",
     "serve",
     "serving",
@@ -178,8 +180,16 @@ def socket_path(pid: int) -> str:
     return os.path.join(socket_dir(), f"{pid}.sock")
 
 
-def _private_dir() -> str:
+# The directory this process last found private: forks inherit it, so a task forked by a
+# fork server does not check it again (a bind in a directory gone since checks it anew).
+_checked_dir: str | None = None
+
+
+def _private_dir(*, recheck: bool = False) -> str:
+    global _checked_dir
     path = socket_dir()
+    if path == _checked_dir and not recheck:
+        return path
     with contextlib.suppress(FileExistsError):
         os.mkdir(path, 0o700)
     info = os.lstat(path)
@@ -187,6 +197,7 @@ def _private_dir() -> str:
     # stacks: refuse to serve there rather than trust it.
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or stat.S_IMODE(info.st_mode) & 0o077:
         raise PermissionError(f"{path} is not a private directory of uid {os.getuid()} (mode 0700)")
+    _checked_dir = path
     return path
 
 
@@ -200,10 +211,16 @@ class _Server:
             _sweep()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)  # a stale socket of an earlier process with our pid
-        self.sock.bind(self.path)
+        try:
+            self.sock.bind(self.path)
+        except FileNotFoundError:  # the directory went since this process (or its parent) checked it
+            _private_dir(recheck=True)
+            self.sock.bind(self.path)
         self.sock.listen(8)
-        self.thread = threading.Thread(target=self._serve, name="fray-stacks", daemon=True)
-        self.thread.start()
+        # A bare thread: threading.Thread.start() waits until the thread runs, a switch there and
+        # back that cost every short task process about half a millisecond (it answers as a
+        # daemon thread would, and leaves itself out of the stacks it reports).
+        _thread.start_new_thread(self._serve, ())
 
     def _serve(self) -> None:
         while True:
@@ -269,10 +286,18 @@ def serving() -> bool:
 
 @atexit.register
 def stop() -> None:
-    """Stop this process's stack server and remove its socket (at exit; by hand before ``os._exit``)."""
+    """Stop this process's stack server and remove its socket (at exit; see :func:`remove_socket` for ``os._exit``)."""
     server = _server
     if server is not None and server.pid == os.getpid():
         server.close(unlink=True)
+
+
+def remove_socket() -> None:
+    """Remove this process's socket, just before it ends with ``os._exit`` (the kernel closes the rest)."""
+    server = _server
+    if server is not None and server.pid == os.getpid():
+        with contextlib.suppress(OSError):
+            os.unlink(server.path)
 
 
 def _after_fork_in_child() -> None:

@@ -147,7 +147,7 @@ def _run_child(
             os.closerange(0, 3)
         stacks = sys.modules.get("fray.core.inside._stacks")
         if stacks is not None:  # os._exit runs no atexit hook: remove the socket here, not in a later sweep
-            stacks.stop()
+            stacks.remove_socket()
         if declare is not None and os.getpid() == declare[1] and _may_declare():
             with contextlib.suppress(OSError):  # the fork server is gone: nobody to tell
                 declare[0].send(bytes([code & 0xFF]))  # what waitpid would say of _exit(code)
