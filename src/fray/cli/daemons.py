@@ -20,10 +20,7 @@ import fray
 from fray.cli._common import Session, controller_option, echo_json, format_time, plain_row, stdout_console
 from fray.cli._errors import CliError
 from fray.cluster.server._retention import DEFAULT_MAX_JOBS
-from fray.cluster.server.envs._environments import runtime_available
-from fray.cluster.server.envs._shipping import CONTAINER_RUNTIME_ATTRIBUTE
-from fray.cluster.server.launcher import OWNER_ENV
-from fray.cluster.server.worker import DEFAULT_DRAIN_SECONDS
+from fray.cluster.server.launcher import DEFAULT_DRAIN_SECONDS, OWNER_ENV
 from fray.errors import ConfigError, PermissionDenied
 
 __all__ = ["DEFAULT_DB", "busy_port_error", "check_port_free", "controller", "token", "worker"]
@@ -334,6 +331,9 @@ def worker(
         return
     if not address:
         raise CliError("fray worker needs the controller's address", "fray worker --controller HOST:PORT --join TOKEN")
+    # Imported here, not at the top: every `fray` command loads this module, and only a worker needs these.
+    from fray.cluster.server.envs._environments import runtime_available
+    from fray.cluster.server.envs._shipping import CONTAINER_RUNTIME_ATTRIBUTE
     from fray.cluster.server.worker import Worker
 
     attributes = {}

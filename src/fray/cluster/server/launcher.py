@@ -17,11 +17,15 @@ from fray.cluster.rpc.tls import is_loopback_address
 from fray.core._private_files import open_private, private_dir
 from fray.errors import FrayError
 
-__all__ = ["OWNER_ENV", "LocalCluster"]
+__all__ = ["DEFAULT_DRAIN_SECONDS", "OWNER_ENV", "LocalCluster"]
 
 #: Set in the environment of daemons that must not outlive the process that started them
 #: (tests, benchmarks): the PID they watch (see ``fray.cli.daemons.wait_for_signal``).
 OWNER_ENV = "FRAY_EXIT_WITH_PID"
+
+#: How long a draining worker's tasks get between SIGTERM and SIGKILL unless told (``fray worker --drain-seconds``).
+#: Here rather than in the worker package, so that ``fray``'s commands can name it without importing the worker.
+DEFAULT_DRAIN_SECONDS = 30.0
 
 
 class LocalCluster:

@@ -88,6 +88,7 @@ from fray.cluster.protocol.credentials import Credential, issued_id
 from fray.cluster.protocol.messages import TaskAssignment, TaskExit, WorkerCommands, WorkerReport
 from fray.cluster.protocol.records import TaskKey
 from fray.cluster.server.envs._environments import prepare as prepare_environment
+from fray.cluster.server.launcher import DEFAULT_DRAIN_SECONDS
 from fray.cluster.server.taskproc._launch import ForkedProcess, ForkServer, die_with_worker, fork_request
 from fray.cluster.server.worker._journal import OutcomeJournal
 from fray.cluster.server.worker._keepalive import KeepAlive
@@ -109,8 +110,6 @@ logger = logging.getLogger(__name__)
 
 # A report of log lines alone waits this long after the first, so a task's burst of lines costs one report.
 _REPORT_GATHER_SECONDS = 0.003
-#: How long a draining worker's tasks get between SIGTERM and SIGKILL unless told (``fray worker --drain-seconds``).
-DEFAULT_DRAIN_SECONDS = 30.0
 # How long a draining worker keeps trying to tell the controller it leaves, once its tasks have ended.
 _LEAVE_SECONDS = 5.0
 
