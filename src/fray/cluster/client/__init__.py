@@ -35,7 +35,6 @@ from fray.cluster.protocol.controller_client import CredentialLike, connect_cont
 from fray.cluster.protocol.credentials import Credential
 from fray.cluster.protocol.messages import JobSpec, JobView
 from fray.cluster.rpc.namespace import resolve_namespace
-from fray.cluster.server.envs._shipping import ship_environment
 from fray.cluster.server.taskproc._actor_host import host_actor
 from fray.core._client_core import ActorStart, ClientCore
 from fray.core._driver_exit import ExitNotice, Leftovers
@@ -325,6 +324,9 @@ class ClusterClient(ClientCore["ClusterJobHandle", "ClusterActorHandle"]):
     def _spec(self, request: JobRequest) -> JobSpec:
         check_processes(request)
         placed_spec = JobSpec.from_request(placed_request(request, self._alive_workers))
+        # Imported here: only a job with a workspace or packages needs it (and pathspec with it).
+        from fray.cluster.server.envs._shipping import ship_environment
+
         return ship_environment(placed_spec, self.address, self._token, self._controller)
 
     def _send_batch(self, specs: list[JobSpec]) -> list[JobView]:

@@ -21,13 +21,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from fray.cluster.protocol.capacity import TaskResources, WorkerInfo
-from fray.cluster.server.scheduler import PendingJob, RunningTask
 from fray.errors import IllegalTransition
 from fray.job import JobStatus
 from fray.resources import ResourceConfig
+
+if TYPE_CHECKING:  # the scheduler is the server's: a client reading records does not load it
+    from fray.cluster.server.scheduler import PendingJob, RunningTask
 
 __all__ = [
     "TASK_TRANSITIONS",

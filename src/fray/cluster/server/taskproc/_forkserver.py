@@ -57,6 +57,7 @@ import time
 from typing import Any
 
 from fray.cluster.server.taskproc._launch import die_with_worker
+from fray.core.inside import _stacks as stacks
 
 _MAX_MESSAGE = 1 << 20
 # A request up to this size fits in the spare's empty socket buffer, so handing it over never blocks the
@@ -121,6 +122,7 @@ def _run_child(
         os.chdir(request["cwd"])
         argv = request.get("argv")
         if argv is not None:
+            stacks.remove_socket()  # a spare's: the program it becomes serves no stacks
             try:
                 os.execvpe(argv[0], argv, request["env"])
             except (OSError, ValueError) as exc:
@@ -145,9 +147,7 @@ def _run_child(
         # of a large interpreter (about a millisecond): it finishes the task's log meanwhile.
         with contextlib.suppress(OSError):
             os.closerange(0, 3)
-        stacks = sys.modules.get("fray.core.inside._stacks")
-        if stacks is not None:  # os._exit runs no atexit hook: remove the socket here, not in a later sweep
-            stacks.remove_socket()
+        stacks.remove_socket()  # os._exit runs no atexit hook: remove the socket here, not in a later sweep
         if declare is not None and os.getpid() == declare[1] and _may_declare():
             with contextlib.suppress(OSError):  # the fork server is gone: nobody to tell
                 declare[0].send(bytes([code & 0xFF]))  # what waitpid would say of _exit(code)
@@ -158,8 +158,11 @@ def _run_spare(sock: socket.socket) -> None:
     """In a spare child: wait for a task (its output descriptor, then its request) and become it; never return."""
     try:
         _detach(keep=sock.fileno())
+        # The spare's pid is its task's: its stack server starts now, while it waits, not on the task's path.
+        stacks.serve(sweep=False)
         _, fds, _, _ = socket.recv_fds(sock, 1, 1)
         if not fds:  # the fork server ended, or let this spare go
+            stacks.remove_socket()
             os._exit(0)
         chunks = []
         while chunk := sock.recv(_MAX_MESSAGE):  # the request, up to the fork server's end-of-file

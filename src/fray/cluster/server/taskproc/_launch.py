@@ -12,11 +12,13 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fray.cluster.server.envs._environments import Prepared
 from fray.core._private_files import write_private
 from fray.process._process import die_with_parent as die_with_worker
+
+if TYPE_CHECKING:  # the fork server imports this module for die_with_worker: not the environment builders
+    from fray.cluster.server.envs._environments import Prepared
 
 __all__ = ["ForkServer", "ForkedProcess", "die_with_worker", "fork_request"]
 
