@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 from iris.cluster.constraints import ConstraintOp, WellKnownAttribute
@@ -12,7 +13,7 @@ from iris.rpc import job_pb2
 from fray import ConfigError, CpuConfig, EnvironmentConfig, GpuConfig, JobStatus, ResourceConfig, TpuConfig
 from fray.core._remote import RemoteFailure
 from fray.iris import _task
-from fray.iris.job import _visible
+from fray.iris.job import _root_cause, _visible
 from fray.iris.mapping import (
     ANY_REGION,
     JOB_STATES,
@@ -216,3 +217,45 @@ def test_processes_per_task_needs_gpus_it_divides(monkeypatch):
     assert wrap_nsys(fray_binary).command == fray_binary.command
     monkeypatch.setenv(NSYS_TASKS_ENV, "all")
     assert wrap_nsys(fray_binary).command[:6] == ["$IRIS_PYTHON", "-m", "iris.hooks.nsys_main", "--tasks", "all", "--"]
+
+
+def _failed_task(index: int, state: TaskState, finished_ms: int) -> Any:
+    from iris.client.workload import TaskStatus
+    from iris.cluster.types import JobName
+    from rigging.timing import Timestamp
+
+    return TaskStatus(
+        task_id=JobName.from_wire(f"/root/gang/{index}"),
+        state=state,
+        worker_id="w",
+        worker_address="",
+        exit_code=1,
+        error_message="",
+        submitted_at=None,
+        started_at=None,
+        finished_at=Timestamp.from_ms(finished_ms),
+        ports={},
+        resource_usage=None,
+        build_metrics=None,
+        current_attempt_number=0,
+        attempts=(),
+        pending_reason="",
+        can_be_scheduled=True,
+        container_id="",
+        backend_id="",
+        execution_cluster_id="",
+        status_message="",
+    )
+
+
+def test_a_gang_failure_blames_the_task_that_failed_not_the_sibling_killed_after_it():
+    # Iris ends a failed task's siblings as COSCHED_FAILED, and a sibling's end is stamped when its worker
+    # confirms the kill: often after the failure that caused it.
+    culprit = _failed_task(1, TaskState.FAILED, finished_ms=1_000)
+    sibling = _failed_task(0, TaskState.COSCHED_FAILED, finished_ms=1_050)
+    assert _root_cause([sibling, culprit]) is culprit
+    assert _root_cause([culprit, sibling]) is culprit
+    # The latest of the tasks that failed by themselves (a later round's failure), and a sibling only when alone.
+    later = _failed_task(0, TaskState.WORKER_FAILED, finished_ms=2_000)
+    assert _root_cause([culprit, sibling, later]) is later
+    assert _root_cause([sibling]) is sibling

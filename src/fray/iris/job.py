@@ -301,7 +301,7 @@ class IrisJobHandle(JobHandleBase):
         if JobState(final.state) == JobState.UNSCHEDULABLE or not failed:
             reason = final.error_message or final.pending_reason or f"Iris job state {JobState(final.state).value}"
             return Failure(f"Iris could not run the job: {reason}")
-        task = max(failed, key=_finished_ms)
+        task = _root_cause(failed)
         index = task.task_id.task_index or 0
         base = task_failure(self._iris(), task, meta).in_replica(index // meta.hosts_per_replica, meta.replicas)
         lost = base.kind == FailureKind.PREEMPTION
@@ -392,6 +392,18 @@ def _visible(line: str) -> list[str]:
         text = text[: -len(END_TAG)]
         return [tag + text] if text else []
     return [line]
+
+
+def _root_cause(failed: Sequence[TaskStatus]) -> TaskStatus:
+    """The failed task that made the job fail: the last to fail by itself.
+
+    When a task of a gang fails, Iris ends its siblings as COSCHED_FAILED. A sibling's attempt
+    finishes when its worker confirms the kill, which can be after the task that caused it, so the
+    most recent failure alone may be a sibling's (and the job would blame "replica 0" for replica
+    1's exception). A sibling is blamed only if no task failed by itself.
+    """
+    own = [task for task in failed if task.state != TaskState.COSCHED_FAILED]
+    return max(own or failed, key=_finished_ms)
 
 
 def _finished_ms(task: TaskStatus) -> int:
