@@ -135,7 +135,7 @@ class _Pool:
         with self.lock:
             self.queue.append(job)
             started = self._pump(context)
-        self._watch(started)
+        self._run_after(started)
 
     def _pump(self, context: Any) -> list[Callable[[], object]]:
         # With the lock held: one call per free rank. What may run callbacks (watching a
@@ -164,7 +164,7 @@ class _Pool:
         return after
 
     @staticmethod
-    def _watch(after: list[Callable[[], object]]) -> None:
+    def _run_after(after: list[Callable[[], object]]) -> None:
         for action in after:
             action()
 
@@ -189,7 +189,7 @@ class _Pool:
             else:
                 self.busy[rank] = False
             started = self._pump(context)
-        self._watch(started)
+        self._run_after(started)
 
     def _replace(self, rank: int, context: Any) -> None:
         runner = self.client.create_actor(TaskRunner, name=f"{self.name}-r{next(self.replacements)}")
@@ -197,7 +197,7 @@ class _Pool:
             self.runners[rank] = runner
             self.busy[rank] = False
             started = self._pump(context)
-        self._watch(started)
+        self._run_after(started)
 
 
 class MonarchJobContext(JobContextBase[MonarchObjectRef]):

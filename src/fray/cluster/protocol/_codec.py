@@ -32,6 +32,8 @@ from fray.errors import FrayError, ProtocolError
 from fray.job import EnvironmentConfig, JobStatus
 
 __all__ = [
+    "as_int",
+    "as_str",
     "assignment_data",
     "assignment_from",
     "commands_data",
@@ -85,13 +87,15 @@ def _fields_data(value: Any) -> dict[str, Any]:
     return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
 
 
-def _str(value: Any) -> str:
+def as_str(value: Any) -> str:
+    """``value`` if it is a string; TypeError otherwise (``checked`` words it as a ProtocolError)."""
     if not isinstance(value, str):
         raise TypeError(f"expected a string, got {type(value).__name__}")
     return value
 
 
-def _int(value: Any) -> int:
+def as_int(value: Any) -> int:
+    """``value`` if it is a whole number (not a bool); TypeError otherwise."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"expected an integer, got {type(value).__name__}")
     return value
@@ -114,7 +118,7 @@ def key_data(key: TaskKey) -> list[Any]:
 
 
 def key_from(data: Any) -> TaskKey:
-    return checked("task key", lambda: TaskKey(_str(data[0]), _int(data[1]), _int(data[2])))
+    return checked("task key", lambda: TaskKey(as_str(data[0]), as_int(data[1]), as_int(data[2])))
 
 
 def exit_data(exit_: TaskExit) -> list[Any]:
@@ -122,7 +126,7 @@ def exit_data(exit_: TaskExit) -> list[Any]:
 
 
 def exit_from(data: Any) -> TaskExit:
-    return checked("task exit", lambda: TaskExit(key_from(data[0]), _int(data[1]), _opt_bytes(data[2])))
+    return checked("task exit", lambda: TaskExit(key_from(data[0]), as_int(data[1]), _opt_bytes(data[2])))
 
 
 def resources_data(resources: TaskResources) -> dict[str, Any]:
@@ -133,7 +137,7 @@ def resources_from(data: Any) -> TaskResources:
     def build() -> TaskResources:
         values = dict(data)
         if values.get("regions") is not None:
-            values["regions"] = tuple(_str(r) for r in values["regions"])
+            values["regions"] = tuple(as_str(r) for r in values["regions"])
         return TaskResources(**values)
 
     return checked("resources", build)
@@ -149,8 +153,8 @@ def worker_info_data(info: WorkerInfo) -> dict[str, Any]:
 def worker_info_from(data: Any) -> WorkerInfo:
     def build() -> WorkerInfo:
         values = dict(data)
-        values["devices"] = tuple(Device(_str(d[0]), _str(d[1]), _int(d[2])) for d in values.get("devices", ()))
-        values["attributes"] = {_str(k): _str(v) for k, v in dict(values.get("attributes", {})).items()}
+        values["devices"] = tuple(Device(as_str(d[0]), as_str(d[1]), as_int(d[2])) for d in values.get("devices", ()))
+        values["attributes"] = {as_str(k): as_str(v) for k, v in dict(values.get("attributes", {})).items()}
         return WorkerInfo(**values)
 
     return checked("worker info", build)
@@ -171,13 +175,13 @@ def spec_from(data: Any) -> JobSpec:
         values = dict(data)
         values["resources"] = resources_from(values["resources"])
         environment = dict(values["environment"])
-        environment["env_vars"] = {_str(k): _str(v) for k, v in dict(environment.get("env_vars", {})).items()}
+        environment["env_vars"] = {as_str(k): as_str(v) for k, v in dict(environment.get("env_vars", {})).items()}
         values["environment"] = EnvironmentConfig(**environment)
         if values.get("argv") is not None:
-            values["argv"] = tuple(_str(a) for a in values["argv"])
+            values["argv"] = tuple(as_str(a) for a in values["argv"])
         values["payload"] = _opt_bytes(values.get("payload"))
-        values["command"] = _str(values.get("command", ""))
-        processes = values["processes_per_task"] = _int(values.get("processes_per_task", 1))
+        values["command"] = as_str(values.get("command", ""))
+        processes = values["processes_per_task"] = as_int(values.get("processes_per_task", 1))
         if processes < 1:  # workers start that many processes a task
             raise ValueError(f"processes_per_task {processes} must be >= 1")
         timeout = values.get("timeout_seconds")
@@ -185,10 +189,10 @@ def spec_from(data: Any) -> JobSpec:
             timeout = values["timeout_seconds"] = float(timeout)
             if not timeout > 0:  # the controller adds it to a start time
                 raise ValueError(f"timeout_seconds {timeout} must be > 0")
-        band = values["priority"] = _int(values.get("priority", 2))
+        band = values["priority"] = as_int(values.get("priority", 2))
         if band not in (1, 2, 3):  # the scheduler orders and preempts by it
             raise ValueError(f"priority {band} is not a priority band (1, 2 or 3)")
-        digest = values["workspace_digest"] = _str(values.get("workspace_digest", ""))
+        digest = values["workspace_digest"] = as_str(values.get("workspace_digest", ""))
         if digest and _DIGEST.fullmatch(digest) is None:  # workers make a directory name of it
             raise ValueError(f"workspace_digest {digest[:80]!r} is not sha256:<64 hex digits>")
         return JobSpec(**values)
@@ -283,7 +287,7 @@ def assignment_from(data: Any, decoded: dict[bytes, JobSpec] | None = None) -> T
             if decoded is not None:
                 decoded[encoded] = spec
         values["spec"] = spec
-        values["device_env"] = {_str(k): _str(v) for k, v in dict(values.get("device_env", {})).items()}
+        values["device_env"] = {as_str(k): as_str(v) for k, v in dict(values.get("device_env", {})).items()}
         return TaskAssignment(**values)
 
     return checked("task assignment", build)
@@ -311,8 +315,8 @@ def stacks_ask_from(data: Any) -> StacksAsk:
     return checked(
         "stacks request",
         lambda: StacksAsk(
-            request_id=_int(data[0]),
-            tasks=tuple((key_from(key), _str(label)) for key, label in data[1]),
+            request_id=as_int(data[0]),
+            tasks=tuple((key_from(key), as_str(label)) for key, label in data[1]),
             timeout=float(data[2]),
             locals=bool(data[3]),
         ),
@@ -327,7 +331,7 @@ def commands_from(data: Any) -> WorkerCommands:
             start=tuple(assignment_from(a, decoded) for a in data["start"]),
             kill=tuple(key_from(k) for k in data["kill"]),
             reregister=bool(data["reregister"]),
-            epoch=_int(data["epoch"]),
+            epoch=as_int(data["epoch"]),
             lease_seconds=float(data["lease_seconds"]),
             # A controller older than live stacks sends none.
             stacks=tuple(stacks_ask_from(a) for a in data.get("stacks", ())),
@@ -350,8 +354,8 @@ def report_from(data: Any) -> WorkerReport:
         lambda: WorkerReport(
             started=[key_from(k) for k in data["started"]],
             exited=[exit_from(e) for e in data["exited"]],
-            logs=[(key_from(k), [_str(line) for line in lines]) for k, lines in data["logs"]],
-            health=_str(data.get("health", "")),
+            logs=[(key_from(k), [as_str(line) for line in lines]) for k, lines in data["logs"]],
+            health=as_str(data.get("health", "")),
         ),
     )
 

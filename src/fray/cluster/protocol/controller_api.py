@@ -84,18 +84,6 @@ class Codec(Generic[T]):
     from_data: Callable[[Any], T]
 
 
-def _str(value: Any) -> str:
-    if not isinstance(value, str):
-        raise TypeError(f"expected a string, got {type(value).__name__}")
-    return value
-
-
-def _int(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"expected a whole number, got {type(value).__name__}")
-    return value
-
-
 def _float(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(f"expected a number, got {type(value).__name__}")
@@ -179,8 +167,8 @@ def _spec_from_data(data: Any) -> EncodedSpec:
 
 
 # Scalars: a client's value is converted (an int timeout is sent as a float), the server's checked strictly.
-STR: Codec[str] = Codec(_str, _str)
-INT: Codec[int] = Codec(int, _int)
+STR: Codec[str] = Codec(codec.as_str, codec.as_str)
+INT: Codec[int] = Codec(int, codec.as_int)
 FLOAT: Codec[float] = Codec(float, _float)
 BOOL: Codec[bool] = Codec(bool, _bool)
 OPT_STR = OPT(STR)
@@ -190,11 +178,11 @@ NONE: Codec[None] = Codec(lambda _: None, lambda _: None)
 #: A map of plain data (health, a credential's record), as it is.
 DATA: Codec[dict[str, Any]] = Codec(_map, _map)
 STR_MAP: Codec[dict[str, str]] = Codec(
-    lambda value: dict(value), lambda data: {_str(k): _str(v) for k, v in _map(data).items()}
+    lambda value: dict(value), lambda data: {codec.as_str(k): codec.as_str(v) for k, v in _map(data).items()}
 )
 #: A secret token: bytes to the client, a string on the wire.
-TOKEN: Codec[bytes] = Codec(lambda value: value.decode(), lambda data: _str(data).encode())
-CREDENTIAL: Codec[Credential] = Codec(Credential.encode, lambda data: Credential.decode(_str(data)))
+TOKEN: Codec[bytes] = Codec(lambda value: value.decode(), lambda data: codec.as_str(data).encode())
+CREDENTIAL: Codec[Credential] = Codec(Credential.encode, lambda data: Credential.decode(codec.as_str(data)))
 # The cluster's messages (fray.cluster.protocol._codec).
 SPEC: Codec[EncodedSpec] = Codec(_spec_to_data, _spec_from_data)
 VIEW: Codec[JobView] = Codec(codec.view_data, codec.view_from)

@@ -116,7 +116,7 @@ class ControllerProxy:
         A method not in :data:`~fray.cluster.protocol.controller_api.CONTROLLER_API` (ProtocolError) or
         arguments that do not fit it (TypeError) are refused before anything is sent.
         """
-        if api.CONTROLLER_API.get(method.name) != method:
+        if api.CONTROLLER_API.get(method.name) is not method:  # identity: the table holds the constants
             raise ProtocolError(f"{method.name!r} is not a method of the controller's API (controller_api.py)")
         data_args, data_kwargs = method.encode(args, kwargs)
         data = self._send(method.name, data_args, data_kwargs, method.idempotent)
