@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import pickle
 import threading
+import weakref
 
 import pytest
 
@@ -192,3 +194,25 @@ def test_run_attempts_ends_a_job_failed_on_an_error_of_frays_own():
     lifecycle.run_attempts(broken, print)
     assert lifecycle.status == JobStatus.FAILED
     assert lifecycle.failure is not None and "internal error" in lifecycle.failure.message
+
+
+def test_a_finished_lifecycle_lets_go_of_its_timeout_action() -> None:
+    # The action is usually the handle's own terminate: kept after the end, handle and lifecycle
+    # would form a cycle that only the cyclic collector frees (off here: only references count).
+    class Handle:
+        def __init__(self) -> None:
+            self.lifecycle = JobLifecycle("j", timeout=600)
+            self.lifecycle.on_timeout = self.terminate
+
+        def terminate(self) -> None:
+            self.lifecycle.stop()
+
+    gc.disable()
+    try:
+        handle = Handle()
+        assert handle.lifecycle.start() and handle.lifecycle.succeed()
+        gone = weakref.ref(handle)
+        del handle
+        assert gone() is None
+    finally:
+        gc.enable()

@@ -328,6 +328,9 @@ def validate_name(name: object, what: str = "job name") -> str:
     return name
 
 
+_DEFAULT_RESOURCES = ResourceConfig()
+
+
 @dataclass(frozen=True)
 class JobRequest:
     """Everything needed to run a job: name, entrypoint, per-replica resources, environment, retries.
@@ -355,7 +358,8 @@ class JobRequest:
 
     name: str
     entrypoint: EntrypointType
-    resources: ResourceConfig = field(default_factory=ResourceConfig)
+    # One shared default (it is frozen): building one per request cost a tenth of a quick job's submit.
+    resources: ResourceConfig = _DEFAULT_RESOURCES
     environment: EnvironmentConfig | None = None
     replicas: int = None  # type: ignore[assignment]  # None: resources.replicas; an int once built
     processes_per_task: int = 1

@@ -90,6 +90,27 @@ def test_retried_callable_job_says_so_in_its_logs(ray_client, uid) -> None:
     assert any(line.startswith("[fray] attempt 0 failed, retrying after failure 1 of 1 allowed") for line in logs)
 
 
+def test_a_finished_job_is_freed_as_soon_as_its_handle_is_dropped(ray_client, uid) -> None:
+    # A driver submitting many quick jobs must not keep them: nothing may hold a finished job but its
+    # handle, and no cycle may leave it to the cyclic collector (off here, so only references count).
+    import gc
+    import weakref
+
+    gc.collect()
+    gc.disable()
+    try:
+        jobs = [
+            ray_client.submit(callable_job(f"drop-{uid}-{i}", int, timeout=600 if i else None)) for i in range(2)
+        ]
+        assert [job.wait(timeout=90) for job in jobs] == [JobStatus.SUCCEEDED] * 2
+        refs = [weakref.ref(job) for job in jobs]
+        del jobs
+        # The reaper lets go of a finished job at its next pass.
+        wait_until(lambda: all(ref() is None for ref in refs), timeout=10, what="the dropped jobs to be freed")
+    finally:
+        gc.enable()
+
+
 # ----- binary jobs -----------------------------------------------------------------------------
 
 

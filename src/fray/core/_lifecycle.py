@@ -328,8 +328,10 @@ class JobLifecycle:
     ) -> None:
         self.job_id = job_id
         self.timeout = timeout
-        #: Stops the job's replicas when its timeout runs out (set by the backend; called once).
-        self.on_timeout: Callable[[], object] = lambda: None
+        #: Stops the job's replicas when its timeout runs out (set by the backend; called once). Dropped
+        #: once the job finished: it is usually the handle's own ``terminate``, and the cycle it makes
+        #: (handle -> lifecycle -> handle) would leave every finished job to the cyclic garbage collector.
+        self.on_timeout: Callable[[], object] = _no_timeout
         self._timed_out: Failure | None = None
         self._lock = threading.Lock()
         # Made by the first thread that blocks on the job: most jobs are never waited on that way
@@ -489,6 +491,7 @@ class JobLifecycle:
             self._finished = True  # after the failure: whoever sees the job finished can read it
             callbacks, self._callbacks = self._callbacks, []
             done = self._done
+            self.on_timeout = _no_timeout
         if done is not None:
             done.set()
         for callback in callbacks:
@@ -528,6 +531,10 @@ class JobLifecycle:
         if status == JobStatus.FAILED and raise_on_failure and self._failure is not None:
             raise self._failure.error(self.job_id)
         return status
+
+
+def _no_timeout() -> None:
+    """What a job without a timeout (or finished) does when its timeout runs out: nothing."""
 
 
 _DEADLINES = Deadlines("fray-job-timeouts")

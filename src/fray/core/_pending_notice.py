@@ -7,7 +7,8 @@ its handle's ``info()`` (is the job pending, and why). One daemon thread per pro
 looks at each job once when it has waited ``FRAY_PENDING_NOTICE_SECONDS`` (10 s unless
 set; ``off`` turns the notice off) and prints one line for a job still PENDING. Jobs
 that started (or finished) by then cost one batched status read (the backend's
-``_fray_wait_some`` with no wait, as ``wait_all`` uses) and are forgotten.
+``_fray_wait_some`` with no wait, as ``wait_all`` uses) and are forgotten. Jobs are held
+weakly: a job whose handle the program dropped has nobody waiting on it here, and is not looked at.
 """
 
 from __future__ import annotations
@@ -49,13 +50,27 @@ _GATHER_MAX = 2.0
 
 # The client that submitted a job, weakly (None: not known).
 _Owner = Callable[[], Any] | None
-# (when due, sequence, job, submitted at, looks so far, owner)
-_Entry = tuple[float, int, "JobHandle", float, int, _Owner]
+# (when due, sequence, the job (weakly), submitted at, looks so far, owner)
+_Entry = tuple[float, int, "weakref.ref[JobHandle]", float, int, _Owner]
 
 
 def notice_seconds() -> float | None:
     """After how many seconds a pending job says so (``FRAY_PENDING_NOTICE_SECONDS``); None when turned off."""
-    text = os.environ.get(ENV_VAR, "").strip()
+    global _last
+    raw = os.environ.get(ENV_VAR, "")
+    last = _last
+    if raw == last[0]:  # read at every submit: parsed only when it changed
+        return last[1]
+    seconds = _parse_seconds(raw)
+    _last = (raw, seconds)
+    return seconds
+
+
+_last: tuple[str, float | None] = ("", _DEFAULT_SECONDS)  # the setting last read, and what it means
+
+
+def _parse_seconds(raw: str) -> float | None:
+    text = raw.strip()
     if not text:
         return _DEFAULT_SECONDS
     if text.lower() in ("off", "never", "none"):
@@ -81,7 +96,10 @@ class _Watcher:
     def add(self, job: JobHandle, after: float, owner: _Owner) -> None:
         now = time.monotonic()
         with self._lock:
-            entry = (now + after, next(self._seq), job, now, 0, owner)
+            # Weakly: a handle kept here for the notice's delay kept every quick job of that long alive
+            # (thousands of handles and their engine's objects, and the garbage collector's work on them).
+            # A job whose handle was dropped has nobody waiting on it through this process.
+            entry = (now + after, next(self._seq), weakref.ref(job), now, 0, owner)
             heapq.heappush(self._due, entry)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="fray-pending-notice", daemon=True)
@@ -103,14 +121,15 @@ class _Watcher:
                     due.append(heapq.heappop(self._due))
             # A job whose client was shut down (or dropped) has nobody waiting on it: it is not looked at,
             # so no thread of a finished script reaches a backend it stopped.
-            live = [entry for entry in due if _open(entry[5])]
-            again = _look([(job, submitted, tries) for _, _, job, submitted, tries, _ in live])
-            owners = {id(entry[2]): entry[5] for entry in live}
+            live = [(job, entry) for entry in due if _open(entry[5]) and (job := entry[2]()) is not None]
+            again = _look([(job, submitted, tries) for job, (_, _, _, submitted, tries, _) in live])
+            owners = {id(job): entry[5] for job, entry in live}
             if again:
                 with self._lock:
                     for job, submitted, tries in again:
                         when = time.monotonic() + _NO_REASON_RECHECK
-                        heapq.heappush(self._due, (when, next(self._seq), job, submitted, tries + 1, owners[id(job)]))
+                        entry = (when, next(self._seq), weakref.ref(job), submitted, tries + 1, owners[id(job)])
+                        heapq.heappush(self._due, entry)
 
 
 def _gathered_by(entry: _Entry) -> float:

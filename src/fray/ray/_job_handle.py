@@ -48,18 +48,27 @@ class RayJobHandle(JobHandleBase):
         self._job_id = job_id
         self._name = name
         self._lifecycle = JobLifecycle(job_id, max_retries_failure, max_retries_preemption, timeout=timeout)
-        self._lifecycle.on_timeout = self.terminate
-        self._log = LogBuffer(echo=False)
+        if timeout is not None:
+            self._lifecycle.on_timeout = self.terminate
+        self._output: LogBuffer | None = None  # made at the first line: most quick jobs print nothing
         # Reentrant: the lifecycle calls back (self._notify) from whichever thread ends the job.
         self._lock = threading.RLock()
         self._on_board = False  # tells the board when it moves on (see _join_board)
         self._moved = 0  # the board's generation when it last did
         self._stopping = False  # terminate() began: nothing of this job may start any more
-        self._lifecycle.add_done_callback(lambda _: self._notify())
         LIVE[job_id] = self
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._job_id!r}, {self._lifecycle.status.value})"
+
+    @property
+    def _log(self) -> LogBuffer:
+        """The job's own output, all attempts (finished replicas' output, Fray's notes)."""
+        if self._output is None:
+            with self._lock:
+                if self._output is None:
+                    self._output = LogBuffer(echo=False)
+        return self._output
 
     def __reduce__(self) -> tuple[object, ...]:
         return (_restore_job_handle, (self._job_id,))
@@ -115,7 +124,8 @@ class RayJobHandle(JobHandleBase):
 
     def logs(self, max_lines: int | None = None) -> tuple[str, ...]:
         """The job's output lines so far, all attempts, stdout and stderr interleaved."""
-        return log_tail([*self._log.lines(), *self._live_logs()], max_lines)
+        kept = self._output.lines() if self._output is not None else ()
+        return log_tail([*kept, *self._live_logs()], max_lines)
 
     def _live_logs(self) -> list[str]:
         return []
@@ -127,8 +137,12 @@ class RayJobHandle(JobHandleBase):
             BOARD.moved(self)
 
     def _join_board(self) -> None:
-        """From now on, tell the board whenever this job may have moved on."""
+        """From now on, tell the board whenever this job may have moved on (its end included)."""
+        if self._on_board:
+            return
         self._on_board = True
+        # Only now, not for every job: most are waited on one by one and never need it.
+        self._lifecycle.add_done_callback(lambda _: self._notify())
 
     def _settle(self) -> JobStatus:
         """Act on whatever Ray reported since the job last looked (cheap when nothing did)."""

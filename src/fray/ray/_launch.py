@@ -64,8 +64,6 @@ class Watched(Protocol):
         """True once the job's status is final."""
         ...
 
-    def _pending_refs(self) -> tuple[int, list[Any], list[Any]]: ...
-
     def _collect(
         self, attempt: int, refs: list[Any], ready: list[Any], fetched: tuple[str, Any] | None = None
     ) -> None: ...
@@ -88,7 +86,8 @@ class Launcher:
         self._jobs_api: Any = None
         self._remote_replica: Any = None
         self._options_cache: dict[tuple[str, ResourceConfig], tuple[dict[str, Any], Any]] = {}
-        self._watched: set[Watched] = set()
+        # Every replica's ref not yet seen completed, with its job, attempt and the attempt's refs.
+        self._pending: dict[Any, tuple[Watched, int, list[Any]]] = {}
         self._reaper: threading.Thread | None = None
         self._reaper_wake = threading.Event()
         self._closing = False
@@ -156,23 +155,21 @@ class Launcher:
 
     # ----- the reaper ------------------------------------------------------------------------
 
-    def watch(self, job: Watched) -> None:
-        """Make sure ``job``'s attempt is settled (and retried) even if nobody waits on it."""
+    def watch(self, job: Watched, attempt: int, refs: list[Any]) -> None:
+        """Make sure the attempt ``refs`` of ``job`` is settled (and retried) even if nobody waits on it."""
         with self._lock:
-            self._watched.add(job)
+            for ref in refs:
+                self._pending[ref] = (job, attempt, refs)
             if self._reaper is None:
                 self._reaper = threading.Thread(target=self._reap, name="fray-ray-reaper", daemon=True)
                 self._reaper.start()
 
     def _reap(self) -> None:
-        import ray
-
         idle_since: float | None = None
         while True:
             with self._lock:
-                jobs = [j for j in self._watched if not j.finished]
-                self._watched = set(jobs)
-                if jobs:
+                refs = list(self._pending)
+                if refs:
                     idle_since = None
                 else:
                     now = time.monotonic()
@@ -180,24 +177,28 @@ class Launcher:
                     if self._closing or now - idle_since >= self.REAP_LINGER:
                         self._reaper = None  # watch() starts a new reaper with the next job
                         return
-            # Never let the reaper die: Ray may be shutting down under it.
-            with contextlib.suppress(Exception):
-                # One ray.wait over every pending replica of every job: cheap even with thousands.
-                owners: dict[Any, tuple[Watched, int, list[Any]]] = {}
-                for job in jobs:
-                    attempt, refs, pending = job._pending_refs()
-                    for ref in pending:
-                        owners[ref] = (job, attempt, refs)
-                if owners:
-                    ready, _ = ray.wait(list(owners), num_returns=len(owners), timeout=0, fetch_local=False)
-                    by_job: dict[Watched, list[Any]] = {}
-                    for ref in ready:
-                        by_job.setdefault(owners[ref][0], []).append(ref)
-                    for job, refs_ready in by_job.items():
-                        _, attempt, refs = owners[refs_ready[0]]
-                        job._collect(attempt, refs, refs_ready)
+            with contextlib.suppress(Exception):  # never let the reaper die: Ray may be shutting down under it
+                if refs:
+                    self._settle(refs)
+            del refs  # hold no job while asleep: a finished one goes with its handle
             if self._reaper_wake.wait(self.REAP_PERIOD):
                 self._reaper_wake.clear()  # woken once by shutdown(); a job still running is then polled as before
+
+    def _settle(self, refs: list[Any]) -> None:
+        """Settle the jobs of those ``refs`` that completed (their waiters usually did already)."""
+        import ray
+
+        # One ray.wait over every replica still running, and nothing per job that is not done:
+        # a pass costs what Ray's own wait costs, even with thousands of jobs.
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
+        by_job: dict[Watched, tuple[int, list[Any], list[Any]]] = {}
+        with self._lock:
+            for ref in ready:
+                job, attempt, attempt_refs = self._pending.pop(ref)
+                by_job.setdefault(job, (attempt, attempt_refs, []))[2].append(ref)
+        for job, (attempt, attempt_refs, done) in by_job.items():
+            if not job.finished:
+                job._collect(attempt, attempt_refs, done)
 
     def shutdown(self) -> None:
         """Stop the monitor thread, and the reaper once no job it watches is running.
@@ -209,7 +210,7 @@ class Launcher:
         with self._lock:
             self._closing = True
             reaper = self._reaper
-            busy = any(not job.finished for job in self._watched)
+            busy = any(not job.finished for job, _, _ in self._pending.values())
         self._reaper_wake.set()
         if reaper is not None and not busy and reaper is not threading.current_thread():
             reaper.join(timeout=self._JOIN_TIMEOUT)

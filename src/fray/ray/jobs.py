@@ -132,11 +132,12 @@ class CallableJob(RayJobHandle):
             if not stale:
                 self._refs = refs  # never changed in place: a new list per attempt
                 self._outcomes = {}
+            attempt = self._lifecycle.attempt
         if stale:
             _cancel(refs)
             self._remove_placement_group()
             return
-        self._launcher.watch(self)
+        self._launcher.watch(self, attempt, refs)
         if self._on_board:
             self._arm()
         self._notify()
@@ -151,8 +152,12 @@ class CallableJob(RayJobHandle):
 
     def _pending_refs(self) -> tuple[int, list[Any], list[Any]]:
         with self._lock:
-            refs = self._refs
-            return self._lifecycle.attempt, refs, [r for i, r in enumerate(refs) if i not in self._outcomes]
+            refs, outcomes = self._refs, self._outcomes
+            return (
+                self._lifecycle.attempt,
+                refs,
+                [r for i, r in enumerate(refs) if i not in outcomes] if outcomes else refs,
+            )
 
     def _poll(self, timeout: float | None) -> None:
         """Wait up to ``timeout`` for replicas of the current attempt to finish, then act on them."""
@@ -202,6 +207,12 @@ class CallableJob(RayJobHandle):
 
         with self._settle_lock:
             if attempt != self._lifecycle.attempt or self._lifecycle.finished or self._stopping:
+                return
+            if fetched == ("returned", None) and len(refs) == 1:
+                # The common case, on the waiter's path: the only replica returned and printed nothing.
+                with self._lock:
+                    self._outcomes = {0: fetched}
+                self._end_attempt(attempt, refs, self._outcomes, {})
                 return
             for ref in ready:
                 index = refs.index(ref)
