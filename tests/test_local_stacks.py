@@ -13,6 +13,8 @@ import os
 import signal
 import socket
 import stat
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -206,6 +208,26 @@ def test_the_socket_directory_is_private_and_answers_are_json():
         data = b"".join(iter(lambda: conn.recv(65536), b""))
     reply = json.loads(data)  # plain JSON: no pickle ever crosses
     assert reply["pid"] == os.getpid() and any(t["name"] == "MainThread" for t in reply["threads"])
+
+
+def test_a_stale_socket_at_a_new_processes_path_is_replaced():
+    # A killed process leaves its socket file behind; a later process given the same pid still serves.
+    script = (
+        "import os, socket, sys, time\n"
+        "from fray.core.inside import _stacks\n"
+        "stale = socket.socket(socket.AF_UNIX); stale.bind(_stacks.socket_path(os.getpid())); stale.close()\n"
+        "_stacks.serve(sweep=False)\n"
+        "print('serving' if _stacks.serving() else 'not serving', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "serving"
+        answer = _stacks.ask(child.pid, label="child", timeout=10)
+        assert answer.error is None and any(thread.name == "MainThread" for thread in answer.threads), answer
+    finally:
+        child.kill()
+        child.wait(timeout=30)
 
 
 def test_a_foreign_socket_directory_is_refused(tmp_path, monkeypatch):

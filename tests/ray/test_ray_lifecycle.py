@@ -99,9 +99,7 @@ def test_a_finished_job_is_freed_as_soon_as_its_handle_is_dropped(ray_client, ui
     gc.collect()
     gc.disable()
     try:
-        jobs = [
-            ray_client.submit(callable_job(f"drop-{uid}-{i}", int, timeout=600 if i else None)) for i in range(2)
-        ]
+        jobs = [ray_client.submit(callable_job(f"drop-{uid}-{i}", int, timeout=600 if i else None)) for i in range(2)]
         assert [job.wait(timeout=90) for job in jobs] == [JobStatus.SUCCEEDED] * 2
         refs = [weakref.ref(job) for job in jobs]
         del jobs
