@@ -48,8 +48,7 @@ class RayJobHandle(JobHandleBase):
         self._job_id = job_id
         self._name = name
         self._lifecycle = JobLifecycle(job_id, max_retries_failure, max_retries_preemption, timeout=timeout)
-        if timeout is not None:
-            self._lifecycle.on_timeout = self.terminate
+        self._lifecycle.on_timeout = self.terminate  # dropped by the lifecycle when the job ends
         self._output: LogBuffer | None = None  # made at the first line: most quick jobs print nothing
         # Reentrant: the lifecycle calls back (self._notify) from whichever thread ends the job.
         self._lock = threading.RLock()

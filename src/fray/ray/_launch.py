@@ -180,7 +180,6 @@ class Launcher:
             with contextlib.suppress(Exception):  # never let the reaper die: Ray may be shutting down under it
                 if refs:
                     self._settle(refs)
-            del refs  # hold no job while asleep: a finished one goes with its handle
             if self._reaper_wake.wait(self.REAP_PERIOD):
                 self._reaper_wake.clear()  # woken once by shutdown(); a job still running is then polled as before
 

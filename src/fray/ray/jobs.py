@@ -208,12 +208,6 @@ class CallableJob(RayJobHandle):
         with self._settle_lock:
             if attempt != self._lifecycle.attempt or self._lifecycle.finished or self._stopping:
                 return
-            if fetched == ("returned", None) and len(refs) == 1:
-                # The common case, on the waiter's path: the only replica returned and printed nothing.
-                with self._lock:
-                    self._outcomes = {0: fetched}
-                self._end_attempt(attempt, refs, self._outcomes, {})
-                return
             for ref in ready:
                 index = refs.index(ref)
                 if index in self._outcomes:
